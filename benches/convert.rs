@@ -1,0 +1,2 @@
+//! Conversion benches (being built).
+fn main() {}

@@ -1,0 +1,139 @@
+//! Scalar, integer-only conversions of single values (bit patterns in, bit
+//! patterns out). These are the reference every bulk, SIMD and GPU path is
+//! tested against.
+
+/// bf16 -> f32: the bit pattern shifted left by 16, exactly as PyTorch does.
+/// Signalling NaNs stay signalling (unlike `half::bf16::to_f32`).
+#[inline(always)]
+pub const fn bf16_to_f32(h: u16) -> u32 {
+    (h as u32) << 16
+}
+
+/// f16 -> f32: the exact IEEE widening. Subnormals become normal f32 values,
+/// NaN payloads are kept (shifted into the top of the f32 mantissa).
+#[inline(always)]
+pub const fn f16_to_f32(h: u16) -> u32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    if exp == 0x1f {
+        return sign | 0x7f80_0000 | (man << 13);
+    }
+    if exp != 0 {
+        return sign | ((exp + 112) << 23) | (man << 13);
+    }
+    if man == 0 {
+        return sign;
+    }
+    // Subnormal: value = man * 2^-24 = 1.f * 2^(p - 24), p = top set bit.
+    let p = 31 - man.leading_zeros();
+    sign | ((p + 103) << 23) | ((man << (23 - p)) & 0x7f_ffff)
+}
+
+/// f32 -> bf16: round to nearest, ties to even. NaN stays NaN (sign and the
+/// top payload bits kept, quiet bit set so the payload cannot vanish into an
+/// infinity); overflow rounds to infinity; subnormals are rounded, not flushed.
+#[inline(always)]
+pub const fn f32_to_bf16(x: u32) -> u16 {
+    if (x & 0x7fff_ffff) > 0x7f80_0000 {
+        return ((x >> 16) | 0x0040) as u16;
+    }
+    let lsb = (x >> 16) & 1;
+    (x.wrapping_add(0x7fff + lsb) >> 16) as u16
+}
+
+/// f32 -> f16: round to nearest, ties to even. NaN stays NaN (quiet bit set,
+/// top payload bits kept); values past the f16 range become infinity;
+/// results in the f16 subnormal range are rounded, not flushed.
+#[inline(always)]
+pub const fn f32_to_f16(x: u32) -> u16 {
+    let sign = ((x >> 16) & 0x8000) as u16;
+    let exp = ((x >> 23) & 0xff) as i32;
+    let man = x & 0x7f_ffff;
+    if exp == 0xff {
+        if man != 0 {
+            return sign | 0x7e00 | (man >> 13) as u16;
+        }
+        return sign | 0x7c00;
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let m = man | 0x80_0000;
+        let shift = (14 - e) as u32; // 14..=24
+        let q = m >> shift;
+        let rem = m & ((1 << shift) - 1);
+        let half = 1 << (shift - 1);
+        let up = (rem > half || (rem == half && (q & 1) == 1)) as u32;
+        return sign | (q + up) as u16;
+    }
+    let h = ((e as u32) << 10) | (man >> 13);
+    let rem = man & 0x1fff;
+    let up = (rem > 0x1000 || (rem == 0x1000 && (h & 1) == 1)) as u32;
+    sign | (h + up) as u16
+}
+
+/// f64 -> f32: round to nearest, ties to even, in integer arithmetic (the same
+/// result as an IEEE `as f32`, independent of any denormal mode).
+#[inline(always)]
+pub const fn f64_to_f32(x: u64) -> u32 {
+    let sign = ((x >> 32) & 0x8000_0000) as u32;
+    let exp = ((x >> 52) & 0x7ff) as i64;
+    let man = x & ((1u64 << 52) - 1);
+    if exp == 0x7ff {
+        if man != 0 {
+            return sign | 0x7fc0_0000 | (man >> 29) as u32;
+        }
+        return sign | 0x7f80_0000;
+    }
+    let e = exp - 1023 + 127;
+    if e >= 0xff {
+        return sign | 0x7f80_0000;
+    }
+    if e <= 0 {
+        if e < -24 || exp == 0 {
+            return sign;
+        }
+        let m = man | (1u64 << 52);
+        let shift = (30 - e) as u32; // 30..=54
+        let q = m >> shift;
+        let rem = m & ((1u64 << shift) - 1);
+        let half = 1u64 << (shift - 1);
+        let up = (rem > half || (rem == half && (q & 1) == 1)) as u64;
+        return sign | (q + up) as u32;
+    }
+    let h = ((e as u64) << 23) | (man >> 29);
+    let rem = man & ((1u64 << 29) - 1);
+    let half = 1u64 << 28;
+    let up = (rem > half || (rem == half && (h & 1) == 1)) as u64;
+    sign | (h + up) as u32
+}
+
+/// f64 -> bf16 through f32 (two roundings, exactly as PyTorch does).
+#[inline(always)]
+pub const fn f64_to_bf16(x: u64) -> u16 {
+    f32_to_bf16(f64_to_f32(x))
+}
+
+/// f64 -> f16 through f32 (two roundings, exactly as PyTorch does).
+#[inline(always)]
+pub const fn f64_to_f16(x: u64) -> u16 {
+    f32_to_f16(f64_to_f32(x))
+}
+
+/// bf16 -> f16 through f32 (exact widening, then one rounding).
+#[inline(always)]
+pub const fn bf16_to_f16(h: u16) -> u16 {
+    f32_to_f16(bf16_to_f32(h))
+}
+
+/// f16 -> bf16 through f32 (exact widening, then one rounding).
+#[inline(always)]
+pub const fn f16_to_bf16(h: u16) -> u16 {
+    f32_to_bf16(f16_to_f32(h))
+}

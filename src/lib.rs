@@ -1,0 +1,12 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod convert;
+pub mod dtype;
+pub mod error;
+pub mod safetensors;
+
+pub use crate::dtype::DType;
+pub use crate::error::{Error, Result};

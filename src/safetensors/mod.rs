@@ -1,0 +1,1 @@
+//! Strict, memory-efficient safetensors reader (being built).
