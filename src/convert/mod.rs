@@ -42,7 +42,7 @@ fn check(op: &'static str, from: DType, to: DType, src_len: usize, dst_len: usiz
     }
     // Both sizes exist: convertible floats and targets are whole-byte types.
     let (ss, ds) = (from.size().unwrap_or(1), to.size().unwrap_or(1));
-    if src_len % ss != 0 {
+    if !src_len.is_multiple_of(ss) {
         return Err(Error::LengthMismatch {
             op,
             expected: src_len / ss * ss,
