@@ -4,6 +4,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod convert;
+pub mod diagnostics;
 pub mod dtype;
 pub mod error;
 pub mod safetensors;

@@ -1,0 +1,118 @@
+//! `cargo run --release --example doctor [-- --json]`
+//!
+//! Tells you what this machine is, which GPU runtimes rocm-safe can see, and
+//! whether the CPU conversion and fingerprint paths pass their self-tests.
+//! Exit status: 0 when every self-test passed, 1 when one failed, 2 on a
+//! usage error.
+
+use std::process::ExitCode;
+
+use rocm_safe::diagnostics::{Library, Report, Verdict};
+
+fn gib(bytes: Option<u64>) -> String {
+    bytes.map_or_else(
+        || "unknown".to_owned(),
+        |b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+    )
+}
+
+fn lib(l: &Option<Library>) -> String {
+    match l {
+        Some(l) => format!(
+            "found ({}{})",
+            l.soname,
+            l.path
+                .as_ref()
+                .map(|p| format!(" -> {p}"))
+                .unwrap_or_default()
+        ),
+        None => "not found".to_owned(),
+    }
+}
+
+fn print_table(r: &Report) {
+    let p = &r.platform;
+    println!(
+        "rocm-safe {} doctor (features: {})",
+        r.crate_version,
+        if r.features.is_empty() {
+            "none, CPU only".to_owned()
+        } else {
+            r.features.join(", ")
+        }
+    );
+    println!();
+    println!("Platform");
+    let rows = [
+        ("os", p.os.clone()),
+        (
+            "kernel",
+            p.kernel.clone().unwrap_or_else(|| "unknown".into()),
+        ),
+        ("cpu", p.cpu.clone().unwrap_or_else(|| "unknown".into())),
+        ("cores", p.cores.to_string()),
+        (
+            "memory",
+            format!(
+                "{} total, {} available",
+                gib(p.memory_total_bytes),
+                gib(p.memory_available_bytes)
+            ),
+        ),
+        ("HIP runtime", lib(&p.hip_runtime)),
+        ("CUDA driver", lib(&p.cuda_driver)),
+        ("NVRTC", lib(&p.nvrtc)),
+    ];
+    for (k, v) in rows {
+        println!("  {k:<12} {v}");
+    }
+    println!();
+    println!("Self-tests");
+    for t in &r.self_tests {
+        let v = match t.verdict {
+            Verdict::Pass => "PASS",
+            Verdict::Fail => "FAIL",
+        };
+        println!("  {v}  {:<28} {:>8.1} ms  {}", t.name, t.millis, t.detail);
+    }
+    println!();
+    if r.all_passed() {
+        println!("All self-tests passed.");
+    } else {
+        println!("A self-test FAILED: do not trust conversions on this machine; please report this output.");
+    }
+}
+
+fn main() -> ExitCode {
+    let mut json = false;
+    for a in std::env::args().skip(1) {
+        match a.as_str() {
+            "--json" => json = true,
+            "-h" | "--help" => {
+                println!("usage: doctor [--json]");
+                return ExitCode::SUCCESS;
+            }
+            other => {
+                eprintln!("doctor: unknown argument {other:?} (usage: doctor [--json])");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let report = Report::collect();
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("doctor: cannot serialise the report: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print_table(&report);
+    }
+    if report.all_passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
