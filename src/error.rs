@@ -50,5 +50,354 @@ pub enum Error {
         source: std::io::Error,
     },
     // ----- safetensors reader (src/safetensors) ----------------------------
+    /// The file is shorter than the 8-byte header length prefix.
+    #[error("{path}: not a safetensors file: {len} bytes, shorter than the 8-byte header length")]
+    FileTooSmall {
+        /// The file.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: u64,
+    },
+
+    /// The file is a Git LFS pointer, not the checkpoint itself (run
+    /// `git lfs pull`, or download the real file).
+    #[error("{path}: this is a git lfs pointer file, not safetensors data: fetch the real file (git lfs pull)")]
+    LfsPointer {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// The header length prefix exceeds the 100 MB limit of the format.
+    #[error("{path}: header length {len} exceeds the limit of {limit} bytes")]
+    HeaderTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The header length the prefix states (or the writer computed).
+        len: u64,
+        /// The limit (100 000 000 bytes).
+        limit: u64,
+    },
+
+    /// The header length prefix points past the end of the file.
+    #[error("{path}: header of {header_len} bytes does not fit in a file of {file_len} bytes")]
+    HeaderOutOfBounds {
+        /// The file.
+        path: PathBuf,
+        /// The header length the prefix states.
+        header_len: u64,
+        /// The file's length.
+        file_len: u64,
+    },
+
+    /// The header is not valid UTF-8.
+    #[error("{path}: header is not utf-8 (invalid byte at header offset {valid_up_to})")]
+    HeaderNotUtf8 {
+        /// The file.
+        path: PathBuf,
+        /// Length of the valid UTF-8 prefix of the header.
+        valid_up_to: usize,
+    },
+
+    /// The header does not start with `{`, or is followed by padding other
+    /// than spaces.
+    #[error("{path}: header is not a json object padded with spaces: {reason}")]
+    HeaderNotObject {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (`"does not start with '{'"`, ...).
+        reason: &'static str,
+    },
+
+    /// The header (or index file) is not well-formed JSON of the expected shape.
+    #[error("{path}: invalid json: {source}")]
+    HeaderJson {
+        /// The file.
+        path: PathBuf,
+        /// serde_json's error (with line and column).
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A key appears twice in one JSON object (after unescaping: `"a"` and
+    /// `"\u0061"` are the same key).
+    #[error("{path}: duplicate key {key:?} in {within}")]
+    DuplicateKey {
+        /// The file.
+        path: PathBuf,
+        /// The repeated key.
+        key: String,
+        /// The object holding it: `"the header"`, `"__metadata__"`,
+        /// `"weight_map"`, or `tensor "name"`.
+        within: String,
+    },
+
+    /// `__metadata__` is not an object whose values are all strings.
+    #[error("{path}: __metadata__ must map strings to strings: {reason}")]
+    InvalidMetadata {
+        /// The file.
+        path: PathBuf,
+        /// The offending key, when one value is not a string.
+        key: Option<String>,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A tensor entry in the header is malformed: not an object, a field
+    /// missing, unknown, or of the wrong type.
+    #[error("{path}: tensor {tensor:?}: {field}: {reason}")]
+    InvalidTensorEntry {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The field concerned (`"dtype"`, `"shape"`, `"data_offsets"`, an
+        /// unknown field's name, or `"entry"` for the whole entry).
+        field: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A tensor's dtype is not one of the safetensors dtypes.
+    #[error("{path}: tensor {tensor:?}: unknown dtype {dtype:?}")]
+    UnknownDType {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The dtype string found.
+        dtype: String,
+    },
+
+    /// A tensor's element count or byte size overflows 64 bits, or its
+    /// sub-byte elements do not fill a whole number of bytes.
+    #[error("{path}: tensor {tensor:?}: shape {shape:?} of {dtype}: {reason}")]
+    InvalidTensorSize {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: DType,
+        /// Its shape.
+        shape: Vec<u64>,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A tensor's `data_offsets` span disagrees with its dtype and shape, or
+    /// its begin is after its end.
+    #[error("{path}: tensor {tensor:?}: data_offsets [{begin}, {end}] but dtype and shape need {expected} bytes")]
+    InvalidDataOffsets {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Start offset within the data section.
+        begin: u64,
+        /// End offset within the data section.
+        end: u64,
+        /// The byte size its dtype and shape give.
+        expected: u64,
+    },
+
+    /// Sorted by offset, the tensors do not tile the data section: a gap,
+    /// an overlap, a tensor past the end, or bytes after the last tensor.
+    #[error("{path}: data section of {data_len} bytes: {problem} at offset {offset}{}", tensor.as_ref().map(|t| format!(" (tensor {t:?})")).unwrap_or_default())]
+    DataLayout {
+        /// The file.
+        path: PathBuf,
+        /// The tensor where the problem shows, if any (none for trailing bytes).
+        tensor: Option<String>,
+        /// What is wrong: `"hole"`, `"overlap"`, `"tensor past the end"`,
+        /// `"trailing bytes"`.
+        problem: &'static str,
+        /// The offset within the data section where it shows.
+        offset: u64,
+        /// The data section's length.
+        data_len: u64,
+    },
+
+    /// No tensor of this name in the file or checkpoint.
+    #[error("{path}: no tensor named {tensor:?}")]
+    TensorNotFound {
+        /// The file (or index file).
+        path: PathBuf,
+        /// The name asked for.
+        tensor: String,
+    },
+
+    /// A typed read asked for a conversion the tensor's dtype does not have
+    /// (only F64, F32, F16, BF16 convert, to F32, F16 or BF16).
+    #[error("{path}: tensor {tensor:?}: cannot read {from} as {to} (integer, bool and fp8 tensors are read as raw bytes)")]
+    ConversionNotSupported {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The tensor's dtype.
+        from: DType,
+        /// The dtype asked for.
+        to: DType,
+    },
+
+    /// The caller's buffer does not have the tensor's (or row range's) length.
+    #[error(
+        "{path}: tensor {tensor:?}: buffer holds {actual} elements, the read needs {expected}"
+    )]
+    BufferLength {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Elements (of the buffer's type) the read needs.
+        expected: u64,
+        /// Elements the buffer has.
+        actual: u64,
+    },
+
+    /// A tensor (or part) is too large to address in memory on this platform.
+    #[error("{path}: tensor {tensor:?}: {bytes} bytes do not fit in memory on this platform")]
+    TooLargeForPlatform {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The size in bytes.
+        bytes: u64,
+    },
+
+    /// A row read of a tensor without rows: a scalar (shape `[]`), or rows
+    /// of sub-byte elements not filling whole bytes.
+    #[error("{path}: tensor {tensor:?}: shape {shape:?} has no byte-addressable rows")]
+    NoRows {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<u64>,
+    },
+
+    /// A row range `start..end` with `start > end` or `end` past the rows.
+    #[error("{path}: tensor {tensor:?}: row range {start}..{end} invalid for {rows} rows")]
+    RowRange {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// First row asked for.
+        start: u64,
+        /// One past the last row asked for.
+        end: u64,
+        /// Rows the tensor has.
+        rows: u64,
+    },
+
+    /// The file became shorter than when it was opened (truncated or
+    /// rewritten in place while being read).
+    #[error("{path}: file shrank while reading tensor {tensor:?}: opened with {expected} bytes, now {actual}")]
+    FileShrunk {
+        /// The file.
+        path: PathBuf,
+        /// The tensor being read.
+        tensor: String,
+        /// Length at open.
+        expected: u64,
+        /// Length now (as far as it could be read).
+        actual: u64,
+    },
+
+    /// A sharded checkpoint's index file is not of the expected form.
+    #[error("{path}: invalid index: {reason}")]
+    InvalidIndex {
+        /// The index file.
+        path: PathBuf,
+        /// The tensor concerned, if any.
+        tensor: Option<String>,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A shard name in an index is not a plain file name inside the index's
+    /// folder (absolute, `..`, separators, or a symlink leading outside).
+    #[error("{path}: shard {shard:?} (tensor {tensor:?}): {reason}")]
+    InvalidShardName {
+        /// The index file.
+        path: PathBuf,
+        /// A tensor mapped to the shard.
+        tensor: String,
+        /// The shard name as written.
+        shard: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A tensor of a checkpoint is stored in two shards (or listed in the
+    /// index for one shard and found in another).
+    #[error("{path}: tensor {tensor:?} is in both {first} and {second}")]
+    TensorInTwoShards {
+        /// The index file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// One shard holding it.
+        first: PathBuf,
+        /// The other shard holding it.
+        second: PathBuf,
+    },
+
+    /// A shard holds a tensor that the index's `weight_map` does not list.
+    #[error("{path}: tensor {tensor:?} of shard {shard} is not listed in weight_map")]
+    TensorNotInIndex {
+        /// The index file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The shard holding it.
+        shard: PathBuf,
+    },
+
+    /// Shards of one checkpoint disagree on a `__metadata__` value.
+    #[error(
+        "{path}: __metadata__ key {key:?} is {first:?} in one shard and {second:?} in {shard}"
+    )]
+    MetadataConflict {
+        /// The index file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// The value seen first.
+        first: String,
+        /// The conflicting value.
+        second: String,
+        /// The shard with the conflicting value.
+        shard: PathBuf,
+    },
+
+    /// A writer was used out of order or given inconsistent input: a
+    /// tensor written out of the declared order or twice, `finish` before
+    /// all tensors, a duplicate or reserved name at creation.
+    #[error("{path}: writer: tensor {tensor:?}: {reason}")]
+    Writer {
+        /// The file being written (final name).
+        path: PathBuf,
+        /// The tensor concerned.
+        tensor: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A writer was given a tensor's data of the wrong byte length.
+    #[error("{path}: writer: tensor {tensor:?}: got {actual} bytes, its dtype and shape need {expected}")]
+    WriterSize {
+        /// The file being written (final name).
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Bytes its dtype and shape need.
+        expected: u64,
+        /// Bytes given.
+        actual: u64,
+    },
     // ----- devices (src/device) -------------------------------------------
 }

@@ -1,1 +1,83 @@
-//! Strict, memory-efficient safetensors reader (being built).
+//! Strict, lazy, memory-bounded safetensors reading and streaming writing.
+//!
+//! # Reading
+//!
+//! ```no_run
+//! use rocm_safe::safetensors::Checkpoint;
+//! # fn main() -> rocm_safe::Result<()> {
+//! // A single file, or a sharded `model.safetensors.index.json`.
+//! let ckpt = Checkpoint::open("model.safetensors.index.json")?;
+//! for (shard, t) in ckpt.tensors() {
+//!     if t.dtype.is_convertible_float() {
+//!         let w: Vec<f32> = shard.read(&t.name)?; // bf16/f16/f64 -> f32, exact
+//!     } else {
+//!         let raw: Vec<u8> = shard.read_bytes(&t.name)?; // ints, bool, fp8
+//!     }
+//! }
+//! // Tensor parallelism: rank 1 of 4 loads only its quarter of the rows.
+//! let info = ckpt.info("lm_head.weight")?;
+//! let rows = info.rows().unwrap_or(0);
+//! let part: Vec<half::bf16> = ckpt.read_rows("lm_head.weight", rows / 4..rows / 2)?;
+//! # Ok(()) }
+//! ```
+//!
+//! * [`SafeTensors`] is one file, [`Checkpoint`] one file or every shard of
+//!   a `*.safetensors.index.json`, with the same read methods by name.
+//! * [`TensorInfo`] describes a tensor: name, [`DType`](crate::DType),
+//!   shape, `data_offsets` within the data section.
+//! * Reads: `read_bytes[_into]` (raw stored bytes, any dtype),
+//!   `read[_into]::<T>` (typed, `T` = `f32`, `half::bf16`, `half::f16`,
+//!   or `f64` for F64 tensors), `read_as_bytes[_into]` (converted
+//!   little-endian bytes of a chosen dtype), `read_rows*` (rows `a..b` of
+//!   the first dimension only). The `_into` forms fill a caller's buffer.
+//!
+//! # What `open` checks, before any tensor data is read
+//!
+//! * file length >= 8; a Git LFS pointer file is recognised and named as
+//!   such ([`Error::LfsPointer`](crate::Error::LfsPointer));
+//! * header length <= 100 MB and `8 + N <=` file length (checked arithmetic);
+//! * the header is UTF-8, starts with `{`, and is followed only by spaces;
+//! * no duplicate key anywhere that matters: top level, `__metadata__`,
+//!   inside each tensor entry; keys are compared after JSON unescaping, so
+//!   `"a"` and `"\u0061"` collide (serde_json alone keeps the last one);
+//! * `__metadata__` is a string-to-string map, never a tensor;
+//! * each tensor entry has exactly `dtype`, `shape`, `data_offsets`
+//!   (unknown fields are rejected); the dtype is one of the closed
+//!   safetensors set; element count and byte size use checked
+//!   multiplication; `data_offsets` has two entries, begin <= end, and
+//!   the span equals the byte size;
+//! * sorted by offset, the tensors tile the data section exactly: no hole,
+//!   no overlap, no byte past the last tensor.
+//!
+//! Every failure is a typed [`Error`](crate::Error) naming the file (and
+//! the tensor where there is one), never a panic.
+//!
+//! # Memory and I/O
+//!
+//! Tensor data is read with positioned reads (`pread`) from the file
+//! descriptor, never through a memory map: nothing of the file stays
+//! mapped in the process, so reading a checkpoint tensor by tensor needs
+//! only the output buffers plus one staging chunk ([`CHUNK_BYTES`], per
+//! thread, reused). Raw reads go straight into the output; converting
+//! reads convert chunk by chunk. Offsets need no alignment. A file
+//! truncated after `open` gives [`Error::FileShrunk`](crate::Error::FileShrunk)
+//! (a short read), never `SIGBUS`; a file rewritten in place with the same
+//! length cannot be detected and yields whatever bytes it now holds.
+//!
+//! # Writing
+//!
+//! [`SafeTensorsWriter`] streams a file tensor by tensor, in the declared
+//! order, through a temporary file renamed into place by `finish`.
+
+mod checkpoint;
+mod file;
+mod header;
+mod json;
+mod writer;
+
+pub use checkpoint::Checkpoint;
+pub use file::{SafeTensors, CHUNK_BYTES};
+#[doc(hidden)]
+pub use header::parse_bytes;
+pub use header::{Header, TensorInfo, LFS_POINTER_PREFIX, MAX_HEADER_LEN};
+pub use writer::{SafeTensorsWriter, TensorSpec};

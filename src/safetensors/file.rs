@@ -1,0 +1,422 @@
+//! One safetensors file: [`SafeTensors`].
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::header::{self, Header, TensorInfo, LFS_POINTER_PREFIX};
+use crate::convert::{self, Element};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Bytes of source data converted per step of a converting read. The
+/// source chunk lives in a reused per-thread buffer, so a converting read
+/// needs the output plus this much.
+pub const CHUNK_BYTES: usize = 8 << 20;
+
+thread_local! {
+    /// Per-thread staging buffer of converting reads (at most CHUNK_BYTES).
+    static STAGING: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a staging buffer of `len` bytes (`len <= CHUNK_BYTES`),
+/// reused between calls on one thread.
+fn with_staging<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    // Take the buffer out so that no RefCell borrow is held while `f` runs
+    // (a nested call then simply allocates its own).
+    let mut buf = STAGING.with(|s| s.take());
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let cut = len.min(buf.len());
+    let (chunk, _) = buf.split_at_mut(cut);
+    let r = f(chunk);
+    STAGING.with(|s| {
+        if let Ok(mut slot) = s.try_borrow_mut() {
+            *slot = buf;
+        }
+    });
+    r
+}
+
+/// One safetensors file, opened and validated; tensor data is read lazily
+/// with positioned reads (`pread`), only when asked for.
+///
+/// `SafeTensors` is `Send + Sync`: several threads may read different
+/// tensors (or row ranges) of one file at the same time.
+#[derive(Debug)]
+pub struct SafeTensors {
+    path: PathBuf,
+    file: File,
+    file_len: u64,
+    header: Header,
+}
+
+impl SafeTensors {
+    /// Opens `path` and validates its whole header (see the module docs for
+    /// every check) without reading any tensor data.
+    ///
+    /// Errors: [`Error::Io`] when the file cannot be opened or read, and
+    /// the header errors ([`Error::LfsPointer`], [`Error::FileTooSmall`],
+    /// [`Error::HeaderTooLarge`], [`Error::HeaderOutOfBounds`],
+    /// [`Error::HeaderNotUtf8`], [`Error::HeaderNotObject`],
+    /// [`Error::HeaderJson`], [`Error::DuplicateKey`],
+    /// [`Error::InvalidMetadata`], [`Error::InvalidTensorEntry`],
+    /// [`Error::UnknownDType`], [`Error::InvalidTensorSize`],
+    /// [`Error::InvalidDataOffsets`], [`Error::DataLayout`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_owned();
+        let io = |op, source| Error::Io {
+            path: path.clone(),
+            op,
+            source,
+        };
+        let file = File::open(&path).map_err(|e| io("open", e))?;
+        let file_len = file.metadata().map_err(|e| io("stat", e))?.len();
+
+        let mut prefix = [0u8; LFS_POINTER_PREFIX.len()];
+        let plen = usize::try_from(file_len).map_or(prefix.len(), |l| l.min(prefix.len()));
+        let (head, _) = prefix.split_at_mut(plen);
+        read_exact_at(&file, head, 0).map_err(|e| io("read header", e))?;
+        let n = header::check_prefix(&path, head, file_len)?;
+
+        // n <= MAX_HEADER_LEN (100 MB): fits in usize on 32 and 64 bits.
+        let n_usize = usize::try_from(n).map_err(|_| Error::HeaderTooLarge {
+            path: path.clone(),
+            len: n,
+            limit: header::MAX_HEADER_LEN,
+        })?;
+        let mut json = vec![0u8; n_usize];
+        read_exact_at(&file, &mut json, 8).map_err(|e| io("read header", e))?;
+        let header = header::parse_header(&path, &json, file_len - 8 - n)?;
+        Ok(SafeTensors {
+            path,
+            file,
+            file_len,
+            header,
+        })
+    }
+
+    /// The file's path, as given to [`open`](Self::open).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The `__metadata__` string map, if the header has one.
+    pub fn metadata(&self) -> Option<&BTreeMap<String, String>> {
+        self.header.metadata()
+    }
+
+    /// Every tensor, sorted by data offset.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        self.header.tensors()
+    }
+
+    /// The tensor of this name, if any.
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.header.get(name)
+    }
+
+    /// The tensor of this name, or [`Error::TensorNotFound`].
+    pub fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.get(name).ok_or_else(|| Error::TensorNotFound {
+            path: self.path.clone(),
+            tensor: name.to_owned(),
+        })
+    }
+
+    /// File offset of the data section (8 + header length).
+    pub fn data_start(&self) -> u64 {
+        self.header.data_start()
+    }
+
+    /// The file's length when it was opened.
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    // ----- raw bytes ------------------------------------------------------
+
+    /// Reads a tensor's bytes, as stored (little-endian), into `dst`, which
+    /// must have exactly [`TensorInfo::num_bytes`] bytes
+    /// ([`Error::BufferLength`] otherwise). Any dtype.
+    pub fn read_bytes_into(&self, name: &str, dst: &mut [u8]) -> Result<()> {
+        let info = self.info(name)?;
+        self.read_span(info, (0, info.num_bytes()), info.dtype, dst)
+    }
+
+    /// Reads a tensor's bytes, as stored, into a new buffer. Any dtype.
+    pub fn read_bytes(&self, name: &str) -> Result<Vec<u8>> {
+        let info = self.info(name)?;
+        let mut out = vec![0u8; self.to_usize(info, info.num_bytes())?];
+        self.read_span(info, (0, info.num_bytes()), info.dtype, &mut out)?;
+        Ok(out)
+    }
+
+    // ----- typed, converting ---------------------------------------------
+
+    /// Reads a tensor into `dst` as `T`, converting on the way when the
+    /// stored dtype differs: F64, F32, F16 and BF16 tensors read as `f32`,
+    /// `half::bf16` or `half::f16` (exact conversions of
+    /// [`crate::convert`]); a tensor whose dtype is `T`'s is copied as is.
+    /// `dst` must have [`TensorInfo::num_elements`] elements.
+    ///
+    /// Errors: [`Error::TensorNotFound`], [`Error::ConversionNotSupported`]
+    /// (integer, bool, fp8 tensors; targets other than f32/f16/bf16),
+    /// [`Error::BufferLength`], [`Error::FileShrunk`], [`Error::Io`].
+    pub fn read_into<T: Element>(&self, name: &str, dst: &mut [T]) -> Result<()> {
+        let info = self.info(name)?;
+        self.check_len(info, info.num_elements(), dst.len())?;
+        self.read_span(
+            info,
+            (0, info.num_bytes()),
+            T::DTYPE,
+            bytemuck::cast_slice_mut(dst),
+        )
+    }
+
+    /// Reads a tensor into a new `Vec<T>`, converting as [`read_into`](Self::read_into).
+    pub fn read<T: Element>(&self, name: &str) -> Result<Vec<T>> {
+        let info = self.info(name)?;
+        self.check_convertible(info, T::DTYPE)?;
+        let mut out = bytemuck::zeroed_vec::<T>(self.to_usize(info, info.num_elements())?);
+        self.read_span(
+            info,
+            (0, info.num_bytes()),
+            T::DTYPE,
+            bytemuck::cast_slice_mut(&mut out),
+        )?;
+        Ok(out)
+    }
+
+    /// Reads a tensor as little-endian bytes of dtype `to` into `dst`
+    /// (`num_elements * to.size()` bytes, any alignment). `to` equal to the
+    /// stored dtype copies the raw bytes (any dtype); otherwise the
+    /// conversion rules of [`read_into`](Self::read_into) apply.
+    pub fn read_as_bytes_into(&self, name: &str, to: DType, dst: &mut [u8]) -> Result<()> {
+        let info = self.info(name)?;
+        self.read_span(info, (0, info.num_bytes()), to, dst)
+    }
+
+    /// Reads a tensor as little-endian bytes of dtype `to` into a new buffer.
+    pub fn read_as_bytes(&self, name: &str, to: DType) -> Result<Vec<u8>> {
+        let info = self.info(name)?;
+        self.check_convertible(info, to)?;
+        let len = self.out_bytes(info, info.num_elements(), to)?;
+        let mut out = vec![0u8; len];
+        self.read_span(info, (0, info.num_bytes()), to, &mut out)?;
+        Ok(out)
+    }
+
+    // ----- rows -----------------------------------------------------------
+
+    /// Byte span (within the tensor) and element count of rows `rows`.
+    fn row_span(&self, info: &TensorInfo, rows: &Range<u64>) -> Result<((u64, u64), u64)> {
+        let (Some(nrows), Some(rb)) = (info.rows(), info.row_bytes()) else {
+            return Err(Error::NoRows {
+                path: self.path.clone(),
+                tensor: info.name.clone(),
+                shape: info.shape.clone(),
+            });
+        };
+        if rows.start > rows.end || rows.end > nrows {
+            return Err(Error::RowRange {
+                path: self.path.clone(),
+                tensor: info.name.clone(),
+                start: rows.start,
+                end: rows.end,
+                rows: nrows,
+            });
+        }
+        // rows.end <= nrows, and nrows * rb == num_bytes for a validated
+        // header, so these cannot overflow; checked all the same.
+        let per_row: u64 = info
+            .shape
+            .iter()
+            .skip(1)
+            .fold(1u64, |a, &d| a.saturating_mul(d));
+        let span = (rows.start.saturating_mul(rb), rows.end.saturating_mul(rb));
+        let elems = (rows.end - rows.start).saturating_mul(per_row);
+        Ok((span, elems))
+    }
+
+    /// Reads rows `rows` (of the first dimension) of a tensor into `dst`,
+    /// converting as [`read_into`](Self::read_into); only those rows' bytes
+    /// are read. `dst` has `(rows.end - rows.start) * row elements` elements.
+    ///
+    /// Errors: as `read_into`, plus [`Error::NoRows`] for a scalar and
+    /// [`Error::RowRange`] for `start > end` or `end` past the rows.
+    pub fn read_rows_into<T: Element>(
+        &self,
+        name: &str,
+        rows: Range<u64>,
+        dst: &mut [T],
+    ) -> Result<()> {
+        let info = self.info(name)?;
+        let (span, elems) = self.row_span(info, &rows)?;
+        self.check_len(info, elems, dst.len())?;
+        self.read_span(info, span, T::DTYPE, bytemuck::cast_slice_mut(dst))
+    }
+
+    /// Reads rows `rows` of a tensor into a new `Vec<T>` (see
+    /// [`read_rows_into`](Self::read_rows_into)).
+    pub fn read_rows<T: Element>(&self, name: &str, rows: Range<u64>) -> Result<Vec<T>> {
+        let info = self.info(name)?;
+        let (span, elems) = self.row_span(info, &rows)?;
+        self.check_convertible(info, T::DTYPE)?;
+        let mut out = bytemuck::zeroed_vec::<T>(self.to_usize(info, elems)?);
+        self.read_span(info, span, T::DTYPE, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Reads the raw bytes of rows `rows` of a tensor (any dtype) into `dst`.
+    pub fn read_rows_bytes_into(&self, name: &str, rows: Range<u64>, dst: &mut [u8]) -> Result<()> {
+        let info = self.info(name)?;
+        let (span, _) = self.row_span(info, &rows)?;
+        self.read_span(info, span, info.dtype, dst)
+    }
+
+    /// Reads the raw bytes of rows `rows` of a tensor (any dtype).
+    pub fn read_rows_bytes(&self, name: &str, rows: Range<u64>) -> Result<Vec<u8>> {
+        let info = self.info(name)?;
+        let (span, _) = self.row_span(info, &rows)?;
+        let mut out = vec![0u8; self.to_usize(info, span.1 - span.0)?];
+        self.read_span(info, span, info.dtype, &mut out)?;
+        Ok(out)
+    }
+
+    // ----- internals ------------------------------------------------------
+
+    fn to_usize(&self, info: &TensorInfo, n: u64) -> Result<usize> {
+        usize::try_from(n).map_err(|_| Error::TooLargeForPlatform {
+            path: self.path.clone(),
+            tensor: info.name.clone(),
+            bytes: n,
+        })
+    }
+
+    fn check_len(&self, info: &TensorInfo, expected: u64, actual: usize) -> Result<()> {
+        if expected != actual as u64 {
+            return Err(Error::BufferLength {
+                path: self.path.clone(),
+                tensor: info.name.clone(),
+                expected,
+                actual: actual as u64,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_convertible(&self, info: &TensorInfo, to: DType) -> Result<()> {
+        if to != info.dtype && !convert::supported(info.dtype, to) {
+            return Err(Error::ConversionNotSupported {
+                path: self.path.clone(),
+                tensor: info.name.clone(),
+                from: info.dtype,
+                to,
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes of `elems` elements of `to`, as usize.
+    fn out_bytes(&self, info: &TensorInfo, elems: u64, to: DType) -> Result<usize> {
+        let bytes = to
+            .bytes_for(elems)
+            .ok_or_else(|| Error::TooLargeForPlatform {
+                path: self.path.clone(),
+                tensor: info.name.clone(),
+                bytes: u64::MAX,
+            })?;
+        self.to_usize(info, bytes)
+    }
+
+    /// Reads bytes `span` (relative to the tensor's start) of `info`,
+    /// converted to `to`, into `dst`. The one place that touches the file.
+    fn read_span(
+        &self,
+        info: &TensorInfo,
+        span: (u64, u64),
+        to: DType,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        self.check_convertible(info, to)?;
+        let base = self
+            .data_start()
+            .checked_add(info.data_offsets.0)
+            .and_then(|b| b.checked_add(span.0))
+            .ok_or_else(|| Error::TooLargeForPlatform {
+                path: self.path.clone(),
+                tensor: info.name.clone(),
+                bytes: u64::MAX,
+            })?;
+        let src_len = span.1.saturating_sub(span.0);
+        if to == info.dtype {
+            self.check_len(info, src_len, dst.len())?;
+            return self.pread(info, dst, base);
+        }
+        // Convertible floats are whole-byte types (2, 4 or 8 bytes).
+        let (ss, ds) = (
+            info.dtype.size().unwrap_or(1) as u64,
+            to.size().unwrap_or(1) as u64,
+        );
+        let elems = src_len / ss;
+        let expected = elems.saturating_mul(ds);
+        if expected != dst.len() as u64 {
+            return Err(Error::BufferLength {
+                path: self.path.clone(),
+                tensor: info.name.clone(),
+                expected: expected / ds,
+                actual: dst.len() as u64 / ds,
+            });
+        }
+        if elems == 0 {
+            return Ok(());
+        }
+        let chunk_elems = (CHUNK_BYTES as u64 / ss).max(1);
+        let staging_len = self.to_usize(info, chunk_elems.min(elems) * ss)?;
+        with_staging(staging_len, |staging| {
+            let mut done = 0u64;
+            for out in dst.chunks_mut((chunk_elems * ds) as usize) {
+                let k = out.len() as u64 / ds;
+                let (src, _) = staging.split_at_mut(((k * ss) as usize).min(staging.len()));
+                self.pread(info, src, base + done * ss)?;
+                convert::convert_bytes(info.dtype, src, to, out)?;
+                done += k;
+            }
+            Ok(())
+        })
+    }
+
+    /// `pread` of exactly `dst.len()` bytes at file offset `off`; a short
+    /// read (the file shrank since it was opened) is [`Error::FileShrunk`].
+    fn pread(&self, info: &TensorInfo, dst: &mut [u8], off: u64) -> Result<()> {
+        read_exact_at(&self.file, dst, off).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::FileShrunk {
+                    path: self.path.clone(),
+                    tensor: info.name.clone(),
+                    expected: self.file_len,
+                    actual: self.file.metadata().map_or(0, |m| m.len()),
+                }
+            } else {
+                Error::Io {
+                    path: self.path.clone(),
+                    op: "read tensor data",
+                    source: e,
+                }
+            }
+        })
+    }
+}
+
+/// `read_exact_at` that never issues a zero-length read.
+fn read_exact_at(file: &File, dst: &mut [u8], off: u64) -> std::io::Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    file.read_exact_at(dst, off)
+}

@@ -1,0 +1,298 @@
+//! Streaming safetensors writer: [`SafeTensorsWriter`].
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use super::header::{TensorInfo, MAX_HEADER_LEN};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Name, dtype and shape of one tensor to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Tensor name (not `__metadata__`).
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape (`[]` for a scalar).
+    pub shape: Vec<u64>,
+}
+
+impl TensorSpec {
+    /// A spec from its parts.
+    pub fn new(name: impl Into<String>, dtype: DType, shape: impl Into<Vec<u64>>) -> Self {
+        TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: shape.into(),
+        }
+    }
+}
+
+impl From<&TensorInfo> for TensorSpec {
+    fn from(t: &TensorInfo) -> Self {
+        TensorSpec::new(t.name.clone(), t.dtype, t.shape.clone())
+    }
+}
+
+/// Writes a safetensors file tensor by tensor, holding none of them.
+///
+/// [`create`](Self::create) writes the header (8-byte little-endian length,
+/// JSON padded with spaces to a multiple of 8, `__metadata__` first, then
+/// the tensors in the given order with consecutive `data_offsets`: the
+/// layout of the `safetensors` crate) to a temporary file `.{name}.tmp-{pid}`
+/// in the destination's folder. [`write_tensor`](Self::write_tensor) takes
+/// each tensor's bytes in the declared order;
+/// [`finish`](Self::finish) flushes, fsyncs, and renames the temporary file
+/// to the final name (then fsyncs the folder). Dropping the writer without
+/// `finish` (or after a failed `finish`) removes the temporary file, so a
+/// partial file never appears under the final name.
+#[derive(Debug)]
+pub struct SafeTensorsWriter {
+    path: PathBuf,
+    tmp: PathBuf,
+    out: Option<BufWriter<File>>,
+    /// Declared tensors and their byte sizes, in order.
+    specs: Vec<(TensorSpec, u64)>,
+    next: usize,
+}
+
+impl SafeTensorsWriter {
+    /// Creates the temporary file and writes the header.
+    ///
+    /// Errors: [`Error::Writer`] for a duplicate or reserved
+    /// (`__metadata__`) tensor name, [`Error::InvalidTensorSize`] when a
+    /// shape's byte size overflows or sub-byte elements do not fill whole
+    /// bytes, [`Error::HeaderTooLarge`], [`Error::Io`].
+    pub fn create(
+        path: impl AsRef<Path>,
+        tensors: impl IntoIterator<Item = TensorSpec>,
+        metadata: Option<&BTreeMap<String, String>>,
+    ) -> Result<Self> {
+        let path = path.as_ref().to_owned();
+        let mut specs = Vec::new();
+        let mut seen = HashSet::new();
+        for spec in tensors {
+            let wrong = |reason| Error::Writer {
+                path: path.clone(),
+                tensor: spec.name.clone(),
+                reason,
+            };
+            if spec.name == "__metadata__" {
+                return Err(wrong("reserved name"));
+            }
+            if !seen.insert(spec.name.clone()) {
+                return Err(wrong("declared twice"));
+            }
+            let size = spec
+                .shape
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d))
+                .and_then(|n| spec.dtype.bytes_for(n))
+                .ok_or_else(|| Error::InvalidTensorSize {
+                    path: path.clone(),
+                    tensor: spec.name.clone(),
+                    dtype: spec.dtype,
+                    shape: spec.shape.clone(),
+                    reason: "byte size overflows u64 or sub-byte elements do not fill whole bytes",
+                })?;
+            specs.push((spec, size));
+        }
+        let header = header_json(&path, &specs, metadata)?;
+
+        let file_name = path.file_name().ok_or_else(|| Error::Io {
+            path: path.clone(),
+            op: "create",
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"),
+        })?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(file_name);
+        tmp_name.push(format!(".tmp-{}", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        let file = File::create(&tmp).map_err(|e| Error::Io {
+            path: tmp.clone(),
+            op: "create temporary file",
+            source: e,
+        })?;
+        let mut w = SafeTensorsWriter {
+            path,
+            tmp,
+            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            specs,
+            next: 0,
+        };
+        w.write_raw(&(header.len() as u64).to_le_bytes())?;
+        w.write_raw(&header)?;
+        Ok(w)
+    }
+
+    /// The final path (where [`finish`](Self::finish) puts the file).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The name of the next tensor to write, or `None` when all are written.
+    pub fn next_tensor(&self) -> Option<&TensorSpec> {
+        self.specs.get(self.next).map(|(s, _)| s)
+    }
+
+    /// Appends the bytes of tensor `name`, which must be the next declared
+    /// tensor and have exactly its byte size.
+    ///
+    /// Errors: [`Error::Writer`] (not declared, already written, or not the
+    /// next one), [`Error::WriterSize`], [`Error::Io`]. On error nothing is
+    /// written and the writer stays usable.
+    pub fn write_tensor(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        let wrong = |reason| Error::Writer {
+            path: self.path.clone(),
+            tensor: name.to_owned(),
+            reason,
+        };
+        let Some((spec, size)) = self.specs.get(self.next) else {
+            return Err(wrong(if self.specs.iter().any(|(s, _)| s.name == name) {
+                "already written"
+            } else {
+                "not declared"
+            }));
+        };
+        if spec.name != name {
+            let pos = self.specs.iter().position(|(s, _)| s.name == name);
+            return Err(wrong(match pos {
+                None => "not declared",
+                Some(i) if i < self.next => "already written",
+                Some(_) => "written out of the declared order",
+            }));
+        }
+        if *size != bytes.len() as u64 {
+            return Err(Error::WriterSize {
+                path: self.path.clone(),
+                tensor: name.to_owned(),
+                expected: *size,
+                actual: bytes.len() as u64,
+            });
+        }
+        self.write_raw(bytes)?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Flushes, fsyncs and renames the finished file to its final name.
+    /// Returns the final path.
+    ///
+    /// Errors: [`Error::Writer`] naming the first tensor not written yet,
+    /// [`Error::Io`]. On error the temporary file is removed.
+    pub fn finish(mut self) -> Result<PathBuf> {
+        if let Some((spec, _)) = self.specs.get(self.next) {
+            return Err(Error::Writer {
+                path: self.path.clone(),
+                tensor: spec.name.clone(),
+                reason: "finish before every declared tensor was written",
+            });
+        }
+        let io = |op, source| Error::Io {
+            path: self.tmp.clone(),
+            op,
+            source,
+        };
+        let Some(out) = self.out.take() else {
+            return Err(io("finish", std::io::Error::other("writer already closed")));
+        };
+        let file = out.into_inner().map_err(|e| io("flush", e.into_error()))?;
+        file.sync_all().map_err(|e| io("fsync", e))?;
+        drop(file);
+        std::fs::rename(&self.tmp, &self.path).map_err(|e| io("rename to final name", e))?;
+        // The temporary name is gone: nothing for Drop to remove.
+        self.tmp = PathBuf::new();
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Ok(d) = File::open(dir) {
+                d.sync_all().map_err(|e| Error::Io {
+                    path: dir.to_owned(),
+                    op: "fsync folder",
+                    source: e,
+                })?;
+            }
+        }
+        Ok(self.path.clone())
+    }
+
+    fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        let Some(out) = self.out.as_mut() else {
+            return Err(Error::Io {
+                path: self.tmp.clone(),
+                op: "write",
+                source: std::io::Error::other("writer already closed"),
+            });
+        };
+        out.write_all(bytes).map_err(|e| Error::Io {
+            path: self.tmp.clone(),
+            op: "write",
+            source: e,
+        })
+    }
+}
+
+impl Drop for SafeTensorsWriter {
+    fn drop(&mut self) {
+        // Unfinished: close and remove the temporary file. A failure to
+        // remove it cannot be reported from Drop; the file keeps its
+        // hidden temporary name and never appears under the final one.
+        drop(self.out.take());
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// The JSON header, padded with spaces to a multiple of 8 bytes.
+fn header_json(
+    path: &Path,
+    specs: &[(TensorSpec, u64)],
+    metadata: Option<&BTreeMap<String, String>>,
+) -> Result<Vec<u8>> {
+    // JSON string literal of `s` (serialising a plain string cannot fail).
+    let lit = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
+    let mut entries: Vec<String> = Vec::with_capacity(specs.len() + 1);
+    if let Some(m) = metadata {
+        let fields: Vec<String> = m
+            .iter()
+            .map(|(k, v)| format!("{}:{}", lit(k), lit(v)))
+            .collect();
+        entries.push(format!("\"__metadata__\":{{{}}}", fields.join(",")));
+    }
+    let mut offset = 0u64;
+    for (spec, size) in specs {
+        let end = offset
+            .checked_add(*size)
+            .ok_or_else(|| Error::InvalidTensorSize {
+                path: path.to_owned(),
+                tensor: spec.name.clone(),
+                dtype: spec.dtype,
+                shape: spec.shape.clone(),
+                reason: "data section size overflows u64",
+            })?;
+        let shape: Vec<String> = spec.shape.iter().map(u64::to_string).collect();
+        // Field order of the safetensors crate: dtype, shape, data_offsets.
+        entries.push(format!(
+            "{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+            lit(&spec.name),
+            spec.dtype.name(),
+            shape.join(","),
+            offset,
+            end
+        ));
+        offset = end;
+    }
+    let mut bytes = format!("{{{}}}", entries.join(",")).into_bytes();
+    let padded = bytes.len().next_multiple_of(8);
+    bytes.resize(padded, b' ');
+    if bytes.len() as u64 > MAX_HEADER_LEN {
+        return Err(Error::HeaderTooLarge {
+            path: path.to_owned(),
+            len: bytes.len() as u64,
+            limit: MAX_HEADER_LEN,
+        });
+    }
+    Ok(bytes)
+}

@@ -1,0 +1,219 @@
+//! Reading values: raw bytes, typed conversion (across chunk boundaries and
+//! at unaligned offsets), rows, and agreement with the safetensors crate.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use half::{bf16, f16};
+use rocm_safe::safetensors::{Checkpoint, SafeTensors, SafeTensorsWriter, TensorSpec, CHUNK_BYTES};
+use rocm_safe::DType;
+
+fn pattern(n: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn write_file(path: &Path, tensors: &[(&str, DType, Vec<u64>, Vec<u8>)]) {
+    let specs = tensors
+        .iter()
+        .map(|(n, d, s, _)| TensorSpec::new(*n, *d, s.clone()));
+    let mut w = SafeTensorsWriter::create(path, specs, None).unwrap();
+    for (n, _, _, b) in tensors {
+        w.write_tensor(n, b).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn conversions_cross_chunks_at_unaligned_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.safetensors");
+    // 1 leading byte makes every following tensor start at an odd offset.
+    let big = CHUNK_BYTES / 2 + 12_345; // bf16 elements: more than one chunk
+    let tensors = vec![
+        ("pad", DType::U8, vec![1], vec![0xAB]),
+        ("bf", DType::BF16, vec![big as u64], pattern(big * 2, 1)),
+        ("h", DType::F16, vec![3, 1001], pattern(3 * 1001 * 2, 2)),
+        ("f", DType::F32, vec![777], pattern(777 * 4, 3)),
+        ("d", DType::F64, vec![5, 3], pattern(15 * 8, 4)),
+    ];
+    write_file(&p, &tensors);
+    let f = SafeTensors::open(&p).unwrap();
+    assert_eq!(
+        f.data_start() + f.info("bf").unwrap().data_offsets.0,
+        f.data_start() + 1
+    );
+    assert_eq!(f.data_start() % 8, 0);
+
+    // bf16 -> f32 is the bit pattern shifted left by 16, NaNs included.
+    let got: Vec<f32> = f.read("bf").unwrap();
+    let raw = &tensors[1].3;
+    assert_eq!(got.len(), big);
+    for (i, v) in got.iter().enumerate() {
+        let b = u16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]);
+        assert_eq!(v.to_bits(), (b as u32) << 16, "element {i}");
+    }
+    // Every float source into every target equals the reference conversion.
+    for (name, dtype, _, bytes) in &tensors[1..] {
+        for to in [DType::F32, DType::F16, DType::BF16] {
+            let mut want = vec![0u8; bytes.len() / dtype.size().unwrap() * to.size().unwrap()];
+            rocm_safe::convert::convert_bytes(*dtype, bytes, to, &mut want).unwrap();
+            assert_eq!(f.read_as_bytes(name, to).unwrap(), want, "{name} -> {to}");
+            let mut into = vec![0u8; want.len()];
+            f.read_as_bytes_into(name, to, &mut into).unwrap();
+            assert_eq!(into, want);
+        }
+        let typed_f16: Vec<f16> = f.read(name).unwrap();
+        let typed_bf16: Vec<bf16> = f.read(name).unwrap();
+        assert_eq!(typed_f16.len(), typed_bf16.len());
+        // Same dtype: a plain copy.
+        assert_eq!(f.read_as_bytes(name, *dtype).unwrap(), *bytes);
+        assert_eq!(f.read_bytes(name).unwrap(), *bytes);
+    }
+    let d: Vec<f64> = f.read("d").unwrap();
+    assert_eq!(bytemuck::cast_slice::<f64, u8>(&d), &tensors[4].3[..]);
+}
+
+#[test]
+fn rows_read_only_their_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("r.safetensors");
+    let (rows, cols) = (10u64, 7u64);
+    let raw = pattern((rows * cols * 2) as usize, 9);
+    write_file(
+        &p,
+        &[
+            ("odd", DType::U8, vec![3], vec![1, 2, 3]),
+            ("w", DType::BF16, vec![rows, cols], raw.clone()),
+        ],
+    );
+    let f = SafeTensors::open(&p).unwrap();
+    let all: Vec<f32> = f.read("w").unwrap();
+    let rb = (cols * 2) as usize;
+    for (a, b) in [(0, 10), (3, 7), (9, 10), (4, 4), (0, 1)] {
+        let part: Vec<f32> = f.read_rows("w", a..b).unwrap();
+        assert_eq!(part, all[(a * cols) as usize..(b * cols) as usize]);
+        assert_eq!(
+            f.read_rows_bytes("w", a..b).unwrap(),
+            raw[a as usize * rb..b as usize * rb]
+        );
+        let mut into = vec![bf16::ZERO; ((b - a) * cols) as usize];
+        f.read_rows_into("w", a..b, &mut into).unwrap();
+        assert_eq!(
+            bytemuck::cast_slice::<bf16, u8>(&into),
+            &raw[a as usize * rb..b as usize * rb]
+        );
+        let mut bytes = vec![0u8; (b - a) as usize * rb];
+        f.read_rows_bytes_into("w", a..b, &mut bytes).unwrap();
+        assert_eq!(bytes, raw[a as usize * rb..b as usize * rb]);
+    }
+    // Tensor-parallel split: 4 ranks' parts concatenate to the whole.
+    let ckpt = Checkpoint::open(&p).unwrap();
+    let mut joined = Vec::new();
+    for r in 0..4u64 {
+        let (a, b) = (rows * r / 4, rows * (r + 1) / 4);
+        joined.extend(ckpt.read_rows::<f32>("w", a..b).unwrap());
+    }
+    assert_eq!(joined, all);
+    // Rank threads share one reader.
+    let parts: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|r| {
+                let f = &f;
+                s.spawn(move || {
+                    f.read_rows::<f32>("w", rows * r / 4..rows * (r + 1) / 4)
+                        .unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(parts.concat(), all);
+}
+
+#[test]
+fn agrees_with_safetensors_crate() {
+    use safetensors::tensor::TensorView;
+    let names = [
+        "a.weight", "b", "c", "scalar", "empty", "ints", "fp8", "flag",
+    ];
+    let specs: Vec<(&str, DType, Vec<usize>)> = vec![
+        (names[0], DType::BF16, vec![4, 3]),
+        (names[1], DType::F32, vec![5]),
+        (names[2], DType::F16, vec![2, 2, 2]),
+        (names[3], DType::F64, vec![]),
+        (names[4], DType::F32, vec![0, 4]),
+        (names[5], DType::I64, vec![3]),
+        (names[6], DType::F8_E4M3, vec![6]),
+        (names[7], DType::BOOL, vec![2]),
+    ];
+    let datas: Vec<Vec<u8>> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, (_, d, s))| pattern(d.size().unwrap() * s.iter().product::<usize>(), i as u32))
+        .collect();
+    let views: Vec<(&str, TensorView)> = specs
+        .iter()
+        .zip(&datas)
+        .map(|((n, d, s), b)| {
+            (
+                *n,
+                TensorView::new(d.to_safetensors(), s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    let meta: HashMap<String, String> = [("format".to_owned(), "pt".to_owned())].into();
+    let bytes = safetensors::serialize(views, Some(meta.clone())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("st.safetensors");
+    std::fs::write(&p, &bytes).unwrap();
+
+    let f = SafeTensors::open(&p).unwrap();
+    assert_eq!(f.tensors().len(), specs.len());
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for ((n, d, s), data) in specs.iter().zip(&datas) {
+        let info = f.info(n).unwrap();
+        assert_eq!(info.dtype, *d);
+        assert_eq!(info.shape, s.iter().map(|&x| x as u64).collect::<Vec<_>>());
+        assert_eq!(f.read_bytes(n).unwrap(), *data);
+        assert_eq!(st.tensor(n).unwrap().data(), &data[..]);
+    }
+    assert_eq!(f.metadata().unwrap()["format"], "pt");
+
+    // Our writer, given the crate's order (dtype descending, then name),
+    // produces byte-identical output.
+    let mut order: Vec<usize> = (0..specs.len()).collect();
+    order.sort_by(|&a, &b| {
+        specs[b]
+            .1
+            .to_safetensors()
+            .cmp(&specs[a].1.to_safetensors())
+            .then(specs[a].0.cmp(specs[b].0))
+    });
+    let ours = dir.path().join("ours.safetensors");
+    let m: BTreeMap<String, String> = meta.into_iter().collect();
+    let mut w = SafeTensorsWriter::create(
+        &ours,
+        order.iter().map(|&i| {
+            TensorSpec::new(
+                specs[i].0,
+                specs[i].1,
+                specs[i].2.iter().map(|&x| x as u64).collect::<Vec<_>>(),
+            )
+        }),
+        Some(&m),
+    )
+    .unwrap();
+    for &i in &order {
+        w.write_tensor(specs[i].0, &datas[i]).unwrap();
+    }
+    w.finish().unwrap();
+    assert_eq!(std::fs::read(&ours).unwrap(), bytes);
+}
