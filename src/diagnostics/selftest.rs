@@ -87,7 +87,9 @@ fn widen_all(from: DType, reference: impl Fn(u16) -> Option<u32>) -> Result<Stri
     if nans == 0 {
         Ok("65536 patterns bit-exact".to_owned())
     } else {
-        Ok(format!("65536 patterns bit-exact or NaN kept NaN ({nans} NaNs)"))
+        Ok(format!(
+            "65536 patterns bit-exact or NaN kept NaN ({nans} NaNs)"
+        ))
     }
 }
 
