@@ -1157,3 +1157,16 @@ fn writer_chunks() {
     assert_eq!(f.read_bytes("a").unwrap(), (1..=12).collect::<Vec<u8>>());
     assert_eq!(f.read_bytes("b").unwrap(), vec![13, 14]);
 }
+
+#[test]
+fn io_errors_opening_odd_paths() {
+    // Not a regular file.
+    let dir = tempfile::tempdir().unwrap();
+    let e = SafeTensors::open(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("regular file"), "{e}");
+    assert!(matches!(e, Error::Io { op: "open", .. }), "{e}");
+    // A writer needs a file name.
+    let e = SafeTensorsWriter::create("/", [TensorSpec::new("a", DType::U8, vec![1])], None)
+        .unwrap_err();
+    assert!(matches!(e, Error::Io { op: "create", .. }), "{e}");
+}
