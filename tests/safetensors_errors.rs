@@ -1104,3 +1104,69 @@ fn writer_round_trip_with_metadata() {
     let (_, m) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
     assert_eq!(m.metadata().as_ref().unwrap()["q\"uote"], "é\n");
 }
+
+#[test]
+fn writer_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("c.safetensors");
+    let specs = [
+        TensorSpec::new("a", DType::BF16, vec![3, 2]),
+        TensorSpec::new("e", DType::U8, vec![0]),
+        TensorSpec::new("b", DType::U8, vec![2]),
+    ];
+    let mut w = SafeTensorsWriter::create(&out, specs, None).unwrap();
+    w.write_chunk("a", &[1, 2, 3, 4]).unwrap();
+    // Past the end: refused, nothing written.
+    let e = w.write_chunk("a", &[0; 9]).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::WriterSize {
+                expected: 8,
+                actual: 9,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // write_tensor after chunks must complete the tensor exactly.
+    let e = w.write_tensor("a", &[0; 2]).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::WriterSize {
+                expected: 8,
+                actual: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = w.write_chunk("b", &[1]).unwrap_err();
+    assert!(
+        matches!(&e, Error::Writer { reason, .. } if reason.contains("order")),
+        "{e}"
+    );
+    w.write_chunk("a", &[5, 6, 7, 8]).unwrap();
+    w.write_chunk("a", &[9, 10, 11, 12]).unwrap();
+    assert_eq!(w.next_tensor().unwrap().name, "e");
+    w.write_chunk("e", &[]).unwrap();
+    w.write_tensor("b", &[13, 14]).unwrap();
+    w.finish().unwrap();
+    let f = SafeTensors::open(&out).unwrap();
+    assert_eq!(f.read_bytes("a").unwrap(), (1..=12).collect::<Vec<u8>>());
+    assert_eq!(f.read_bytes("b").unwrap(), vec![13, 14]);
+}
+
+#[test]
+fn io_errors_opening_odd_paths() {
+    // Not a regular file.
+    let dir = tempfile::tempdir().unwrap();
+    let e = SafeTensors::open(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("regular file"), "{e}");
+    assert!(matches!(e, Error::Io { op: "open", .. }), "{e}");
+    // A writer needs a file name.
+    let e = SafeTensorsWriter::create("/", [TensorSpec::new("a", DType::U8, vec![1])], None)
+        .unwrap_err();
+    assert!(matches!(e, Error::Io { op: "create", .. }), "{e}");
+}

@@ -6,7 +6,7 @@
 //! process (env var `ROCM_SAFE_MEMTEST_FILE`) that reads every tensor as f32
 //! and checks its own peak RSS (`VmHWM` in /proc/self/status), so the
 //! parent's buffers do not count. F32 tensors take the direct path (pread
-//! into the output), BF16/F16 the chunked converting one; 112 MiB are
+//! into the output), BF16/F16 the chunked converting one; 88 MiB are
 //! converted, which keeps the test a few seconds in a debug build.
 
 use std::path::Path;
@@ -20,13 +20,13 @@ const MIB: u64 = 1 << 20;
 const ENV: &str = "ROCM_SAFE_MEMTEST_FILE";
 const TEST_NAME: &str = "reading_every_tensor_keeps_peak_rss_bounded";
 
-/// (count, dtype, bytes per tensor): 192 + 64 + 32 + 16 + 80 = 384 MiB.
+/// (count, dtype, bytes per tensor): 192 + 64 + 8 + 16 + 104 = 384 MiB.
 const LAYOUT: [(u64, DType, u64); 5] = [
     (6, DType::F32, 32 * MIB),
     (4, DType::BF16, 16 * MIB),
-    (16, DType::BF16, 2 * MIB),
+    (8, DType::BF16, MIB),
     (16, DType::F16, MIB),
-    (80, DType::F32, MIB),
+    (104, DType::F32, MIB),
 ];
 
 fn pattern_byte(i: usize) -> u8 {

@@ -217,3 +217,52 @@ fn agrees_with_safetensors_crate() {
     w.finish().unwrap();
     assert_eq!(std::fs::read(&ours).unwrap(), bytes);
 }
+
+#[test]
+fn checkpoint_delegates_every_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = pattern(4 * 3 * 2, 5);
+    write_file(
+        &dir.path().join("shard 1.safetensors"),
+        &[("w", DType::BF16, vec![4, 3], raw.clone())],
+    );
+    write_file(
+        &dir.path().join("shard-\u{e9}.safetensors"),
+        &[("i", DType::I32, vec![2], pattern(8, 6))],
+    );
+    let idx = dir.path().join("m.safetensors.index.json");
+    std::fs::write(
+        &idx,
+        r#"{"weight_map":{"w":"shard 1.safetensors","i":"shard-\u00e9.safetensors"}}"#,
+    )
+    .unwrap();
+    let c = Checkpoint::open(&idx).unwrap();
+    assert_eq!(c.path(), idx);
+    assert!(!c.is_empty());
+    let direct = SafeTensors::open(dir.path().join("shard 1.safetensors")).unwrap();
+    let want: Vec<f32> = direct.read("w").unwrap();
+
+    assert_eq!(c.read::<f32>("w").unwrap(), want);
+    let mut v = vec![0f32; 12];
+    c.read_into("w", &mut v).unwrap();
+    assert_eq!(v, want);
+    assert_eq!(c.read_bytes("w").unwrap(), raw);
+    let mut b = vec![0u8; raw.len()];
+    c.read_bytes_into("w", &mut b).unwrap();
+    assert_eq!(b, raw);
+    let as_f32 = c.read_as_bytes("w", DType::F32).unwrap();
+    assert_eq!(as_f32, bytemuck::cast_slice::<f32, u8>(&want));
+    let mut b = vec![0u8; 48];
+    c.read_as_bytes_into("w", DType::F32, &mut b).unwrap();
+    assert_eq!(b, as_f32);
+    assert_eq!(c.read_rows::<f32>("w", 1..3).unwrap(), want[3..9]);
+    let mut r = vec![0f32; 3];
+    c.read_rows_into("w", 3..4, &mut r).unwrap();
+    assert_eq!(r, want[9..12]);
+    assert_eq!(c.read_rows_bytes("w", 0..1).unwrap(), raw[..6]);
+    let mut rb = vec![0u8; 6];
+    c.read_rows_bytes_into("w", 2..3, &mut rb).unwrap();
+    assert_eq!(rb, raw[12..18]);
+    assert_eq!(c.info("i").unwrap().dtype, DType::I32);
+    assert!(c.read::<f32>("i").is_err());
+}

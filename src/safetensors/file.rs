@@ -75,7 +75,16 @@ impl SafeTensors {
             source,
         };
         let file = File::open(&path).map_err(|e| io("open", e))?;
-        let file_len = file.metadata().map_err(|e| io("stat", e))?.len();
+        let meta = file.metadata().map_err(|e| io("stat", e))?;
+        if !meta.is_file() {
+            // Directories, FIFOs, devices: refuse before any read can fail
+            // oddly or block.
+            return Err(io(
+                "open",
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
+            ));
+        }
+        let file_len = meta.len();
 
         let mut prefix = [0u8; LFS_POINTER_PREFIX.len()];
         let plen = usize::try_from(file_len).map_or(prefix.len(), |l| l.min(prefix.len()));

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::header::{TensorInfo, MAX_HEADER_LEN};
 use crate::dtype::DType;
@@ -42,7 +43,7 @@ impl From<&TensorInfo> for TensorSpec {
 /// [`create`](Self::create) writes the header (8-byte little-endian length,
 /// JSON padded with spaces to a multiple of 8, `__metadata__` first, then
 /// the tensors in the given order with consecutive `data_offsets`: the
-/// layout of the `safetensors` crate) to a temporary file `.{name}.tmp-{pid}`
+/// layout of the `safetensors` crate) to a temporary file `.{name}.tmp-{pid}-{n}`
 /// in the destination's folder. [`write_tensor`](Self::write_tensor) takes
 /// each tensor's bytes in the declared order;
 /// [`finish`](Self::finish) flushes, fsyncs, and renames the temporary file
@@ -56,7 +57,10 @@ pub struct SafeTensorsWriter {
     out: Option<BufWriter<File>>,
     /// Declared tensors and their byte sizes, in order.
     specs: Vec<(TensorSpec, u64)>,
+    /// Index of the tensor being written.
     next: usize,
+    /// Bytes of it written so far.
+    partial: u64,
 }
 
 impl SafeTensorsWriter {
@@ -109,19 +113,27 @@ impl SafeTensorsWriter {
         })?;
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(file_name);
-        tmp_name.push(format!(".tmp-{}", std::process::id()));
+        // pid plus a per-process counter: two writers never share a name.
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let seq = NEXT.fetch_add(1, Ordering::Relaxed);
+        tmp_name.push(format!(".tmp-{}-{seq}", std::process::id()));
         let tmp = path.with_file_name(tmp_name);
-        let file = File::create(&tmp).map_err(|e| Error::Io {
-            path: tmp.clone(),
-            op: "create temporary file",
-            source: e,
-        })?;
+        let file = File::options()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| Error::Io {
+                path: tmp.clone(),
+                op: "create temporary file",
+                source: e,
+            })?;
         let mut w = SafeTensorsWriter {
             path,
             tmp,
             out: Some(BufWriter::with_capacity(1 << 20, file)),
             specs,
             next: 0,
+            partial: 0,
         };
         w.write_raw(&(header.len() as u64).to_le_bytes())?;
         w.write_raw(&header)?;
@@ -139,42 +151,79 @@ impl SafeTensorsWriter {
     }
 
     /// Appends the bytes of tensor `name`, which must be the next declared
-    /// tensor and have exactly its byte size.
+    /// tensor; `bytes` completes it (its whole data, or the rest after
+    /// [`write_chunk`](Self::write_chunk)).
     ///
     /// Errors: [`Error::Writer`] (not declared, already written, or not the
-    /// next one), [`Error::WriterSize`], [`Error::Io`]. On error nothing is
-    /// written and the writer stays usable.
+    /// next one), [`Error::WriterSize`] (nothing is written then, and the
+    /// writer stays usable), [`Error::Io`] (the writer is then closed:
+    /// drop it, which removes the temporary file).
     pub fn write_tensor(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        let remaining = self.remaining(name)?;
+        if remaining != bytes.len() as u64 {
+            return Err(Error::WriterSize {
+                path: self.path.clone(),
+                tensor: name.to_owned(),
+                expected: remaining,
+                actual: bytes.len() as u64,
+            });
+        }
+        self.append(bytes)
+    }
+
+    /// Appends part of tensor `name`'s bytes (the next declared tensor):
+    /// a tensor may be written in any number of chunks, so a converted copy
+    /// of a checkpoint needs only one chunk in memory (e.g. with
+    /// [`SafeTensors::read_rows`](super::SafeTensors::read_rows)). The
+    /// tensor is complete when its byte size is reached.
+    ///
+    /// Errors: as [`write_tensor`](Self::write_tensor); [`Error::WriterSize`]
+    /// when the chunk would go past the tensor's end.
+    pub fn write_chunk(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        let remaining = self.remaining(name)?;
+        if bytes.len() as u64 > remaining {
+            return Err(Error::WriterSize {
+                path: self.path.clone(),
+                tensor: name.to_owned(),
+                expected: remaining,
+                actual: bytes.len() as u64,
+            });
+        }
+        self.append(bytes)
+    }
+
+    /// Bytes still to write of `name`, which must be the next tensor.
+    fn remaining(&self, name: &str) -> Result<u64> {
         let wrong = |reason| Error::Writer {
             path: self.path.clone(),
             tensor: name.to_owned(),
             reason,
         };
-        let Some((spec, size)) = self.specs.get(self.next) else {
-            return Err(wrong(if self.specs.iter().any(|(s, _)| s.name == name) {
-                "already written"
-            } else {
-                "not declared"
-            }));
-        };
-        if spec.name != name {
-            let pos = self.specs.iter().position(|(s, _)| s.name == name);
-            return Err(wrong(match pos {
-                None => "not declared",
-                Some(i) if i < self.next => "already written",
-                Some(_) => "written out of the declared order",
-            }));
+        match self.specs.get(self.next) {
+            Some((spec, size)) if spec.name == name => Ok(size - self.partial),
+            _ => {
+                let pos = self.specs.iter().position(|(s, _)| s.name == name);
+                Err(wrong(match pos {
+                    None => "not declared",
+                    Some(i) if i < self.next => "already written",
+                    Some(_) => "written out of the declared order",
+                }))
+            }
         }
-        if *size != bytes.len() as u64 {
-            return Err(Error::WriterSize {
-                path: self.path.clone(),
-                tensor: name.to_owned(),
-                expected: *size,
-                actual: bytes.len() as u64,
-            });
-        }
+    }
+
+    /// Writes bytes of the current tensor; advances when it is complete.
+    fn append(&mut self, bytes: &[u8]) -> Result<()> {
         self.write_raw(bytes)?;
-        self.next += 1;
+        self.partial += bytes.len() as u64;
+        if self
+            .specs
+            .get(self.next)
+            .is_some_and(|(_, size)| self.partial == *size)
+        {
+            self.next += 1;
+            self.partial = 0;
+        }
         Ok(())
     }
 
@@ -225,10 +274,15 @@ impl SafeTensorsWriter {
                 source: std::io::Error::other("writer already closed"),
             });
         };
-        out.write_all(bytes).map_err(|e| Error::Io {
-            path: self.tmp.clone(),
-            op: "write",
-            source: e,
+        out.write_all(bytes).map_err(|e| {
+            // Part of `bytes` may be written: the file is no longer
+            // consistent with the writer's state, so close it for good.
+            self.out = None;
+            Error::Io {
+                path: self.tmp.clone(),
+                op: "write",
+                source: e,
+            }
         })
     }
 }
