@@ -400,4 +400,60 @@ pub enum Error {
         actual: u64,
     },
     // ----- devices (src/device) -------------------------------------------
+    // ----- conv3d (src/conv3d) ----------------------------------------------
+    /// A conv3d parameter is out of range (a zero stride, dilation or group
+    /// count).
+    #[error("conv3d: {param} {value:?}: {reason}")]
+    Conv3dParam {
+        /// The parameter (`"stride"`, `"dilation"`, `"groups"`).
+        param: &'static str,
+        /// Its value (per axis where it has axes).
+        value: Vec<usize>,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A conv3d tensor's shape does not fit the convolution (not 5-d,
+    /// channels not divisible by groups, kernel larger than the padded
+    /// input, sizes overflowing).
+    #[error("conv3d: {tensor} shape {shape:?}: {reason}")]
+    Conv3dShape {
+        /// The tensor (`"input"`, `"weight"`).
+        tensor: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// A conv3d tensor has a dtype the call cannot take (input and weight
+    /// must share one dtype, f32 or bf16).
+    #[error("conv3d: {tensor} has dtype {dtype}, expected {expected}")]
+    Conv3dDType {
+        /// The tensor.
+        tensor: &'static str,
+        /// Its dtype.
+        dtype: DType,
+        /// The dtype it needs.
+        expected: DType,
+    },
+
+    /// A conv3d tier failed for a reason of its own (an internal size check,
+    /// an injected failure, a kernel that could not be loaded).
+    #[error("conv3d tier {tier}: {reason}")]
+    Conv3dTier {
+        /// The tier's name.
+        tier: &'static str,
+        /// What went wrong.
+        reason: &'static str,
+    },
+
+    /// No tier of the conv3d chain served the call: every tier was skipped
+    /// (forbidden, unsupported, unavailable) or failed. The report says
+    /// what happened at each.
+    #[error("conv3d: no tier served the call: {report}")]
+    Conv3dNoTier {
+        /// What happened at each tier.
+        report: Box<crate::conv3d::Conv3dReport>,
+    },
 }

@@ -1,0 +1,566 @@
+//! The fallback chain: tiers in order, output checks, statistics, reports.
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::params::Conv3dProblem;
+use super::reference::reference_point;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The four kinds of tier, in the chain's default order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TierKind {
+    /// The vendor library: MIOpen on HIP, cuDNN on CUDA, loaded at run time.
+    Vendor,
+    /// The tiled implicit-GEMM GPU kernel.
+    Tiled,
+    /// The naive GPU kernel (one thread per output point).
+    Naive,
+    /// The CPU implementation (rayon), which takes every parameter set.
+    Cpu,
+}
+
+impl TierKind {
+    /// All kinds in the default order.
+    pub const ALL: [TierKind; 4] = [
+        TierKind::Vendor,
+        TierKind::Tiled,
+        TierKind::Naive,
+        TierKind::Cpu,
+    ];
+
+    /// Lowercase name: `vendor`, `tiled`, `naive`, `cpu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TierKind::Vendor => "vendor",
+            TierKind::Tiled => "tiled",
+            TierKind::Naive => "naive",
+            TierKind::Cpu => "cpu",
+        }
+    }
+}
+
+impl fmt::Display for TierKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TierKind {
+    type Err = ();
+    /// Parses a [`TierKind::name`].
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        TierKind::ALL.into_iter().find(|k| k.name() == s).ok_or(())
+    }
+}
+
+/// Whether a tier can take a call. `Unsupported` and `Unavailable` make
+/// the chain skip the tier (a skip is not a failure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Support {
+    /// The tier takes these parameters.
+    Yes,
+    /// The tier does not implement these parameters (say, a dtype or a
+    /// kernel size it has no code for).
+    Unsupported(String),
+    /// The tier cannot run at all here (no device, library not found,
+    /// feature not compiled in).
+    Unavailable(String),
+}
+
+/// One way of computing a conv3d. The chain asks [`support`](Self::support)
+/// first and calls [`run`](Self::run) only on `Support::Yes`.
+pub trait Conv3dTier: Send + Sync {
+    /// Which kind of tier this is (what options force or forbid).
+    fn kind(&self) -> TierKind;
+    /// A name for reports and statistics (`"cpu"`, `"cudnn"`, ...).
+    fn name(&self) -> &str;
+    /// Whether this tier can take `problem`.
+    fn support(&self, problem: &Conv3dProblem<'_>) -> Support;
+    /// Computes `problem` into `out` (f32, `[N, K, OD, OH, OW]`, exactly
+    /// the output's length). An error moves the chain to the next tier.
+    fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()>;
+}
+
+/// The CPU tier as a [`Conv3dTier`]: every parameter set, always available.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuTier;
+
+impl Conv3dTier for CpuTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Cpu
+    }
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn support(&self, _: &Conv3dProblem<'_>) -> Support {
+        Support::Yes
+    }
+    fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
+        super::cpu::conv3d_cpu(problem, out)
+    }
+}
+
+/// A tier this build or machine does not have: always skipped, with the
+/// reason in the report (say, "built without the `cuda` feature").
+#[derive(Debug, Clone)]
+pub struct UnavailableTier {
+    /// The kind it stands for.
+    pub kind: TierKind,
+    /// Why it is not available.
+    pub reason: String,
+}
+
+impl Conv3dTier for UnavailableTier {
+    fn kind(&self) -> TierKind {
+        self.kind
+    }
+    fn name(&self) -> &str {
+        self.kind.name()
+    }
+    fn support(&self, _: &Conv3dProblem<'_>) -> Support {
+        Support::Unavailable(self.reason.clone())
+    }
+    fn run(&self, _: &Conv3dProblem<'_>, _: &mut [f32]) -> Result<()> {
+        Err(Error::Conv3dTier {
+            tier: "unavailable",
+            reason: "an unavailable tier was run",
+        })
+    }
+}
+
+/// How results are checked and which tiers may run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conv3dOptions {
+    /// Run only this kind of tier (no fallback): fail fast, or test one tier.
+    pub force: Option<TierKind>,
+    /// Never run these kinds.
+    pub forbid: Vec<TierKind>,
+    /// Output points recomputed on the CPU in f64 per result (0: none).
+    /// The first and last points are always among them.
+    pub verify_samples: usize,
+    /// Reject a result holding NaN or infinity when input, weight and bias
+    /// are all finite.
+    pub scan_non_finite: bool,
+    /// Seed choosing the sampled points.
+    pub seed: u64,
+    /// Tolerance for f32 inputs, relative to `|bias| + sum |x * w|` of the
+    /// point.
+    pub rel_tol_f32: f64,
+    /// Tolerance for bf16 inputs, relative likewise (larger: a vendor
+    /// library may round its bf16 output).
+    pub rel_tol_bf16: f64,
+}
+
+impl Default for Conv3dOptions {
+    /// Every tier, 16 sampled points, the non-finite scan on, tolerances
+    /// 1e-4 (f32) and 1e-2 (bf16).
+    fn default() -> Self {
+        Conv3dOptions {
+            force: None,
+            forbid: Vec::new(),
+            verify_samples: 16,
+            scan_non_finite: true,
+            seed: 0x00c0_ffee,
+            rel_tol_f32: 1e-4,
+            rel_tol_bf16: 1e-2,
+        }
+    }
+}
+
+/// Why a tier that ran did not serve.
+#[derive(Debug)]
+pub enum Failure {
+    /// The tier returned an error.
+    Error(Error),
+    /// The output holds a NaN or infinity although every input is finite.
+    NonFinite {
+        /// Flat index of the first such point.
+        index: usize,
+        /// Its value.
+        value: f32,
+    },
+    /// A sampled point differs from the f64 recomputation beyond the
+    /// tolerance.
+    Mismatch {
+        /// Flat index of the point.
+        index: usize,
+        /// The tier's value.
+        got: f32,
+        /// The f64 reference.
+        expected: f64,
+        /// The allowed absolute difference.
+        tolerance: f64,
+    },
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Error(e) => write!(f, "error: {e}"),
+            Failure::NonFinite { index, value } => {
+                write!(f, "non-finite output {value} at index {index}")
+            }
+            Failure::Mismatch {
+                index,
+                got,
+                expected,
+                tolerance,
+            } => write!(
+                f,
+                "output {got} at index {index} differs from the f64 reference {expected} by more than {tolerance:.3e}"
+            ),
+        }
+    }
+}
+
+/// What happened at one tier during one call.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The tier's result passed the checks and was returned.
+    Served,
+    /// The tier was not run: forbidden, not the forced tier, unsupported
+    /// parameters, or unavailable here.
+    Skipped(String),
+    /// The tier ran and failed.
+    Failed(Failure),
+}
+
+/// One tier's part in a call.
+#[derive(Debug)]
+pub struct Attempt {
+    /// The tier's kind.
+    pub kind: TierKind,
+    /// The tier's name.
+    pub name: String,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Time spent in it (run and checks; zero when skipped).
+    pub time: Duration,
+}
+
+/// The record of one call: which tier served and what happened before.
+#[derive(Debug, Default)]
+pub struct Conv3dReport {
+    /// Every tier of the chain in order, up to the one that served.
+    pub attempts: Vec<Attempt>,
+}
+
+impl Conv3dReport {
+    /// The attempt that served, if any.
+    pub fn served(&self) -> Option<&Attempt> {
+        self.attempts
+            .iter()
+            .find(|a| matches!(a.outcome, Outcome::Served))
+    }
+
+    /// The kind of the tier that served, if any.
+    pub fn served_by(&self) -> Option<TierKind> {
+        self.served().map(|a| a.kind)
+    }
+
+    /// The failures before the serving tier (skips excluded).
+    pub fn failures(&self) -> impl Iterator<Item = (&Attempt, &Failure)> + '_ {
+        self.attempts.iter().filter_map(|a| match &a.outcome {
+            Outcome::Failed(f) => Some((a, f)),
+            _ => None,
+        })
+    }
+}
+
+impl fmt::Display for Conv3dReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, a) in self.attempts.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            match &a.outcome {
+                Outcome::Served => write!(f, "{}: served in {:.3?}", a.name, a.time)?,
+                Outcome::Skipped(why) => write!(f, "{}: skipped ({why})", a.name)?,
+                Outcome::Failed(why) => write!(f, "{}: failed ({why})", a.name)?,
+            }
+        }
+        if self.attempts.is_empty() {
+            f.write_str("no tiers")?;
+        }
+        Ok(())
+    }
+}
+
+/// Counters of one tier over the chain's life.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// The tier's name.
+    pub name: String,
+    /// Times it ran (skips excluded).
+    pub attempts: u64,
+    /// Times its result was returned.
+    pub successes: u64,
+    /// Times it was skipped (forbidden, not forced, unsupported, unavailable).
+    pub skips: u64,
+    /// Runs that returned an error.
+    pub errors: u64,
+    /// Runs rejected by the non-finite scan.
+    pub non_finite: u64,
+    /// Runs rejected by the sampled f64 verification.
+    pub mismatches: u64,
+    /// Total time spent running and checking it.
+    pub time: Duration,
+}
+
+/// Conv3d with an explicit fallback chain (DESIGN.md: vendor -> tiled ->
+/// naive -> CPU), output checks, per-tier statistics and a report per call.
+///
+/// ```
+/// use rocm_safe::conv3d::{Conv3dChain, Conv3dData, Conv3dParams, Conv3dProblem, TierKind};
+/// let x = vec![1.0f32; 2 * 3 * 3 * 3];
+/// let w = vec![0.5f32; 2 * 3 * 3 * 3];
+/// let p = Conv3dProblem::new(
+///     Conv3dParams::default().with_padding([1, 1, 1]),
+///     Conv3dData::F32(&x), &[1, 2, 3, 3, 3],
+///     Conv3dData::F32(&w), &[1, 2, 3, 3, 3],
+///     None,
+/// )?;
+/// let chain = Conv3dChain::new();
+/// let (out, report) = chain.run(&p)?;
+/// assert_eq!(out.len(), 27);
+/// assert_eq!(out[13], 27.0); // centre: 2 channels x 27 taps x 0.5
+/// assert_eq!(report.served_by(), Some(TierKind::Cpu));
+/// # Ok::<(), rocm_safe::Error>(())
+/// ```
+pub struct Conv3dChain {
+    tiers: Vec<Box<dyn Conv3dTier>>,
+    options: Conv3dOptions,
+    stats: Mutex<Vec<TierStats>>,
+}
+
+impl fmt::Debug for Conv3dChain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.tiers.iter().map(|t| t.name()).collect();
+        f.debug_struct("Conv3dChain")
+            .field("tiers", &names)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl Default for Conv3dChain {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Conv3dChain {
+    /// The default chain for this build, with default options: the GPU
+    /// tiers this build has (on the default device), then the CPU tier.
+    /// Tiers this build lacks are present as [`UnavailableTier`]s, so the
+    /// report says why they were skipped.
+    pub fn new() -> Self {
+        Self::with_tiers(super::default_tiers(), Conv3dOptions::default())
+    }
+
+    /// A chain of the given tiers, tried in the given order.
+    pub fn with_tiers(tiers: Vec<Box<dyn Conv3dTier>>, options: Conv3dOptions) -> Self {
+        let stats = tiers
+            .iter()
+            .map(|t| TierStats {
+                name: t.name().to_owned(),
+                ..TierStats::default()
+            })
+            .collect();
+        Conv3dChain {
+            tiers,
+            options,
+            stats: Mutex::new(stats),
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &Conv3dOptions {
+        &self.options
+    }
+
+    /// The options, to change.
+    pub fn options_mut(&mut self) -> &mut Conv3dOptions {
+        &mut self.options
+    }
+
+    /// The tiers' names and kinds, in order.
+    pub fn tiers(&self) -> Vec<(TierKind, String)> {
+        self.tiers
+            .iter()
+            .map(|t| (t.kind(), t.name().to_owned()))
+            .collect()
+    }
+
+    /// A snapshot of the per-tier statistics, in tier order.
+    pub fn stats(&self) -> Vec<TierStats> {
+        self.stats
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Computes `problem`, returning the output (`[N, K, OD, OH, OW]`, f32)
+    /// and the report.
+    ///
+    /// Errors: [`Error::Conv3dNoTier`] (carrying the report) when no tier
+    /// served.
+    pub fn run(&self, problem: &Conv3dProblem<'_>) -> Result<(Vec<f32>, Conv3dReport)> {
+        let mut out = vec![0f32; problem.geometry.output_len()];
+        let report = self.run_into(problem, &mut out)?;
+        Ok((out, report))
+    }
+
+    /// Computes `problem` into `out`, which must have the output's length.
+    /// On error `out` holds whatever the last tier left there.
+    ///
+    /// Errors: [`Error::LengthMismatch`] for a wrong `out` length;
+    /// [`Error::Conv3dNoTier`] (carrying the report) when no tier served.
+    pub fn run_into(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<Conv3dReport> {
+        let expected = problem.geometry.output_len();
+        if out.len() != expected {
+            return Err(Error::LengthMismatch {
+                op: "conv3d output",
+                expected,
+                actual: out.len(),
+            });
+        }
+        let mut report = Conv3dReport::default();
+        let samples = sample_points(expected, self.options.verify_samples, self.options.seed);
+        for (i, tier) in self.tiers.iter().enumerate() {
+            let kind = tier.kind();
+            let skip = if self.options.force.is_some_and(|f| f != kind) {
+                Some("not the forced tier".to_owned())
+            } else if self.options.forbid.contains(&kind) {
+                Some("forbidden by the options".to_owned())
+            } else {
+                match tier.support(problem) {
+                    Support::Yes => None,
+                    Support::Unsupported(why) => Some(format!("unsupported: {why}")),
+                    Support::Unavailable(why) => Some(format!("unavailable: {why}")),
+                }
+            };
+            if let Some(why) = skip {
+                self.count(i, |s| s.skips += 1);
+                report.attempts.push(Attempt {
+                    kind,
+                    name: tier.name().to_owned(),
+                    outcome: Outcome::Skipped(why),
+                    time: Duration::ZERO,
+                });
+                continue;
+            }
+            let start = Instant::now();
+            let result = match tier.run(problem, out) {
+                Err(e) => Err(Failure::Error(e)),
+                Ok(()) => self.check(problem, out, &samples),
+            };
+            let time = start.elapsed();
+            let served = result.is_ok();
+            self.count(i, |s| {
+                s.attempts += 1;
+                s.time += time;
+                match &result {
+                    Ok(()) => s.successes += 1,
+                    Err(Failure::Error(_)) => s.errors += 1,
+                    Err(Failure::NonFinite { .. }) => s.non_finite += 1,
+                    Err(Failure::Mismatch { .. }) => s.mismatches += 1,
+                }
+            });
+            report.attempts.push(Attempt {
+                kind,
+                name: tier.name().to_owned(),
+                outcome: match result {
+                    Ok(()) => Outcome::Served,
+                    Err(f) => Outcome::Failed(f),
+                },
+                time,
+            });
+            if served {
+                return Ok(report);
+            }
+        }
+        Err(Error::Conv3dNoTier {
+            report: Box::new(report),
+        })
+    }
+
+    fn count(&self, i: usize, f: impl FnOnce(&mut TierStats)) {
+        let mut stats = self
+            .stats
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(s) = stats.get_mut(i) {
+            f(s);
+        }
+    }
+
+    fn check(
+        &self,
+        p: &Conv3dProblem<'_>,
+        out: &[f32],
+        samples: &[usize],
+    ) -> std::result::Result<(), Failure> {
+        if self.options.scan_non_finite {
+            if let Some((index, &value)) = out.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                let inputs_finite = p.input.all_finite()
+                    && p.weight.all_finite()
+                    && p.bias.is_none_or(|b| b.all_finite());
+                if inputs_finite {
+                    return Err(Failure::NonFinite { index, value });
+                }
+            }
+        }
+        let rel = match p.dtype() {
+            DType::BF16 => self.options.rel_tol_bf16,
+            _ => self.options.rel_tol_f32,
+        };
+        for &index in samples {
+            let (Some(r), Some(&got)) = (reference_point(p, index), out.get(index)) else {
+                continue;
+            };
+            if !r.value.is_finite() {
+                continue; // non-finite inputs: nothing to compare against
+            }
+            let tolerance = rel * r.magnitude + f64::from(f32::MIN_POSITIVE);
+            let ok = (f64::from(got) - r.value).abs() <= tolerance;
+            if !ok {
+                return Err(Failure::Mismatch {
+                    index,
+                    got,
+                    expected: r.value,
+                    tolerance,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `k` flat indices below `len` (first and last included, the rest from a
+/// splitmix64 sequence of `seed`), deduplicated.
+pub fn sample_points(len: usize, k: usize, seed: u64) -> Vec<usize> {
+    if len == 0 || k == 0 {
+        return Vec::new();
+    }
+    let mut points = vec![0, len - 1];
+    let mut s = seed;
+    while points.len() < k.min(len) {
+        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        points.push((z % len as u64) as usize);
+        if points.len() >= 4 * k {
+            break;
+        }
+    }
+    points.truncate(k);
+    points.sort_unstable();
+    points.dedup();
+    points
+}

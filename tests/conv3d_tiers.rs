@@ -1,0 +1,82 @@
+//! Every conv3d tier against the float64 reference over a table of cases
+//! (strides, paddings, dilations, groups, depthwise, kernel sizes 1 and
+//! asymmetric, batch > 1, bias or not, tiny and empty outputs), in f32 and
+//! bf16.
+
+mod conv3d_common;
+
+use conv3d_common::{assert_close, cases, Data};
+use rocm_safe::conv3d::{conv3d_cpu, Conv3dTier, CpuTier, Support, TierKind};
+
+/// Runs `tier` over every case it supports, in both dtypes, and compares.
+/// Returns how many (case, dtype) pairs it ran, so callers can insist the
+/// tier was actually exercised.
+fn check_tier(tier: &dyn Conv3dTier) -> usize {
+    let mut ran = 0;
+    for case in cases() {
+        let data = Data::new(&case);
+        for bf16 in [false, true] {
+            let p = data.problem(&case, bf16);
+            if let Support::Yes = tier.support(&p) {
+                let mut out = vec![f32::NAN; p.geometry.output_len()];
+                tier.run(&p, &mut out)
+                    .unwrap_or_else(|e| panic!("{} {} bf16={bf16}: {e}", tier.name(), case.name));
+                let what = format!("{} {} bf16={bf16}", tier.name(), case.name);
+                assert_close(&what, &p, &out, 1e-5);
+                ran += 1;
+            }
+        }
+    }
+    ran
+}
+
+#[test]
+fn cpu_tier_matches_reference_on_every_case() {
+    let ran = check_tier(&CpuTier);
+    assert_eq!(ran, 2 * cases().len(), "the cpu tier supports every case");
+    assert_eq!(CpuTier.kind(), TierKind::Cpu);
+}
+
+#[test]
+fn cpu_output_length_is_checked() {
+    let case = &cases()[0];
+    let data = Data::new(case);
+    let p = data.problem(case, false);
+    let mut out = vec![0f32; p.geometry.output_len() + 1];
+    let e = conv3d_cpu(&p, &mut out).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            rocm_safe::Error::LengthMismatch {
+                op: "conv3d cpu output",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn cpu_propagates_nan_and_widens_bf16_exactly() {
+    // bf16 values whose f32 widening is exact; a signalling-NaN pattern in
+    // the input must come out as NaN (not be turned into a number).
+    let xb: Vec<half::bf16> = [1.5f32, -2.0, 0.25, 3.0]
+        .iter()
+        .map(|&v| half::bf16::from_f32(v))
+        .chain([half::bf16::from_bits(0x7f81)])
+        .collect();
+    let wb = vec![half::bf16::from_f32(1.0); 1];
+    let p = rocm_safe::conv3d::Conv3dProblem::new(
+        Default::default(),
+        rocm_safe::conv3d::Conv3dData::BF16(&xb),
+        &[1, 1, 1, 1, 5],
+        rocm_safe::conv3d::Conv3dData::BF16(&wb),
+        &[1, 1, 1, 1, 1],
+        None,
+    )
+    .unwrap();
+    let mut out = vec![0f32; 5];
+    conv3d_cpu(&p, &mut out).unwrap();
+    assert_eq!(&out[..4], &[1.5, -2.0, 0.25, 3.0]);
+    assert!(out[4].is_nan());
+}
