@@ -3,23 +3,25 @@
 //!
 //! Per batch item the input is widened to f32 once (bf16 exactly, bits
 //! shifted left by 16) into a zero-padded copy, so the inner loops need no
-//! bounds logic for padding. Weights are packed per block of [`OCB`] output
+//! bounds logic for padding. Weights are packed per block of `OCB` output
 //! channels as `[C/groups][KD][KH][KW][OCB]`. A task computes a few output
 //! rows of one depth plane for one channel block; its inner kernel keeps an
 //! `OCB x OWB` tile of f32 accumulators in registers and streams input rows
 //! (contiguous when the width stride is 1) against broadcast weights. On
-//! x86-64 with AVX2 and FMA the same code is compiled a second time with
-//! those features and chosen at run time.
+//! x86-64 the same code is also compiled for AVX2+FMA (4 x 16 tile) and
+//! AVX-512 (8 x 32 tile), chosen at run time; elsewhere a portable
+//! instantiation (4 x 16, separate multiply and add) runs.
 
 use rayon::prelude::*;
 
 use super::params::{Conv3dGeometry, Conv3dProblem};
 use crate::error::{Error, Result};
 
-/// Output channels per register tile.
-pub const OCB: usize = 4;
-/// Output points along the width per register tile.
-pub const OWB: usize = 16;
+/// The register tile of the portable and AVX2 kernels: output channels x
+/// output points along the width.
+const TILE_AVX2: (usize, usize) = (4, 16);
+/// The register tile of the AVX-512 kernel (32 vector registers).
+const TILE_AVX512: (usize, usize) = (8, 32);
 /// Output rows per rayon task.
 const ROWS_PER_TASK: usize = 4;
 
@@ -38,7 +40,48 @@ struct Padded {
     wp: usize,
 }
 
+/// Which compiled kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Isa {
+    #[cfg(target_arch = "x86_64")]
+    fn detect() -> Isa {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx2") && has!("fma") {
+            Isa::Avx512
+        } else if has!("avx2") && has!("fma") {
+            Isa::Avx2Fma
+        } else {
+            Isa::Portable
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn detect() -> Isa {
+        Isa::Portable
+    }
+
+    /// `(OCB, OWB)` of its register tile.
+    fn tile(self) -> (usize, usize) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => TILE_AVX512,
+            _ => TILE_AVX2,
+        }
+    }
+}
+
 struct Ctx<'a> {
+    isa: Isa,
+    /// Output channels per block (the tile's first size).
+    ocb: usize,
     g: Conv3dGeometry,
     pad: Padded,
     /// Padded input of the current batch item.
@@ -80,20 +123,21 @@ pub fn conv3d_cpu(p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
     if out.is_empty() {
         return Ok(());
     }
+    let isa = Isa::detect();
+    let (ocb, owb) = isa.tile();
     let [d, h, w] = g.input;
-    let [_, kh, kw] = g.kernel;
+    let kw = g.kernel[2];
     let [od_n, oh_n, ow_n] = g.output;
     let pr = g.params;
-    let tiles = ow_n.div_ceil(OWB);
-    let wp_needed = ((tiles * OWB - 1) * pr.stride[2] + (kw - 1) * pr.dilation[2]).checked_add(1);
+    let tiles = ow_n.div_ceil(owb);
+    let wp_needed = ((tiles * owb - 1) * pr.stride[2])
+        .checked_add((kw - 1) * pr.dilation[2] + 1)
+        .ok_or_else(|| internal("padded width overflows"))?;
     let pad = Padded {
         dp: d + 2 * pr.padding[0],
         hp: h + 2 * pr.padding[1],
-        wp: wp_needed
-            .ok_or_else(|| internal("padded width overflows"))?
-            .max(w + 2 * pr.padding[2]),
+        wp: wp_needed.max(w + 2 * pr.padding[2]),
     };
-    let _ = kh;
     let plane = pad
         .dp
         .checked_mul(pad.hp)
@@ -103,16 +147,17 @@ pub fn conv3d_cpu(p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
         .checked_mul(g.in_channels)
         .ok_or_else(|| internal("padded input overflows"))?;
 
-    let w_packed = pack_weights(p)?;
+    let w_packed = pack_weights(p, ocb)?;
     let bias: Vec<f32> = (0..g.out_channels).map(|k| p.bias_f32(k)).collect();
-    let blocks = g.out_per_group().div_ceil(OCB);
+    let blocks = g.out_per_group().div_ceil(ocb);
 
-    let use_fma = fma_available();
     let mut x = vec![0f32; padded_len];
     let out_item = g.out_channels * od_n * oh_n * ow_n;
     for (n, out_n) in out.chunks_mut(out_item).enumerate() {
         fill_padded(p, n, pad, plane, &mut x)?;
         let ctx = Ctx {
+            isa,
+            ocb,
             g,
             pad,
             x: &x,
@@ -120,26 +165,16 @@ pub fn conv3d_cpu(p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
             bias: &bias,
             blocks,
         };
-        let tasks = make_tasks(&g, blocks, out_n);
+        let tasks = make_tasks(&g, blocks, ocb, out_n);
         let failed = tasks
             .into_par_iter()
-            .map(|mut t| run_task(&ctx, &mut t, use_fma))
+            .map(|mut t| run_task(&ctx, &mut t))
             .any(|r| r.is_none());
         if failed {
             return Err(internal("an index fell outside its buffer"));
         }
     }
     Ok(())
-}
-
-#[cfg(target_arch = "x86_64")]
-fn fma_available() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn fma_available() -> bool {
-    false
 }
 
 /// Widens batch item `n` into the zero-padded buffer `x`.
@@ -177,23 +212,23 @@ fn fill_padded(
     }
 }
 
-/// Weights as `[group][block][C/groups][KD][KH][KW][OCB]`, zero for the
+/// Weights as `[group][block][C/groups][KD][KH][KW][ocb]`, zero for the
 /// channels past the end of a group's last block.
-fn pack_weights(p: &Conv3dProblem<'_>) -> Result<Vec<f32>> {
+fn pack_weights(p: &Conv3dProblem<'_>, ocb: usize) -> Result<Vec<f32>> {
     let g = &p.geometry;
     let cg = g.in_per_group();
     let kg = g.out_per_group();
     let taps: usize = g.kernel.iter().product();
-    let blocks = kg.div_ceil(OCB);
-    let len = g.params.groups * blocks * cg * taps * OCB;
+    let blocks = kg.div_ceil(ocb);
+    let len = g.params.groups * blocks * cg * taps * ocb;
     let mut packed = vec![0f32; len];
     for (i, v) in packed.iter_mut().enumerate() {
-        let o = i % OCB;
-        let tap = i / OCB % taps;
-        let ci = i / (OCB * taps) % cg;
-        let b = i / (OCB * taps * cg) % blocks;
-        let grp = i / (OCB * taps * cg * blocks);
-        let kl = b * OCB + o;
+        let o = i % ocb;
+        let tap = i / ocb % taps;
+        let ci = i / (ocb * taps) % cg;
+        let b = i / (ocb * taps * cg) % blocks;
+        let grp = i / (ocb * taps * cg * blocks);
+        let kl = b * ocb + o;
         if kl < kg {
             let k = grp * kg + kl;
             *v = p
@@ -205,7 +240,12 @@ fn pack_weights(p: &Conv3dProblem<'_>) -> Result<Vec<f32>> {
     Ok(packed)
 }
 
-fn make_tasks<'a>(g: &Conv3dGeometry, blocks: usize, out_n: &'a mut [f32]) -> Vec<Task<'a>> {
+fn make_tasks<'a>(
+    g: &Conv3dGeometry,
+    blocks: usize,
+    ocb: usize,
+    out_n: &'a mut [f32],
+) -> Vec<Task<'a>> {
     let [od_n, oh_n, ow_n] = g.output;
     let kg = g.out_per_group();
     let chunk = ROWS_PER_TASK * ow_n;
@@ -223,8 +263,8 @@ fn make_tasks<'a>(g: &Conv3dGeometry, blocks: usize, out_n: &'a mut [f32]) -> Ve
     let mut tasks = Vec::new();
     for group in 0..g.params.groups {
         for block in 0..blocks {
-            let first = group * kg + block * OCB;
-            let last = (first + OCB).min((group + 1) * kg);
+            let first = group * kg + block * ocb;
+            let last = (first + ocb).min((group + 1) * kg);
             for od in 0..od_n {
                 for piece in 0..pieces_per_plane {
                     let rows = per_channel
@@ -248,25 +288,42 @@ fn make_tasks<'a>(g: &Conv3dGeometry, blocks: usize, out_n: &'a mut [f32]) -> Ve
     tasks
 }
 
-fn run_task(ctx: &Ctx<'_>, t: &mut Task<'_>, use_fma: bool) -> Option<()> {
-    #[cfg(target_arch = "x86_64")]
-    if use_fma {
-        // SAFETY: `fma_available` checked at run time that this CPU has the
-        // AVX2 and FMA instructions `task_avx2_fma` is compiled for.
-        return unsafe { task_avx2_fma(ctx, t) };
+fn run_task(ctx: &Ctx<'_>, t: &mut Task<'_>) -> Option<()> {
+    match ctx.isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` chose `Avx2Fma` only after checking at run
+        // time that this CPU has the AVX2 and FMA instructions
+        // `task_avx2_fma` is compiled for.
+        Isa::Avx2Fma => unsafe { task_avx2_fma(ctx, t) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` chose `Avx512` only after checking at run
+        // time that this CPU has AVX-512F, AVX2 and FMA, the features
+        // `task_avx512` is compiled for.
+        Isa::Avx512 => unsafe { task_avx512(ctx, t) },
+        Isa::Portable => task::<false, { TILE_AVX2.0 }, { TILE_AVX2.1 }>(ctx, t),
     }
-    let _ = use_fma;
-    task::<false>(ctx, t)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn task_avx2_fma(ctx: &Ctx<'_>, t: &mut Task<'_>) -> Option<()> {
-    task::<true>(ctx, t)
+    task::<true, { TILE_AVX2.0 }, { TILE_AVX2.1 }>(ctx, t)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn task_avx512(ctx: &Ctx<'_>, t: &mut Task<'_>) -> Option<()> {
+    task::<true, { TILE_AVX512.0 }, { TILE_AVX512.1 }>(ctx, t)
 }
 
 #[inline(always)]
-fn task<const FMA: bool>(ctx: &Ctx<'_>, t: &mut Task<'_>) -> Option<()> {
+fn task<const FMA: bool, const OCB: usize, const OWB: usize>(
+    ctx: &Ctx<'_>,
+    t: &mut Task<'_>,
+) -> Option<()> {
+    if ctx.ocb != OCB {
+        return None;
+    }
     let [_, _, ow_n] = ctx.g.output;
     let unit_stride = ctx.g.params.stride[2] == 1;
     let rows = t.rows.first().map_or(0, |r| r.len() / ow_n.max(1));
@@ -274,9 +331,9 @@ fn task<const FMA: bool>(ctx: &Ctx<'_>, t: &mut Task<'_>) -> Option<()> {
         let oh = t.oh0 + r;
         for ow0 in (0..ow_n).step_by(OWB) {
             let acc = if unit_stride {
-                tile::<FMA, true>(ctx, t.group, t.block, t.od, oh, ow0)?
+                tile::<FMA, true, OCB, OWB>(ctx, t.group, t.block, t.od, oh, ow0)?
             } else {
-                tile::<FMA, false>(ctx, t.group, t.block, t.od, oh, ow0)?
+                tile::<FMA, false, OCB, OWB>(ctx, t.group, t.block, t.od, oh, ow0)?
             };
             let valid = OWB.min(ow_n - ow0);
             for (o, (row, a)) in t.rows.iter_mut().zip(&acc).enumerate() {
@@ -304,7 +361,7 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 /// Accumulates the `OCB x OWB` tile of output points `(block channels, od,
 /// oh, ow0..ow0 + OWB)`. `UNIT` is `stride[2] == 1` (contiguous loads).
 #[inline(always)]
-fn tile<const FMA: bool, const UNIT: bool>(
+fn tile<const FMA: bool, const UNIT: bool, const OCB: usize, const OWB: usize>(
     ctx: &Ctx<'_>,
     group: usize,
     block: usize,
@@ -334,26 +391,39 @@ fn tile<const FMA: bool, const UNIT: bool>(
                 let seg = ctx.x.get(start..start + span)?;
                 let wrow = ctx.w.get(wi..wi + kw_n * OCB)?;
                 wi += kw_n * OCB;
-                for kw in 0..kw_n {
-                    let wv: &[f32; OCB] = wrow.get(kw * OCB..)?.first_chunk()?;
-                    let xs: [f32; OWB] = if UNIT {
-                        *seg.get(kw * dw..)?.first_chunk()?
-                    } else {
-                        let mut v = [0f32; OWB];
-                        for (j, e) in v.iter_mut().enumerate() {
+                if UNIT {
+                    for (kw, wv) in wrow.chunks_exact(OCB).enumerate() {
+                        let wv: &[f32; OCB] = wv.first_chunk()?;
+                        let off = kw * dw;
+                        // SAFETY: with a unit width stride `seg` holds
+                        // `span = (kw_n - 1) * dw + OWB` floats (checked by
+                        // `get` above) and `kw < kw_n`, so the OWB floats
+                        // at `off` lie inside it; `read_unaligned` needs no
+                        // alignment and f32 has no invalid bit patterns.
+                        let xs: [f32; OWB] =
+                            unsafe { seg.as_ptr().add(off).cast::<[f32; OWB]>().read_unaligned() };
+                        for o in 0..OCB {
+                            for j in 0..OWB {
+                                acc[o][j] = madd::<FMA>(wv[o], xs[j], acc[o][j]);
+                            }
+                        }
+                    }
+                } else {
+                    for (kw, wv) in wrow.chunks_exact(OCB).enumerate() {
+                        let wv: &[f32; OCB] = wv.first_chunk()?;
+                        let mut xs = [0f32; OWB];
+                        for (j, e) in xs.iter_mut().enumerate() {
                             *e = *seg.get(kw * dw + j * sw)?;
                         }
-                        v
-                    };
-                    for o in 0..OCB {
-                        for j in 0..OWB {
-                            acc[o][j] = madd::<FMA>(wv[o], xs[j], acc[o][j]);
+                        for o in 0..OCB {
+                            for j in 0..OWB {
+                                acc[o][j] = madd::<FMA>(wv[o], xs[j], acc[o][j]);
+                            }
                         }
                     }
                 }
             }
         }
     }
-    let _ = dp;
     Some(acc)
 }
