@@ -6,7 +6,9 @@
 mod conv3d_common;
 
 use conv3d_common::{assert_close, cases, Data};
-use rocm_safe::conv3d::{conv3d_cpu, Conv3dTier, CpuTier, Support, TierKind};
+use rocm_safe::conv3d::{
+    conv3d_cpu, conv3d_cpu_with, Conv3dTier, CpuKernel, CpuTier, Support, TierKind,
+};
 
 /// Runs `tier` over every case it supports, in both dtypes, and compares.
 /// Returns how many (case, dtype) pairs it ran, so callers can insist the
@@ -79,4 +81,26 @@ fn cpu_propagates_nan_and_widens_bf16_exactly() {
     conv3d_cpu(&p, &mut out).unwrap();
     assert_eq!(&out[..4], &[1.5, -2.0, 0.25, 3.0]);
     assert!(out[4].is_nan());
+}
+
+#[test]
+fn every_cpu_kernel_matches_reference() {
+    let kernels = CpuKernel::available();
+    assert_eq!(kernels[0], CpuKernel::Portable);
+    for kernel in kernels {
+        for case in cases() {
+            let data = Data::new(&case);
+            for bf16 in [false, true] {
+                let p = data.problem(&case, bf16);
+                let mut out = vec![f32::NAN; p.geometry.output_len()];
+                conv3d_cpu_with(&p, &mut out, kernel).unwrap();
+                assert_close(
+                    &format!("{kernel:?} {} bf16={bf16}", case.name),
+                    &p,
+                    &out,
+                    1e-5,
+                );
+            }
+        }
+    }
 }

@@ -40,7 +40,38 @@ struct Padded {
     wp: usize,
 }
 
-/// Which compiled kernel runs.
+/// Which compiled CPU kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CpuKernel {
+    /// The best this CPU has (checked at run time).
+    Auto,
+    /// Portable code, separate multiply and add (any CPU).
+    Portable,
+    /// x86-64 AVX2 + FMA, 4 x 16 register tile.
+    Avx2Fma,
+    /// x86-64 AVX-512F, 8 x 32 register tile.
+    Avx512,
+}
+
+impl CpuKernel {
+    /// The kernels this CPU can run, `Portable` first.
+    pub fn available() -> Vec<CpuKernel> {
+        let mut v = vec![CpuKernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                v.push(CpuKernel::Avx2Fma);
+                if has!("avx512f") {
+                    v.push(CpuKernel::Avx512);
+                }
+            }
+        }
+        v
+    }
+}
+
+/// Which compiled kernel runs (a [`CpuKernel`] this CPU has).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Isa {
     Portable,
@@ -51,6 +82,23 @@ enum Isa {
 }
 
 impl Isa {
+    /// The ISA for `kernel`, `None` when this CPU lacks it.
+    fn for_kernel(kernel: CpuKernel) -> Option<Isa> {
+        if kernel == CpuKernel::Auto {
+            return Some(Isa::detect());
+        }
+        if !CpuKernel::available().contains(&kernel) {
+            return None;
+        }
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            CpuKernel::Avx2Fma => Some(Isa::Avx2Fma),
+            #[cfg(target_arch = "x86_64")]
+            CpuKernel::Avx512 => Some(Isa::Avx512),
+            _ => Some(Isa::Portable),
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     fn detect() -> Isa {
         use std::arch::is_x86_feature_detected as has;
@@ -106,12 +154,22 @@ struct Task<'a> {
 }
 
 /// Computes the convolution of `p` on the CPU into `out` (`[N, K, OD, OH,
-/// OW]`, f32).
+/// OW]`, f32) with the best kernel this CPU has.
 ///
 /// Errors: [`Error::LengthMismatch`] when `out` does not have the output's
 /// length; [`Error::Conv3dTier`] if an internal size check fails (a bug,
 /// reported rather than panicking).
 pub fn conv3d_cpu(p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
+    conv3d_cpu_with(p, out, CpuKernel::Auto)
+}
+
+/// [`conv3d_cpu`] with a chosen kernel (to test or compare them).
+///
+/// Errors: those of [`conv3d_cpu`], and [`Error::Conv3dTier`] when this CPU
+/// lacks `kernel`'s instructions.
+pub fn conv3d_cpu_with(p: &Conv3dProblem<'_>, out: &mut [f32], kernel: CpuKernel) -> Result<()> {
+    let isa = Isa::for_kernel(kernel)
+        .ok_or_else(|| internal("this cpu lacks the instructions of the requested kernel"))?;
     let g = p.geometry;
     if out.len() != g.output_len() {
         return Err(Error::LengthMismatch {
@@ -123,7 +181,6 @@ pub fn conv3d_cpu(p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
     if out.is_empty() {
         return Ok(());
     }
-    let isa = Isa::detect();
     let (ocb, owb) = isa.tile();
     let [d, h, w] = g.input;
     let kw = g.kernel[2];
