@@ -1,0 +1,229 @@
+//! `cargo run --release --example conv3d -- INPUT.safetensors OUTPUT.safetensors
+//!   --input NAME --weight NAME [--bias NAME] [--stride a,b,c] [--padding a,b,c]
+//!   [--dilation a,b,c] [--groups g] [--tier auto|vendor|tiled|naive|cpu]`
+//!
+//! Runs one 3-D convolution through rocm-safe's fallback chain and writes
+//! its result as the F32 tensor `output` of OUTPUT. Input and weight are
+//! NCDHW; when both are BF16 they stay bf16 (widened exactly inside the
+//! tiers), otherwise every float dtype is read as f32. `--tier` forces one
+//! tier (no fallback); `auto` runs the chain. The report (which tier
+//! served, what failed before it) and the per-tier statistics go to
+//! stdout.
+//!
+//! Contract: exit 0 on success. Bad shapes, parameters or tensor names, or
+//! no tier serving: exit 1 with one line on stderr, and OUTPUT is not
+//! created. Exit 2 on a usage error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use rocm_safe::conv3d::{Conv3dChain, Conv3dData, Conv3dParams, Conv3dProblem, TierKind};
+use rocm_safe::safetensors::{SafeTensors, SafeTensorsWriter, TensorSpec};
+use rocm_safe::{DType, Error};
+
+const USAGE: &str =
+    "usage: conv3d INPUT.safetensors OUTPUT.safetensors --input NAME --weight NAME \
+[--bias NAME] [--stride a,b,c] [--padding a,b,c] [--dilation a,b,c] [--groups g] \
+[--tier auto|vendor|tiled|naive|cpu]";
+
+struct Args {
+    file: PathBuf,
+    output: PathBuf,
+    input: String,
+    weight: String,
+    bias: Option<String>,
+    params: Conv3dParams,
+    tier: Option<TierKind>,
+}
+
+fn triple(flag: &str, v: &str) -> Result<[usize; 3], String> {
+    let parts: Vec<&str> = v.split(',').collect();
+    let nums: Result<Vec<usize>, _> = parts.iter().map(|p| p.trim().parse::<usize>()).collect();
+    match nums.as_deref() {
+        Ok(&[a]) => Ok([a; 3]),
+        Ok(&[a, b, c]) => Ok([a, b, c]),
+        _ => Err(format!(
+            "{flag} needs one or three non-negative integers (a,b,c), got {v:?}"
+        )),
+    }
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut pos = Vec::new();
+    let (mut input, mut weight, mut bias, mut tier) = (None, None, None, None);
+    let mut params = Conv3dParams::default();
+    let mut it = std::env::args_os().skip(1);
+    while let Some(a) = it.next() {
+        let Some(flag) = a.to_str().filter(|s| s.starts_with("--") || *s == "-h") else {
+            pos.push(PathBuf::from(a));
+            continue;
+        };
+        if flag == "-h" || flag == "--help" {
+            return Err(String::new());
+        }
+        let value = it
+            .next()
+            .and_then(|v| v.into_string().ok())
+            .ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag {
+            "--input" => input = Some(value),
+            "--weight" => weight = Some(value),
+            "--bias" => bias = Some(value),
+            "--stride" => params.stride = triple(flag, &value)?,
+            "--padding" => params.padding = triple(flag, &value)?,
+            "--dilation" => params.dilation = triple(flag, &value)?,
+            "--groups" => {
+                params.groups = value
+                    .parse()
+                    .map_err(|_| format!("--groups needs a non-negative integer, got {value:?}"))?
+            }
+            "--tier" => {
+                tier = match value.as_str() {
+                    "auto" => None,
+                    v => Some(v.parse::<TierKind>().map_err(|()| {
+                        format!("unknown --tier {v:?} (auto, vendor, tiled, naive or cpu)")
+                    })?),
+                }
+            }
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    let [file, output]: [PathBuf; 2] = pos.try_into().map_err(|p: Vec<PathBuf>| {
+        format!(
+            "expected INPUT.safetensors and OUTPUT.safetensors, got {} paths",
+            p.len()
+        )
+    })?;
+    Ok(Args {
+        file,
+        output,
+        input: input.ok_or("--input is required")?,
+        weight: weight.ok_or("--weight is required")?,
+        bias,
+        params,
+        tier,
+    })
+}
+
+/// A tensor's shape as `usize`s.
+fn shape(f: &SafeTensors, name: &str) -> Result<Vec<usize>, Error> {
+    let info = f.info(name)?;
+    info.shape
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()
+        .map_err(|_| Error::TooLargeForPlatform {
+            path: f.path().to_owned(),
+            tensor: name.to_owned(),
+            bytes: info.num_bytes(),
+        })
+}
+
+enum Owned {
+    F32(Vec<f32>),
+    BF16(Vec<half::bf16>),
+}
+
+impl Owned {
+    fn data(&self) -> Conv3dData<'_> {
+        match self {
+            Owned::F32(v) => Conv3dData::F32(v),
+            Owned::BF16(v) => Conv3dData::BF16(v),
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<String, Error> {
+    let f = SafeTensors::open(&args.file)?;
+    let (xs, ws) = (shape(&f, &args.input)?, shape(&f, &args.weight)?);
+    let both_bf16 =
+        f.info(&args.input)?.dtype == DType::BF16 && f.info(&args.weight)?.dtype == DType::BF16;
+    let read = |name: &str| -> Result<Owned, Error> {
+        if both_bf16 {
+            f.read::<half::bf16>(name).map(Owned::BF16)
+        } else {
+            f.read::<f32>(name).map(Owned::F32)
+        }
+    };
+    let (x, w) = (read(&args.input)?, read(&args.weight)?);
+    let b = match &args.bias {
+        Some(name) => {
+            let bs = shape(&f, name)?;
+            if bs.len() != 1 {
+                return Err(Error::Conv3dShape {
+                    tensor: "bias",
+                    shape: bs,
+                    reason: "must be 1-d [K]",
+                });
+            }
+            Some(f.read::<f32>(name)?)
+        }
+        None => None,
+    };
+    let p = Conv3dProblem::new(
+        args.params,
+        x.data(),
+        &xs,
+        w.data(),
+        &ws,
+        b.as_deref().map(Conv3dData::F32),
+    )?;
+    let mut chain = Conv3dChain::new();
+    chain.options_mut().force = args.tier;
+    let (out, report) = chain.run(&p)?;
+
+    let out_shape: Vec<u64> = p
+        .geometry
+        .output_shape()
+        .iter()
+        .map(|&d| d as u64)
+        .collect();
+    let mut writer = SafeTensorsWriter::create(
+        &args.output,
+        [TensorSpec::new("output", DType::F32, out_shape)],
+        None,
+    )?;
+    let bytes: Vec<u8> = out.iter().flat_map(|v| v.to_le_bytes()).collect();
+    writer.write_tensor("output", &bytes)?;
+    writer.finish()?;
+
+    let mut text = format!(
+        "conv3d {:?} ({}) -> {:?} [{:.3} GFLOP]\nreport: {report}\n",
+        p.geometry.input_shape(),
+        p.dtype(),
+        p.geometry.output_shape(),
+        2.0 * p.geometry.macs() as f64 / 1e9
+    );
+    text.push_str("tier      attempts  successes  skips  errors  non-finite  mismatches  time\n");
+    for s in chain.stats() {
+        text.push_str(&format!(
+            "{:<9} {:>8}  {:>9}  {:>5}  {:>6}  {:>10}  {:>10}  {:.3?}\n",
+            s.name, s.attempts, s.successes, s.skips, s.errors, s.non_finite, s.mismatches, s.time
+        ));
+    }
+    Ok(text)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("conv3d: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("conv3d: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
