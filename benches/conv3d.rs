@@ -56,5 +56,63 @@ fn cpu(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, cpu);
+#[cfg(feature = "cuda")]
+fn gpu(c: &mut Criterion) {
+    use rocm_safe::conv3d::cuda::{CudaConv3d, CudnnConv, GpuKernel};
+    let engine = match CudaConv3d::open(0) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("conv3d gpu benches skipped: {e}");
+            return;
+        }
+    };
+    let input = [1usize, 128, 9, 128, 128];
+    let weight = [128usize, 128, 3, 3, 3];
+    let x = values(input.iter().product(), 1);
+    let w = values(weight.iter().product(), 2);
+    let b = values(128, 3);
+    let xb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    let wb: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    let params = Conv3dParams::default().with_padding([1, 1, 1]);
+
+    let mut g = c.benchmark_group("conv3d_gpu_1x128x9x128x128_k128_k3p1");
+    g.sample_size(10);
+    g.warm_up_time(Duration::from_millis(500));
+    g.measurement_time(Duration::from_secs(2));
+    for (name, xs, ws) in [
+        ("f32", Conv3dData::F32(&x), Conv3dData::F32(&w)),
+        ("bf16", Conv3dData::BF16(&xb), Conv3dData::BF16(&wb)),
+    ] {
+        let p =
+            Conv3dProblem::new(params, xs, &input, ws, &weight, Some(Conv3dData::F32(&b))).unwrap();
+        g.throughput(Throughput::Elements(2 * p.geometry.macs()));
+        let dp = engine.upload(&p).unwrap();
+        let mut y = engine.alloc_output(&dp).unwrap();
+        for (kname, kernel) in [("tiled", GpuKernel::Tiled), ("naive", GpuKernel::Naive)] {
+            g.bench_function(format!("{kname}/{name}"), |bench| {
+                bench.iter(|| {
+                    engine.forward(kernel, &dp, &mut y).unwrap();
+                    engine.synchronize().unwrap();
+                })
+            });
+        }
+        match CudnnConv::new(&engine, &dp) {
+            Ok(mut conv) => {
+                g.bench_function(format!("cudnn/{name}"), |bench| {
+                    bench.iter(|| {
+                        conv.forward(&engine, &dp, &mut y).unwrap();
+                        engine.synchronize().unwrap();
+                    })
+                });
+            }
+            Err(e) => eprintln!("cudnn bench skipped: {e}"),
+        }
+    }
+    g.finish();
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu(_: &mut Criterion) {}
+
+criterion_group!(benches, cpu, gpu);
 criterion_main!(benches);

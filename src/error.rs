@@ -456,4 +456,36 @@ pub enum Error {
         /// What happened at each tier.
         report: Box<crate::conv3d::Conv3dReport>,
     },
+
+    /// A CUDA driver call of a conv3d GPU tier failed.
+    #[cfg(feature = "cuda")]
+    #[error("conv3d: cuda: {op}: {source}")]
+    Conv3dCuda {
+        /// The driver call.
+        op: &'static str,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+
+    /// NVRTC could not compile the conv3d kernels.
+    #[cfg(feature = "cuda")]
+    #[error("conv3d: nvrtc could not compile the kernels: {source}")]
+    Conv3dNvrtc {
+        /// NVRTC's error with its log.
+        #[source]
+        source: cudarc::nvrtc::CompileError,
+    },
+
+    /// A cuDNN call of the conv3d vendor tier failed (no algorithm for the
+    /// parameters, bad descriptor, ...).
+    #[cfg(feature = "cuda")]
+    #[error("conv3d: cudnn: {op}: {source}")]
+    Conv3dCudnn {
+        /// The cuDNN call.
+        op: &'static str,
+        /// cuDNN's status.
+        #[source]
+        source: cudarc::cudnn::CudnnError,
+    },
 }

@@ -105,7 +105,7 @@ fn default_chain_order_and_cpu_serves_without_gpu() {
     assert_eq!((stats[3].attempts, stats[3].successes), (1, 1));
     let text = report.to_string();
     assert!(
-        text.contains("vendor: skipped (unavailable") && text.contains("cpu: served"),
+        text.contains(": skipped (unavailable") && text.contains("cpu: served"),
         "{text}"
     );
 }

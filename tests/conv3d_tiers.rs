@@ -10,10 +10,11 @@ use rocm_safe::conv3d::{
     conv3d_cpu, conv3d_cpu_with, Conv3dTier, CpuKernel, CpuTier, Support, TierKind,
 };
 
-/// Runs `tier` over every case it supports, in both dtypes, and compares.
-/// Returns how many (case, dtype) pairs it ran, so callers can insist the
-/// tier was actually exercised.
-fn check_tier(tier: &dyn Conv3dTier) -> usize {
+/// Runs `tier` over every case it supports, in both dtypes, and compares
+/// within `rel` (f32) / `rel_bf16` of each point's magnitude. Returns how
+/// many (case, dtype) pairs it ran, so callers can insist the tier was
+/// actually exercised.
+fn check_tier_tol(tier: &dyn Conv3dTier, rel: f64, rel_bf16: f64) -> usize {
     let mut ran = 0;
     for case in cases() {
         let data = Data::new(&case);
@@ -24,12 +25,16 @@ fn check_tier(tier: &dyn Conv3dTier) -> usize {
                 tier.run(&p, &mut out)
                     .unwrap_or_else(|e| panic!("{} {} bf16={bf16}: {e}", tier.name(), case.name));
                 let what = format!("{} {} bf16={bf16}", tier.name(), case.name);
-                assert_close(&what, &p, &out, 1e-5);
+                assert_close(&what, &p, &out, if bf16 { rel_bf16 } else { rel });
                 ran += 1;
             }
         }
     }
     ran
+}
+
+fn check_tier(tier: &dyn Conv3dTier) -> usize {
+    check_tier_tol(tier, 1e-5, 1e-5)
 }
 
 #[test]
@@ -102,5 +107,73 @@ fn every_cpu_kernel_matches_reference() {
                 );
             }
         }
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use rocm_safe::conv3d::cuda::{CudaNaiveTier, CudaTiledTier, CudnnTier, SharedEngine};
+    use rocm_safe::conv3d::{Conv3dChain, Outcome};
+
+    fn engine() -> SharedEngine {
+        let e = SharedEngine::new(0);
+        if let Err(why) = e.get() {
+            panic!("no cuda engine: {why}");
+        }
+        e
+    }
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn naive_kernel_matches_reference_on_every_case() {
+        let ran = check_tier(&CudaNaiveTier(engine()));
+        // Every case but the zero-size ones (they stay on the CPU).
+        assert_eq!(ran, 2 * (cases().len() - 3));
+    }
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn tiled_kernel_matches_reference_on_every_case() {
+        let ran = check_tier(&CudaTiledTier(engine()));
+        assert!(ran >= 2 * 10, "the tiled tier ran only {ran} cases");
+    }
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn cudnn_matches_reference_on_every_case() {
+        // bf16: cuDNN writes bf16 (rounding 2^-9 of the value).
+        let ran = check_tier_tol(&CudnnTier(engine()), 1e-4, 4e-3);
+        assert!(
+            ran >= 2 * 10,
+            "the cudnn tier ran only {ran} cases (is libcudnn on LD_LIBRARY_PATH?)"
+        );
+    }
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn default_chain_is_served_on_the_gpu() {
+        let case = &cases()[0];
+        let data = Data::new(case);
+        let chain = Conv3dChain::new();
+        for bf16 in [false, true] {
+            let p = data.problem(case, bf16);
+            let (out, report) = chain.run(&p).unwrap();
+            assert_close("chain on gpu", &p, &out, 4e-3);
+            assert_ne!(report.served_by(), Some(TierKind::Cpu), "{report}");
+            println!("bf16={bf16}: {report}");
+        }
+        // A depthwise case: the tiled tier declines, cuDNN or naive serve.
+        let case = cases().into_iter().find(|c| c.name == "depthwise").unwrap();
+        let data = Data::new(&case);
+        let mut chain = Conv3dChain::new();
+        chain.options_mut().forbid = vec![TierKind::Vendor];
+        let (out, report) = chain.run(&data.problem(&case, false)).unwrap();
+        assert_close("depthwise on gpu", &data.problem(&case, false), &out, 1e-5);
+        assert!(
+            matches!(&report.attempts[1].outcome, Outcome::Skipped(w) if w.starts_with("unsupported")),
+            "{report}"
+        );
+        assert_eq!(report.served_by(), Some(TierKind::Naive), "{report}");
     }
 }

@@ -1,0 +1,235 @@
+// conv3d kernels: NCDHW input [N, C, D, H, W], weight [K, C/G, KD, KH, KW],
+// optional bias [K], f32 output [N, K, OD, OH, OW]. Inputs f32 or bf16
+// (widened exactly: bits << 16), f32 accumulation. 64-bit indices
+// throughout; every kernel is grid-stride or checks its bounds.
+//
+// conv3d_naive_{f32,bf16}:  one thread per output point (grid-stride).
+// conv3d_tiled_{f32,bf16}:  implicit GEMM, out[k][p] = sum_r W[k][r] * X[r][p]
+//   with p = (n, od, oh, ow) and r = (ci, kd, kh, kw): a 128 x 128 output
+//   tile per 256-thread block (8 x 8 per thread), 8-deep slices of r staged
+//   in shared memory, the input "column" gathered on the fly (no im2col
+//   buffer).
+// conv3d_bias_f32, conv3d_widen_bias_bf16: epilogues of the vendor tier.
+#pragma once
+#include "prelude.h"
+
+// Sizes of one convolution (mirrors the Rust `KernelArgs`, repr(C)).
+struct rs_conv3d_args {
+    rs_u64 n, c, d, h, w;  // input
+    rs_u64 k, kd, kh, kw;  // weight
+    rs_u64 od, oh, ow;     // output
+    rs_u64 sd, sh, sw;     // stride
+    rs_u64 pd, ph, pw;     // padding
+    rs_u64 dd, dh, dw;     // dilation
+    rs_u64 groups;
+    rs_u64 has_bias;
+};
+
+RS_DEVICE float rs_ld(const float* p, rs_u64 i) { return p[i]; }
+RS_DEVICE float rs_ld(const rs_u16* p, rs_u64 i) {
+    return __uint_as_float(((rs_u32)p[i]) << 16);
+}
+
+template <typename T>
+static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
+                                                       const T* __restrict__ wt,
+                                                       const float* __restrict__ bias,
+                                                       float* __restrict__ y,
+                                                       const rs_conv3d_args a) {
+    const rs_u64 total = a.n * a.k * a.od * a.oh * a.ow;
+    const rs_u64 cg = a.c / a.groups, kg = a.k / a.groups;
+    const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
+    for (rs_u64 i = rs_tid(); i < total; i += rs_nthreads()) {
+        rs_u64 t = i;
+        const rs_u64 ow = t % a.ow;
+        t /= a.ow;
+        const rs_u64 oh = t % a.oh;
+        t /= a.oh;
+        const rs_u64 od = t % a.od;
+        t /= a.od;
+        const rs_u64 k = t % a.k;
+        const rs_u64 n = t / a.k;
+        const rs_u64 g = k / kg;
+        float acc = a.has_bias ? bias[k] : 0.0f;
+        const long long z0 = (long long)(od * a.sd) - (long long)a.pd;
+        const long long y0 = (long long)(oh * a.sh) - (long long)a.ph;
+        const long long x0 = (long long)(ow * a.sw) - (long long)a.pw;
+        for (rs_u64 ci = 0; ci < cg; ++ci) {
+            const rs_u64 xc = (n * a.c + g * cg + ci) * a.d;
+            const rs_u64 wc = (k * cg + ci) * a.kd * a.kh * a.kw;
+            for (rs_u64 kd = 0; kd < a.kd; ++kd) {
+                const long long z = z0 + (long long)(kd * a.dd);
+                if (z < 0 || z >= D) continue;
+                for (rs_u64 kh = 0; kh < a.kh; ++kh) {
+                    const long long yy = y0 + (long long)(kh * a.dh);
+                    if (yy < 0 || yy >= H) continue;
+                    const rs_u64 xrow = ((xc + (rs_u64)z) * a.h + (rs_u64)yy) * a.w;
+                    const rs_u64 wrow = wc + (kd * a.kh + kh) * a.kw;
+                    for (rs_u64 kw = 0; kw < a.kw; ++kw) {
+                        const long long xx = x0 + (long long)(kw * a.dw);
+                        if (xx < 0 || xx >= W) continue;
+                        acc = fmaf(rs_ld(x, xrow + (rs_u64)xx), rs_ld(wt, wrow + kw), acc);
+                    }
+                }
+            }
+        }
+        y[i] = acc;
+    }
+}
+
+KERNEL void conv3d_naive_f32(const float* x, const float* w, const float* bias, float* y,
+                             rs_conv3d_args a) {
+    rs_conv3d_naive<float>(x, w, bias, y, a);
+}
+KERNEL void conv3d_naive_bf16(const rs_u16* x, const rs_u16* w, const float* bias, float* y,
+                              rs_conv3d_args a) {
+    rs_conv3d_naive<rs_u16>(x, w, bias, y, a);
+}
+
+#define RS_TBM 128
+#define RS_TBN 128
+#define RS_TBK 8
+
+// Grid: x = ceil(P / 128) point tiles, y = ceil((K / G) / 128) channel
+// tiles, z = groups. Exactly 256 threads per block.
+template <typename T>
+static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
+                                                       const T* __restrict__ wt,
+                                                       const float* __restrict__ bias,
+                                                       float* __restrict__ y,
+                                                       const rs_conv3d_args a) {
+    __shared__ __align__(16) float As[RS_TBK][RS_TBM];
+    __shared__ __align__(16) float Bs[RS_TBK][RS_TBN];
+    const rs_u32 tid = threadIdx.x;
+    const rs_u64 cg = a.c / a.groups, kg = a.k / a.groups;
+    const rs_u64 khw = a.kh * a.kw;
+    const rs_u64 kvol = a.kd * khw;
+    const rs_u64 R = cg * kvol;
+    const rs_u64 osp = a.od * a.oh * a.ow;
+    const rs_u64 P = a.n * osp;
+    const rs_u64 g = blockIdx.z;
+    const rs_u64 m0 = (rs_u64)blockIdx.y * RS_TBM;
+    const rs_u64 p0 = (rs_u64)blockIdx.x * RS_TBN;
+
+    // A (weight) loads: row m = tid / 2, 4 consecutive r from (tid % 2) * 4.
+    const rs_u32 am = tid >> 1;
+    const rs_u32 ar = (tid & 1u) * 4u;
+    const bool a_ok = m0 + am < kg;
+    const rs_u64 a_row = (g * kg + m0 + am) * R;
+
+    // B (input column) loads: column p = tid % 128, rows (tid / 128) * 4 + 0..3.
+    const rs_u32 bp = tid & 127u;
+    const rs_u32 br = (tid >> 7) * 4u;
+    const rs_u64 p = p0 + bp;
+    const bool b_ok = p < P;
+    long long bz = 0, by = 0, bx = 0;
+    rs_u64 b_base = 0;
+    if (b_ok) {
+        rs_u64 t = p;
+        const rs_u64 ow = t % a.ow;
+        t /= a.ow;
+        const rs_u64 oh = t % a.oh;
+        t /= a.oh;
+        const rs_u64 od = t % a.od;
+        const rs_u64 n = t / a.od;
+        bz = (long long)(od * a.sd) - (long long)a.pd;
+        by = (long long)(oh * a.sh) - (long long)a.ph;
+        bx = (long long)(ow * a.sw) - (long long)a.pw;
+        b_base = (n * a.c + g * cg) * a.d * a.h * a.w;
+    }
+    const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
+
+    // Compute: 8 x 8 per thread; rows ty * 4 + {0..3} and + 64, columns
+    // tx * 4 + {0..3} and + 64 (16-byte reads of shared memory).
+    const rs_u32 tx = tid & 15u, ty = tid >> 4;
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    for (rs_u64 k0 = 0; k0 < R; k0 += RS_TBK) {
+#pragma unroll
+        for (rs_u32 q = 0; q < 4; ++q) {
+            const rs_u64 r = k0 + ar + q;
+            As[ar + q][am] = (a_ok && r < R) ? rs_ld(wt, a_row + r) : 0.0f;
+        }
+#pragma unroll
+        for (rs_u32 q = 0; q < 4; ++q) {
+            const rs_u64 r = k0 + br + q;
+            float v = 0.0f;
+            if (b_ok && r < R) {
+                const rs_u64 ci = r / kvol;
+                const rs_u64 rem = r - ci * kvol;
+                const rs_u64 kd = rem / khw;
+                const rs_u64 rem2 = rem - kd * khw;
+                const rs_u64 kh = rem2 / a.kw;
+                const rs_u64 kw = rem2 - kh * a.kw;
+                const long long z = bz + (long long)(kd * a.dd);
+                const long long yy = by + (long long)(kh * a.dh);
+                const long long xx = bx + (long long)(kw * a.dw);
+                if (z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W) {
+                    v = rs_ld(x, b_base + ((ci * a.d + (rs_u64)z) * a.h + (rs_u64)yy) * a.w +
+                                     (rs_u64)xx);
+                }
+            }
+            Bs[br + q][bp] = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < RS_TBK; ++kk) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[kk][ty * 4 + 64]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[kk][tx * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[kk][tx * 4 + 64]);
+            const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const rs_u64 pj = p0 + tx * 4 + (j & 3) + (j >> 2) * 64;
+        if (pj >= P) continue;
+        const rs_u64 n = pj / osp;
+        const rs_u64 s = pj - n * osp;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const rs_u64 mi = m0 + ty * 4 + (i & 3) + (i >> 2) * 64;
+            if (mi >= kg) continue;
+            const rs_u64 k = g * kg + mi;
+            const float b = a.has_bias ? bias[k] : 0.0f;
+            y[(n * a.k + k) * osp + s] = acc[i][j] + b;
+        }
+    }
+}
+
+KERNEL void conv3d_tiled_f32(const float* x, const float* w, const float* bias, float* y,
+                             rs_conv3d_args a) {
+    rs_conv3d_tiled<float>(x, w, bias, y, a);
+}
+KERNEL void conv3d_tiled_bf16(const rs_u16* x, const rs_u16* w, const float* bias, float* y,
+                              rs_conv3d_args a) {
+    rs_conv3d_tiled<rs_u16>(x, w, bias, y, a);
+}
+
+// y[i] += bias[(i / spatial) % k] over `total` elements.
+KERNEL void conv3d_bias_f32(float* y, const float* bias, rs_u64 total, rs_u64 spatial,
+                            rs_u64 k) {
+    for (rs_u64 i = rs_tid(); i < total; i += rs_nthreads()) y[i] += bias[(i / spatial) % k];
+}
+
+// y[i] = widen(src[i]) (+ bias[(i / spatial) % k] when has_bias != 0).
+KERNEL void conv3d_widen_bias_bf16(const rs_u16* src, float* y, const float* bias, rs_u64 total,
+                                   rs_u64 spatial, rs_u64 k, rs_u64 has_bias) {
+    for (rs_u64 i = rs_tid(); i < total; i += rs_nthreads()) {
+        float v = rs_ld(src, i);
+        if (has_bias) v += bias[(i / spatial) % k];
+        y[i] = v;
+    }
+}
