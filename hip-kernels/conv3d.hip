@@ -89,9 +89,12 @@ KERNEL void conv3d_naive_bf16(const rs_u16* x, const rs_u16* w, const float* bia
 #define RS_TBM 128
 #define RS_TBN 128
 #define RS_TBK 8
+// Largest KD * KH * KW the tiled kernel takes (its tap table in shared memory).
+#define RS_MAX_TAPS 1024
 
 // Grid: x = ceil(P / 128) point tiles, y = ceil((K / G) / 128) channel
-// tiles, z = groups. Exactly 256 threads per block.
+// tiles, z = groups. Exactly 256 threads per block. The host checks that
+// KD * KH * KW <= RS_MAX_TAPS and that every (tap * dilation) fits an int.
 template <typename T>
 static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
                                                        const T* __restrict__ wt,
@@ -100,10 +103,12 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
                                                        const rs_conv3d_args a) {
     __shared__ __align__(16) float As[RS_TBK][RS_TBM];
     __shared__ __align__(16) float Bs[RS_TBK][RS_TBN];
+    // Per kernel tap t: its dilated offsets along d, h, w.
+    __shared__ int tap_d[RS_MAX_TAPS], tap_h[RS_MAX_TAPS], tap_w[RS_MAX_TAPS];
     const rs_u32 tid = threadIdx.x;
     const rs_u64 cg = a.c / a.groups, kg = a.k / a.groups;
-    const rs_u64 khw = a.kh * a.kw;
-    const rs_u64 kvol = a.kd * khw;
+    const rs_u32 khw = (rs_u32)(a.kh * a.kw);
+    const rs_u32 kvol = (rs_u32)(a.kd * a.kh * a.kw);
     const rs_u64 R = cg * kvol;
     const rs_u64 osp = a.od * a.oh * a.ow;
     const rs_u64 P = a.n * osp;
@@ -111,13 +116,24 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     const rs_u64 m0 = (rs_u64)blockIdx.y * RS_TBM;
     const rs_u64 p0 = (rs_u64)blockIdx.x * RS_TBN;
 
+    for (rs_u32 t = tid; t < kvol; t += blockDim.x) {
+        const rs_u32 kd = t / khw;
+        const rs_u32 kh = (t - kd * khw) / (rs_u32)a.kw;
+        const rs_u32 kw = t - kd * khw - kh * (rs_u32)a.kw;
+        tap_d[t] = (int)(kd * a.dd);
+        tap_h[t] = (int)(kh * a.dh);
+        tap_w[t] = (int)(kw * a.dw);
+    }
+
     // A (weight) loads: row m = tid / 2, 4 consecutive r from (tid % 2) * 4.
     const rs_u32 am = tid >> 1;
     const rs_u32 ar = (tid & 1u) * 4u;
     const bool a_ok = m0 + am < kg;
     const rs_u64 a_row = (g * kg + m0 + am) * R;
 
-    // B (input column) loads: column p = tid % 128, rows (tid / 128) * 4 + 0..3.
+    // B (input column) loads: column p = tid % 128, rows (tid / 128) * 4 + q.
+    // Row r = ci * kvol + t is tracked incrementally as (ci, t): no division
+    // in the main loop.
     const rs_u32 bp = tid & 127u;
     const rs_u32 br = (tid >> 7) * 4u;
     const rs_u64 p = p0 + bp;
@@ -137,7 +153,17 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
         bx = (long long)(ow * a.sw) - (long long)a.pw;
         b_base = (n * a.c + g * cg) * a.d * a.h * a.w;
     }
+    rs_u64 bci[4];
+    rs_u32 btap[4];
+#pragma unroll
+    for (rs_u32 q = 0; q < 4; ++q) {
+        bci[q] = (br + q) / kvol;
+        btap[q] = (br + q) - (rs_u32)bci[q] * kvol;
+    }
     const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
+    const rs_u64 dhw = a.d * a.h * a.w;
+    const rs_u64 hw = a.h * a.w;
+    __syncthreads();
 
     // Compute: 8 x 8 per thread; rows ty * 4 + {0..3} and + 64, columns
     // tx * 4 + {0..3} and + 64 (16-byte reads of shared memory).
@@ -156,24 +182,25 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
         }
 #pragma unroll
         for (rs_u32 q = 0; q < 4; ++q) {
-            const rs_u64 r = k0 + br + q;
             float v = 0.0f;
-            if (b_ok && r < R) {
-                const rs_u64 ci = r / kvol;
-                const rs_u64 rem = r - ci * kvol;
-                const rs_u64 kd = rem / khw;
-                const rs_u64 rem2 = rem - kd * khw;
-                const rs_u64 kh = rem2 / a.kw;
-                const rs_u64 kw = rem2 - kh * a.kw;
-                const long long z = bz + (long long)(kd * a.dd);
-                const long long yy = by + (long long)(kh * a.dh);
-                const long long xx = bx + (long long)(kw * a.dw);
+            if (b_ok && bci[q] < cg) {
+                const rs_u32 t = btap[q];
+                const long long z = bz + tap_d[t];
+                const long long yy = by + tap_h[t];
+                const long long xx = bx + tap_w[t];
                 if (z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W) {
-                    v = rs_ld(x, b_base + ((ci * a.d + (rs_u64)z) * a.h + (rs_u64)yy) * a.w +
+                    v = rs_ld(x, b_base + bci[q] * dhw + (rs_u64)z * hw + (rs_u64)yy * a.w +
                                      (rs_u64)xx);
                 }
             }
             Bs[br + q][bp] = v;
+            // Advance this row by RS_TBK.
+            rs_u32 t = btap[q] + RS_TBK;
+            while (t >= kvol) {
+                t -= kvol;
+                ++bci[q];
+            }
+            btap[q] = t;
         }
         __syncthreads();
 #pragma unroll

@@ -174,6 +174,8 @@ pub struct CudaConv3d {
 const TILE_M: usize = 128;
 const TILE_N: usize = 128;
 const THREADS: u32 = 256;
+/// RS_MAX_TAPS of conv3d.hip.
+const MAX_TAPS: usize = 1024;
 
 fn unavailable_reason(e: &Error) -> String {
     e.to_string()
@@ -302,6 +304,18 @@ impl CudaConv3d {
         }
         if g.out_per_group().div_ceil(TILE_M) > 65_535 || g.params.groups > 65_535 {
             return Some("more channel tiles or groups than the grid's y/z dimensions hold");
+        }
+        let taps: usize = g.kernel.iter().product();
+        if taps > MAX_TAPS {
+            return Some("more than 1024 kernel taps (KD * KH * KW)");
+        }
+        let fits = (0..3).all(|a| {
+            (g.kernel[a] - 1)
+                .checked_mul(g.params.dilation[a])
+                .is_some_and(|v| v <= i32::MAX as usize)
+        });
+        if !fits {
+            return Some("a dilated kernel offset does not fit 32 bits");
         }
         if g.out_per_group() < 8 {
             return Some("fewer than 8 output channels per group (depthwise-like): the naive kernel fits better");

@@ -173,6 +173,42 @@ pub fn cases() -> Vec<Case> {
             p([1; 3], [1; 3], [1; 3], 3),
             true,
         ),
+        // At least 8 output channels per group: cases the tiled GPU kernel takes.
+        c(
+            "tiled: stride 2, dilation, 16 out",
+            [2, 6, 7, 9, 11],
+            [16, 6, 3, 3, 3],
+            p([2; 3], [2; 3], [1, 2, 1], 1),
+            true,
+        ),
+        c(
+            "tiled: groups 2, kernel 1",
+            [1, 8, 3, 5, 7],
+            [32, 4, 1, 1, 1],
+            p([1; 3], [0; 3], [1; 3], 2),
+            true,
+        ),
+        c(
+            "tiled: 130 out, asymmetric kernel",
+            [1, 3, 3, 4, 5],
+            [130, 3, 1, 2, 3],
+            p([1; 3], [0, 1, 1], [1; 3], 1),
+            true,
+        ),
+        c(
+            "tiled: batch 3, many points",
+            [3, 4, 5, 9, 13],
+            [12, 4, 3, 3, 3],
+            p([1; 3], [1; 3], [1; 3], 1),
+            false,
+        ),
+        c(
+            "tiled: kernel 5, stride 3",
+            [1, 2, 9, 9, 9],
+            [9, 2, 5, 5, 5],
+            p([3; 3], [2; 3], [1; 3], 1),
+            true,
+        ),
         c(
             "large channels",
             [1, 40, 3, 5, 33],
