@@ -32,6 +32,22 @@
 //!
 //! The GPU kernel (`hip-kernels/fingerprint.hip`) computes `S` with the same
 //! formula; the host finishes it with [`finish`].
+//!
+//! # Computing it
+//!
+//! - [`fingerprint_bytes`] / [`fingerprint_words`]: a whole buffer (parallel
+//!   above a size threshold).
+//! - [`sum_bytes`] / [`sum_words`] (one thread) and [`par_sum_bytes`] /
+//!   [`par_sum_words`] (rayon): the partial sum `S` of a word-aligned piece
+//!   of a buffer, given the word position of its first word; add the partial
+//!   sums of all pieces (wrapping) and [`finish`] with the total byte length.
+//! - [`Fingerprinter`]: the same for a buffer that arrives in order, in
+//!   pieces of any length (not necessarily whole words).
+//!
+//! Inside a 256-word block the block key is constant, so the loops work
+//! block by block with the lane keys taken from precomputed tables
+//! ([`LANE_ADD`], [`LANE_MUL`]); they compile to SIMD code (SSE2, and AVX2
+//! chosen at run time on x86-64). [`term`] is the one-word reference.
 
 /// Words per keyed block (the block key changes every 256 words = 1 KiB).
 pub const BLOCK_WORDS: u64 = 256;
@@ -79,14 +95,221 @@ pub const fn term(index: u64, word: u32) -> u64 {
     (word.wrapping_add(add) as u64) * (mul as u64)
 }
 
-/// The partial sum `S` over `words`, the first of which sits at word
-/// position `start` of the whole buffer. Partial sums of disjoint ranges add
-/// (wrapping) to the sum of their union.
-pub fn sum_words(start: u64, words: &[u32]) -> u64 {
-    words
-        .iter()
+/// `lo32(L)` for every lane `j` (the lane's part of `add_i`).
+pub const LANE_ADD: [u32; 256] = lane_table(false);
+
+/// `hi32(L) | 1` for every lane `j` (the lane's part of `mul_i`; since bit 0
+/// of `mul_i` is always set, `mul_i = LANE_MUL[j] ^ (hi32(B) & !1)`).
+pub const LANE_MUL: [u32; 256] = lane_table(true);
+
+const fn lane_table(mul: bool) -> [u32; 256] {
+    let mut t = [0u32; 256];
+    let mut j = 0;
+    while j < 256 {
+        let l = lane_key(j as u64);
+        t[j] = if mul { (l >> 32) as u32 | 1 } else { l as u32 };
+        j += 1;
+    }
+    t
+}
+
+/// The two per-block constants: `lo32(B)` and `hi32(B)` with bit 0 cleared.
+#[inline(always)]
+fn block_consts(block: u64) -> (u32, u32) {
+    let b = block_key(block);
+    (b as u32, (b >> 32) as u32 & !1)
+}
+
+/// The lane tables split by even and odd lanes, zero-extended to 64 bits:
+/// `[add even, add odd, mul even, mul odd]`.
+const PAIR_TABLES: [[u64; 128]; 4] = pair_tables();
+
+const fn pair_tables() -> [[u64; 128]; 4] {
+    let mut t = [[0u64; 128]; 4];
+    let mut k = 0;
+    while k < 128 {
+        t[0][k] = LANE_ADD[2 * k] as u64;
+        t[1][k] = LANE_ADD[2 * k + 1] as u64;
+        t[2][k] = LANE_MUL[2 * k] as u64;
+        t[3][k] = LANE_MUL[2 * k + 1] as u64;
+        k += 1;
+    }
+    t
+}
+
+/// Sum of the terms of one whole block of 256 words, read as 128
+/// little-endian pairs of words.
+///
+/// Written for the vectoriser: a pair `d = w[2k] | w[2k+1] << 32` is one
+/// 64-bit lane; the even word's sum `lo32(d + add)` and the odd word's
+/// `lo32((d >> 32) + add)` need no zero-extension, and the products of two
+/// values below 2^32 map to `pmuludq`, which reads only the low halves.
+#[inline(always)]
+fn full_block(block: u64, pairs: &[[u8; 8]; 128]) -> u64 {
+    let (ba, bm) = block_consts(block);
+    let (ba, bm) = (ba as u64, bm as u64);
+    let [ae, ao, me, mo] = &PAIR_TABLES;
+    let mut s = 0u64;
+    for k in 0..128 {
+        let d = u64::from_le_bytes(pairs[k]);
+        let xe = d.wrapping_add(ae[k] ^ ba) as u32 as u64;
+        let xo = (d >> 32).wrapping_add(ao[k] ^ ba) as u32 as u64;
+        s = s
+            .wrapping_add(xe * ((me[k] ^ bm) as u32 as u64))
+            .wrapping_add(xo * ((mo[k] ^ bm) as u32 as u64));
+    }
+    s
+}
+
+/// Sum of the terms of `words`, the first at lane `lane` of block `block`
+/// (`words` must not run past the block's end: extra words are ignored).
+#[inline(always)]
+fn part_block(block: u64, lane: usize, words: &[[u8; 4]]) -> u64 {
+    let (ba, bm) = block_consts(block);
+    let la = LANE_ADD.get(lane..).unwrap_or(&[]);
+    let lm = LANE_MUL.get(lane..).unwrap_or(&[]);
+    let mut s = 0u64;
+    for ((&w, &a), &m) in words.iter().zip(la).zip(lm) {
+        let x = u32::from_le_bytes(w).wrapping_add(a ^ ba);
+        s = s.wrapping_add(x as u64 * (m ^ bm) as u64);
+    }
+    s
+}
+
+/// The partial sum over the whole little-endian words of `bytes`, the
+/// first at word position `start` (a trailing partial word is ignored).
+#[inline(always)]
+fn sum_whole_words(start: u64, bytes: &[u8]) -> u64 {
+    let mut s = 0u64;
+    let mut i = start;
+    let mut rest = bytes;
+    // Head: up to the next block boundary.
+    let lane = (i % BLOCK_WORDS) as usize;
+    if lane != 0 {
+        let take = (256 - lane).min(rest.len() / 4);
+        if let Some((head, tail)) = rest.split_at_checked(4 * take) {
+            s = s.wrapping_add(part_block(i / BLOCK_WORDS, lane, head.as_chunks().0));
+            i += take as u64;
+            rest = tail;
+        }
+    }
+    // Whole blocks.
+    let (blocks, tail) = rest.as_chunks::<1024>();
+    for b in blocks {
+        let (pairs, _) = b.as_chunks::<8>();
+        if let Ok(pairs) = <&[[u8; 8]; 128]>::try_from(pairs) {
+            s = s.wrapping_add(full_block(i / BLOCK_WORDS, pairs));
+        }
+        i += BLOCK_WORDS;
+    }
+    // Tail: the start of one more block.
+    s.wrapping_add(part_block(i / BLOCK_WORDS, 0, tail.as_chunks().0))
+}
+
+#[inline(always)]
+fn sum_bytes_impl(start: u64, bytes: &[u8]) -> u64 {
+    let s = sum_whole_words(start, bytes);
+    let (words, rest) = bytes.as_chunks::<4>();
+    if rest.is_empty() {
+        return s;
+    }
+    let mut last = [0u8; 4];
+    for (d, &b) in last.iter_mut().zip(rest) {
+        *d = b;
+    }
+    s.wrapping_add(term(start + words.len() as u64, u32::from_le_bytes(last)))
+}
+
+#[inline(always)]
+fn sum_words_impl(start: u64, words: &[u32]) -> u64 {
+    if cfg!(target_endian = "little") {
+        // On a little-endian target the words' memory is their
+        // little-endian bytes.
+        sum_whole_words(start, bytemuck::cast_slice(words))
+    } else {
+        words
+            .iter()
+            .enumerate()
+            .fold(0u64, |s, (k, &w)| s.wrapping_add(term(start + k as u64, w)))
+    }
+}
+
+/// Defines a function that runs `$imp` built for AVX2 when the CPU has it,
+/// else built for the baseline target.
+macro_rules! dispatch {
+    ($(#[$doc:meta])* $name:ident, $imp:ident, $t:ty) => {
+        $(#[$doc])*
+        pub fn $name(start: u64, data: &[$t]) -> u64 {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                fn avx2(start: u64, data: &[$t]) -> u64 {
+                    $imp(start, data)
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: `avx2` only needs the AVX2 instruction set
+                    // (it is otherwise an ordinary safe function), and
+                    // `is_x86_feature_detected!` just reported that the CPU
+                    // running this code has it.
+                    return unsafe { avx2(start, data) };
+                }
+            }
+            $imp(start, data)
+        }
+    };
+}
+
+dispatch!(
+    /// The partial sum `S` over `words`, the first of which sits at word
+    /// position `start` of the whole buffer, on the calling thread. Partial
+    /// sums of disjoint ranges add (wrapping) to the sum of their union.
+    sum_words,
+    sum_words_impl,
+    u32
+);
+
+dispatch!(
+    /// The partial sum `S` over the little-endian words of `bytes` (any
+    /// alignment), the first of which sits at word position `start_word` of
+    /// the whole buffer, on the calling thread. A trailing partial word is
+    /// zero-padded, as at the end of a buffer: so `bytes` must end at a word
+    /// boundary of the buffer or at its end. Partial sums of disjoint ranges
+    /// add (wrapping) to the sum of their union.
+    sum_bytes,
+    sum_bytes_impl,
+    u8
+);
+
+/// Bytes per parallel task (a whole number of blocks).
+const PAR_CHUNK_BYTES: usize = 256 * 1024;
+/// Below this many bytes the parallel sums run on the calling thread.
+pub const PAR_MIN_BYTES: usize = 512 * 1024;
+
+/// [`sum_bytes`] split over the rayon pool for large inputs (same result).
+pub fn par_sum_bytes(start_word: u64, bytes: &[u8]) -> u64 {
+    use rayon::prelude::*;
+    if bytes.len() < PAR_MIN_BYTES || rayon::current_num_threads() < 2 {
+        return sum_bytes(start_word, bytes);
+    }
+    bytes
+        .par_chunks(PAR_CHUNK_BYTES)
         .enumerate()
-        .fold(0u64, |s, (k, &w)| s.wrapping_add(term(start + k as u64, w)))
+        .map(|(k, c)| sum_bytes(start_word + (k * (PAR_CHUNK_BYTES / 4)) as u64, c))
+        .reduce(|| 0, u64::wrapping_add)
+}
+
+/// [`sum_words`] split over the rayon pool for large inputs (same result).
+pub fn par_sum_words(start: u64, words: &[u32]) -> u64 {
+    use rayon::prelude::*;
+    const CHUNK: usize = PAR_CHUNK_BYTES / 4;
+    if words.len() < PAR_MIN_BYTES / 4 || rayon::current_num_threads() < 2 {
+        return sum_words(start, words);
+    }
+    words
+        .par_chunks(CHUNK)
+        .enumerate()
+        .map(|(k, c)| sum_words(start + (k * CHUNK) as u64, c))
+        .reduce(|| 0, u64::wrapping_add)
 }
 
 /// Finishes a total sum `S` of a buffer of `len_bytes` bytes.
@@ -95,25 +318,94 @@ pub const fn finish(sum: u64, len_bytes: u64) -> Fingerprint {
     Fingerprint(mix64(sum ^ mix64(len_bytes.wrapping_add(LEN_SEED))))
 }
 
-/// The fingerprint of a byte buffer (any length, any alignment).
+/// The fingerprint of a byte buffer (any length, any alignment); parallel
+/// for large buffers.
 pub fn fingerprint_bytes(bytes: &[u8]) -> Fingerprint {
-    let mut sum = 0u64;
-    let mut chunks = bytes.chunks_exact(4);
-    let mut i = 0u64;
-    for c in &mut chunks {
-        sum = sum.wrapping_add(term(i, u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
-        i += 1;
-    }
-    let rest = chunks.remainder();
-    if !rest.is_empty() {
-        let mut last = [0u8; 4];
-        last[..rest.len()].copy_from_slice(rest);
-        sum = sum.wrapping_add(term(i, u32::from_le_bytes(last)));
-    }
-    finish(sum, bytes.len() as u64)
+    finish(par_sum_bytes(0, bytes), bytes.len() as u64)
 }
 
-/// The fingerprint of a buffer of 32-bit words (`4 * words.len()` bytes).
+/// The fingerprint of a buffer of 32-bit words (`4 * words.len()` bytes,
+/// each word little-endian); parallel for large buffers.
 pub fn fingerprint_words(words: &[u32]) -> Fingerprint {
-    finish(sum_words(0, words), 4 * words.len() as u64)
+    finish(par_sum_words(0, words), 4 * words.len() as u64)
+}
+
+/// The fingerprint of a buffer that arrives in order, in pieces of any
+/// length.
+///
+/// ```
+/// use rocm_safe::convert::fingerprint::{fingerprint_bytes, Fingerprinter};
+/// let data: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+/// let mut f = Fingerprinter::new();
+/// for piece in data.chunks(333) {
+///     f.update(piece);
+/// }
+/// assert_eq!(f.finish(), fingerprint_bytes(&data));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Fingerprinter {
+    sum: u64,
+    len: u64,
+    pending: [u8; 4],
+}
+
+impl Fingerprinter {
+    /// An empty buffer so far.
+    pub const fn new() -> Self {
+        Self {
+            sum: 0,
+            len: 0,
+            pending: [0; 4],
+        }
+    }
+
+    /// Bytes seen so far.
+    pub const fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether no byte was seen yet.
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `bytes` to the buffer (parallel for large pieces).
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        // Complete a word left partial by the previous piece.
+        let mut fill = (self.len % 4) as usize;
+        while fill != 0 {
+            let Some((&b, rest)) = bytes.split_first() else {
+                return;
+            };
+            if let Some(p) = self.pending.get_mut(fill) {
+                *p = b;
+            }
+            bytes = rest;
+            self.len += 1;
+            fill = (self.len % 4) as usize;
+            if fill == 0 {
+                let w = u32::from_le_bytes(self.pending);
+                self.sum = self.sum.wrapping_add(term(self.len / 4 - 1, w));
+                self.pending = [0; 4];
+            }
+        }
+        let (words, rest) = bytes.as_chunks::<4>();
+        let whole = words.as_flattened();
+        self.sum = self.sum.wrapping_add(par_sum_bytes(self.len / 4, whole));
+        self.len += whole.len() as u64;
+        for (p, &b) in self.pending.iter_mut().zip(rest) {
+            *p = b;
+        }
+        self.len += rest.len() as u64;
+    }
+
+    /// The fingerprint of everything appended so far.
+    pub fn finish(&self) -> Fingerprint {
+        let mut sum = self.sum;
+        if !self.len.is_multiple_of(4) {
+            // The pending bytes past `len` are still zero: padding.
+            sum = sum.wrapping_add(term(self.len / 4, u32::from_le_bytes(self.pending)));
+        }
+        finish(sum, self.len)
+    }
 }
