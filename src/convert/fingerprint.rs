@@ -176,9 +176,88 @@ fn part_block(block: u64, lane: usize, words: &[[u8; 4]]) -> u64 {
     s
 }
 
+/// The sum of the terms of whole blocks, the first being block
+/// `first_block`: AVX2 code when the CPU has it, else the portable loop.
+fn sum_blocks(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if super::kernels::has_avx2() {
+        // SAFETY: `sum_blocks_avx2` only needs the AVX2 instruction set (it
+        // is otherwise an ordinary safe function), and the CPU running this
+        // code was just detected to have it.
+        return unsafe { x86::sum_blocks_avx2(first_block, blocks) };
+    }
+    sum_blocks_portable(first_block, blocks)
+}
+
+fn sum_blocks_portable(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
+    let mut s = 0u64;
+    let mut block = first_block;
+    for b in blocks {
+        let (pairs, _) = b.as_chunks::<8>();
+        if let Ok(pairs) = <&[[u8; 8]; 128]>::try_from(pairs) {
+            s = s.wrapping_add(full_block(block, pairs));
+        }
+        block += 1;
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{block_consts, LANE_ADD, LANE_MUL};
+
+    /// A lane table as 32 vectors of 8 lanes.
+    const fn by8(t: &[u32; 256]) -> [[u32; 8]; 32] {
+        let mut v = [[0u32; 8]; 32];
+        let mut j = 0;
+        while j < 256 {
+            v[j / 8][j % 8] = t[j];
+            j += 1;
+        }
+        v
+    }
+    const ADD8: [[u32; 8]; 32] = by8(&LANE_ADD);
+    const MUL8: [[u32; 8]; 32] = by8(&LANE_MUL);
+
+    /// [`super::sum_blocks`] with AVX2: 8 words per vector; the word sums
+    /// are 32-bit lane adds, and `vpmuludq` multiplies the even lanes and
+    /// (after a 64-bit shift right by 32) the odd lanes, exactly into
+    /// 64-bit products.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn sum_blocks_avx2(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
+        let mut total = _mm256_setzero_si256();
+        let mut block = first_block;
+        for b in blocks {
+            let (ba, bm) = block_consts(block);
+            let vba = _mm256_set1_epi32(ba as i32);
+            let vbm = _mm256_set1_epi32(bm as i32);
+            let mut even = _mm256_setzero_si256();
+            let mut odd = _mm256_setzero_si256();
+            let (vectors, _) = b.as_chunks::<32>();
+            for ((w, a), m) in vectors.iter().zip(&ADD8).zip(&MUL8) {
+                let w: __m256i = bytemuck::cast(*w);
+                let a: __m256i = bytemuck::cast(*a);
+                let m: __m256i = bytemuck::cast(*m);
+                let x = _mm256_add_epi32(w, _mm256_xor_si256(a, vba));
+                let m = _mm256_xor_si256(m, vbm);
+                even = _mm256_add_epi64(even, _mm256_mul_epu32(x, m));
+                odd = _mm256_add_epi64(
+                    odd,
+                    _mm256_mul_epu32(_mm256_srli_epi64::<32>(x), _mm256_srli_epi64::<32>(m)),
+                );
+            }
+            total = _mm256_add_epi64(total, _mm256_add_epi64(even, odd));
+            block += 1;
+        }
+        let lanes: [u64; 4] = bytemuck::cast(total);
+        lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
+    }
+}
+
 /// The partial sum over the whole little-endian words of `bytes`, the
 /// first at word position `start` (a trailing partial word is ignored).
-#[inline(always)]
 fn sum_whole_words(start: u64, bytes: &[u8]) -> u64 {
     let mut s = 0u64;
     let mut i = start;
@@ -195,20 +274,20 @@ fn sum_whole_words(start: u64, bytes: &[u8]) -> u64 {
     }
     // Whole blocks.
     let (blocks, tail) = rest.as_chunks::<1024>();
-    for b in blocks {
-        let (pairs, _) = b.as_chunks::<8>();
-        if let Ok(pairs) = <&[[u8; 8]; 128]>::try_from(pairs) {
-            s = s.wrapping_add(full_block(i / BLOCK_WORDS, pairs));
-        }
-        i += BLOCK_WORDS;
-    }
+    s = s.wrapping_add(sum_blocks(i / BLOCK_WORDS, blocks));
+    i += BLOCK_WORDS * blocks.len() as u64;
     // Tail: the start of one more block.
     s.wrapping_add(part_block(i / BLOCK_WORDS, 0, tail.as_chunks().0))
 }
 
-#[inline(always)]
-fn sum_bytes_impl(start: u64, bytes: &[u8]) -> u64 {
-    let s = sum_whole_words(start, bytes);
+/// The partial sum `S` over the little-endian words of `bytes` (any
+/// alignment), the first of which sits at word position `start_word` of
+/// the whole buffer, on the calling thread. A trailing partial word is
+/// zero-padded, as at the end of a buffer: so `bytes` must end at a word
+/// boundary of the buffer or at its end. Partial sums of disjoint ranges
+/// add (wrapping) to the sum of their union.
+pub fn sum_bytes(start_word: u64, bytes: &[u8]) -> u64 {
+    let s = sum_whole_words(start_word, bytes);
     let (words, rest) = bytes.as_chunks::<4>();
     if rest.is_empty() {
         return s;
@@ -217,11 +296,13 @@ fn sum_bytes_impl(start: u64, bytes: &[u8]) -> u64 {
     for (d, &b) in last.iter_mut().zip(rest) {
         *d = b;
     }
-    s.wrapping_add(term(start + words.len() as u64, u32::from_le_bytes(last)))
+    s.wrapping_add(term(start_word + words.len() as u64, u32::from_le_bytes(last)))
 }
 
-#[inline(always)]
-fn sum_words_impl(start: u64, words: &[u32]) -> u64 {
+/// The partial sum `S` over `words`, the first of which sits at word
+/// position `start` of the whole buffer, on the calling thread. Partial
+/// sums of disjoint ranges add (wrapping) to the sum of their union.
+pub fn sum_words(start: u64, words: &[u32]) -> u64 {
     if cfg!(target_endian = "little") {
         // On a little-endian target the words' memory is their
         // little-endian bytes.
@@ -233,52 +314,6 @@ fn sum_words_impl(start: u64, words: &[u32]) -> u64 {
             .fold(0u64, |s, (k, &w)| s.wrapping_add(term(start + k as u64, w)))
     }
 }
-
-/// Defines a function that runs `$imp` built for AVX2 when the CPU has it,
-/// else built for the baseline target.
-macro_rules! dispatch {
-    ($(#[$doc:meta])* $name:ident, $imp:ident, $t:ty) => {
-        $(#[$doc])*
-        pub fn $name(start: u64, data: &[$t]) -> u64 {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2")]
-                fn avx2(start: u64, data: &[$t]) -> u64 {
-                    $imp(start, data)
-                }
-                if std::arch::is_x86_feature_detected!("avx2") {
-                    // SAFETY: `avx2` only needs the AVX2 instruction set
-                    // (it is otherwise an ordinary safe function), and
-                    // `is_x86_feature_detected!` just reported that the CPU
-                    // running this code has it.
-                    return unsafe { avx2(start, data) };
-                }
-            }
-            $imp(start, data)
-        }
-    };
-}
-
-dispatch!(
-    /// The partial sum `S` over `words`, the first of which sits at word
-    /// position `start` of the whole buffer, on the calling thread. Partial
-    /// sums of disjoint ranges add (wrapping) to the sum of their union.
-    sum_words,
-    sum_words_impl,
-    u32
-);
-
-dispatch!(
-    /// The partial sum `S` over the little-endian words of `bytes` (any
-    /// alignment), the first of which sits at word position `start_word` of
-    /// the whole buffer, on the calling thread. A trailing partial word is
-    /// zero-padded, as at the end of a buffer: so `bytes` must end at a word
-    /// boundary of the buffer or at its end. Partial sums of disjoint ranges
-    /// add (wrapping) to the sum of their union.
-    sum_bytes,
-    sum_bytes_impl,
-    u8
-);
 
 /// Bytes per parallel task (a whole number of blocks).
 const PAR_CHUNK_BYTES: usize = 256 * 1024;
