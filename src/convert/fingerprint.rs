@@ -191,13 +191,11 @@ fn sum_blocks(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
 
 fn sum_blocks_portable(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
     let mut s = 0u64;
-    let mut block = first_block;
-    for b in blocks {
+    for (block, b) in (first_block..).zip(blocks) {
         let (pairs, _) = b.as_chunks::<8>();
         if let Ok(pairs) = <&[[u8; 8]; 128]>::try_from(pairs) {
             s = s.wrapping_add(full_block(block, pairs));
         }
-        block += 1;
     }
     s
 }
@@ -228,8 +226,7 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     pub(super) fn sum_blocks_avx2(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
         let mut total = _mm256_setzero_si256();
-        let mut block = first_block;
-        for b in blocks {
+        for (block, b) in (first_block..).zip(blocks) {
             let (ba, bm) = block_consts(block);
             let vba = _mm256_set1_epi32(ba as i32);
             let vbm = _mm256_set1_epi32(bm as i32);
@@ -249,7 +246,6 @@ mod x86 {
                 );
             }
             total = _mm256_add_epi64(total, _mm256_add_epi64(even, odd));
-            block += 1;
         }
         let lanes: [u64; 4] = bytemuck::cast(total);
         lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
