@@ -440,3 +440,38 @@ impl Fingerprinter {
         finish(sum, self.len)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both builds of the block loop (the tests elsewhere only reach the
+    /// one the CPU selects) against the one-word definition.
+    #[test]
+    fn portable_and_simd_block_sums_equal_the_definition() {
+        let mut s = 5u64;
+        let bytes: Vec<u8> = (0..4 * 1024 + 3)
+            .map(|_| {
+                s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                mix64(s) as u8
+            })
+            .collect();
+        let (blocks, _) = bytes.as_chunks::<1024>();
+        for first in [0u64, 1, 1 << 40] {
+            let want = bytes[..4 * 1024]
+                .chunks_exact(4)
+                .enumerate()
+                .fold(0u64, |acc, (k, w)| {
+                    let w = u32::from_le_bytes(w.try_into().unwrap());
+                    acc.wrapping_add(term(first * BLOCK_WORDS + k as u64, w))
+                });
+            assert_eq!(sum_blocks_portable(first, blocks), want);
+            assert_eq!(sum_blocks(first, blocks), want);
+            #[cfg(target_arch = "x86_64")]
+            if super::super::kernels::has_avx2() {
+                // SAFETY: AVX2 was just detected.
+                assert_eq!(unsafe { x86::sum_blocks_avx2(first, blocks) }, want);
+            }
+        }
+    }
+}
