@@ -283,3 +283,24 @@ fn a_destination_of_the_wrong_length_is_rejected_and_left_untouched() {
     ));
     assert!(e.to_string().contains("length mismatch"));
 }
+
+/// Outputs of 8 MiB and more take the streaming-store path.
+#[test]
+fn outputs_larger_than_the_caches_match_the_reference() {
+    let buf = random_bytes(8, 8 * ((4 << 20) + 8));
+    let cases = [
+        (DType::BF16, DType::F32, (2 << 20) + 5),
+        (DType::F32, DType::F16, (4 << 20) + 3),
+        (DType::F64, DType::BF16, (4 << 20) + 1),
+    ];
+    // Unoptimised builds check one case (the kernels' own tests cover the
+    // streaming loop of every pair).
+    let cases = if cfg!(debug_assertions) {
+        &cases[..1]
+    } else {
+        &cases[..]
+    };
+    for &(from, to, n) in cases {
+        check(from, to, &buf, 3, 5, n);
+    }
+}

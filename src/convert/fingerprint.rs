@@ -292,7 +292,10 @@ pub fn sum_bytes(start_word: u64, bytes: &[u8]) -> u64 {
     for (d, &b) in last.iter_mut().zip(rest) {
         *d = b;
     }
-    s.wrapping_add(term(start_word + words.len() as u64, u32::from_le_bytes(last)))
+    s.wrapping_add(term(
+        start_word + words.len() as u64,
+        u32::from_le_bytes(last),
+    ))
 }
 
 /// The partial sum `S` over `words`, the first of which sits at word

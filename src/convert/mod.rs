@@ -86,18 +86,29 @@ const PAR_CHUNK_ELEMS: usize = 64 * 1024;
 /// Below this many elements a conversion runs on the calling thread.
 const PAR_MIN_ELEMS: usize = 128 * 1024;
 
+/// Outputs at least this large are written with streaming (non-temporal)
+/// stores where the CPU has them: they are larger than the caches, so the
+/// usual read-for-ownership of every destination line would only add
+/// memory traffic.
+const STREAM_MIN_BYTES: usize = 8 << 20;
+
 /// Runs `k` over matching `src`/`dst`, split on element boundaries over the
 /// rayon pool when large enough.
 fn run_kernel(k: kernels::Kernel, src: &[u8], dst: &mut [u8]) {
     use rayon::prelude::*;
+    let run = if dst.len() >= STREAM_MIN_BYTES {
+        k.stream
+    } else {
+        k.run
+    };
     let n = src.len() / k.src_size;
     if n < PAR_MIN_ELEMS || rayon::current_num_threads() < 2 {
-        (k.run)(src, dst);
+        run(src, dst);
         return;
     }
     src.par_chunks(k.src_size * PAR_CHUNK_ELEMS)
         .zip(dst.par_chunks_mut(k.dst_size * PAR_CHUNK_ELEMS))
-        .for_each(|(s, d)| (k.run)(s, d));
+        .for_each(|(s, d)| run(s, d));
 }
 
 /// Converts little-endian `src` bytes of dtype `from` into a typed slice.
