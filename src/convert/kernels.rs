@@ -231,16 +231,18 @@ pub(crate) fn has_avx2() -> bool {
 /// the cache, which saves a third of the memory traffic of a large
 /// conversion whose output is not read back soon (a staging buffer, a
 /// checkpoint being written). `SB` is the source bytes of one 64-byte
-/// output block (`64 / D * S`).
+/// output block (`64 / D * S`); `PIECE` is the number of blocks converted
+/// at a time (1 for loops LLVM keeps in registers, 64 for [`map_split`],
+/// whose groups need a buffer).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn map_stream<const S: usize, const D: usize, const SB: usize>(
+fn map_stream<const S: usize, const D: usize, const SB: usize, const PIECE: usize>(
     src: &[u8],
     dst: &mut [u8],
     g: impl Fn(&[u8], &mut [u8]) + Copy,
 ) {
     use std::arch::x86_64::{__m256i, _mm256_stream_si256, _mm_sfence};
-    const { assert!(SB == 64 / D * S && 64 % D == 0) };
+    const { assert!(SB == 64 / D * S && 64 % D == 0 && PIECE > 0) };
     let n = (src.len() / S).min(dst.len() / D);
     let off = dst.as_ptr().align_offset(32);
     // Elements before the first 32-byte boundary; none fit when the
@@ -260,14 +262,15 @@ fn map_stream<const S: usize, const D: usize, const SB: usize>(
     let (sblocks, _) = sr.as_chunks::<SB>();
     let (dblocks, _) = dr.as_chunks_mut::<64>();
     let blocks = sblocks.len().min(dblocks.len()).min((n - head) * D / 64);
-    // Convert a piece of up to 64 blocks into a 4 KiB buffer that stays in
-    // the L1 cache, then stream it out.
-    let mut buf = [[0u8; 64]; 64];
+    // Convert a piece of up to `PIECE` blocks into a buffer that stays in
+    // the L1 cache (in registers for `PIECE == 1` and a simple `g`), then
+    // stream it out.
+    let mut buf = [[0u8; 64]; PIECE];
     for (d, s) in dblocks
         .get_mut(..blocks)
         .unwrap_or_default()
-        .chunks_mut(64)
-        .zip(sblocks.chunks(64))
+        .chunks_mut(PIECE)
+        .zip(sblocks.chunks(PIECE))
     {
         let out = buf.get_mut(..d.len()).unwrap_or_default();
         g(s.as_flattened(), out.as_flattened_mut());
@@ -302,7 +305,7 @@ fn map_stream<const S: usize, const D: usize, const SB: usize>(
 /// `$stream(src, dst)`, the same with streaming stores (AVX2 only, else
 /// `$portable`); and `$portable`, the baseline build.
 macro_rules! kernel {
-    ($name:ident, $stream:ident, $portable:ident, $s:literal, $d:literal, $g:expr) => {
+    ($name:ident, $stream:ident, $portable:ident, $s:literal, $d:literal, $piece:literal, $g:expr) => {
         #[inline(never)]
         pub(crate) fn $portable(src: &[u8], dst: &mut [u8]) {
             ($g)(src, dst)
@@ -333,7 +336,7 @@ macro_rules! kernel {
                 // own unsafe store is argued inside it), and
                 // `is_x86_feature_detected!` just reported that the CPU
                 // running this code has it.
-                return unsafe { map_stream::<$s, $d, { 64 / $d * $s }>(src, dst, $g) };
+                return unsafe { map_stream::<$s, $d, { 64 / $d * $s }, $piece>(src, dst, $g) };
             }
             $portable(src, dst)
         }
@@ -359,6 +362,7 @@ kernel!(
     bf16_f32_portable,
     2,
     4,
+    1,
     |s: &[u8], d: &mut [u8]| { map(s, d, |b| ((rd16(b) as u32) << 16).to_le_bytes()) }
 );
 kernel!(
@@ -367,6 +371,7 @@ kernel!(
     f16_f32_portable,
     2,
     4,
+    64,
     |s: &[u8], d: &mut [u8]| {
         map_split(
             s,
@@ -383,6 +388,7 @@ kernel!(
     bf16_f16_portable,
     2,
     2,
+    64,
     |s: &[u8], d: &mut [u8]| {
         map_split(
             s,
@@ -399,6 +405,7 @@ kernel!(
     f16_bf16_portable,
     2,
     2,
+    64,
     |s: &[u8], d: &mut [u8]| {
         map_split(
             s,
@@ -415,6 +422,7 @@ kernel!(
     f32_bf16_portable,
     4,
     2,
+    1,
     |s: &[u8], d: &mut [u8]| { map(s, d, |b| f32_to_bf16(rd32(b)).to_le_bytes()) }
 );
 kernel!(
@@ -423,6 +431,7 @@ kernel!(
     f32_f16_portable,
     4,
     2,
+    64,
     |s: &[u8], d: &mut [u8]| {
         map_split(
             s,
@@ -439,6 +448,7 @@ kernel!(
     f64_f32_portable,
     8,
     4,
+    64,
     |s: &[u8], d: &mut [u8]| {
         map_split(
             s,
@@ -455,6 +465,7 @@ kernel!(
     f64_bf16_portable,
     8,
     2,
+    64,
     |s: &[u8], d: &mut [u8]| {
         map_split(
             s,
@@ -471,6 +482,7 @@ kernel!(
     f64_f16_portable,
     8,
     2,
+    64,
     |s: &[u8], d: &mut [u8]| {
         map_split(
             s,
