@@ -9,8 +9,9 @@
 //! - `fingerprint`: a 128 MiB buffer, all threads and 1 thread.
 //! - `expected_fingerprint`: bf16 -> f32 of 32 Mi elements (the hash of the
 //!   128 MiB output, without writing it), `Throughput::Bytes(6 n)` as above.
-//! - `pairs`: every conversion pair on 4 Mi elements, all threads,
-//!   `Throughput::Bytes` of source plus destination.
+//! - `pairs`: every converting pair on 4 Mi weight-like elements (uniform
+//!   in [-0.1, 0.1]), all threads, `Throughput::Bytes` of source plus
+//!   destination.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -109,24 +110,46 @@ fn fingerprint_group(c: &mut Criterion) {
     g.finish();
 }
 
+/// Weight-like values: uniform in [-0.1, 0.1], as f32 bit patterns (almost
+/// all normal numbers, as in real tensors).
+fn weights(n: usize) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| (fingerprint::mix64(i) as i32) as f32 * 2f32.powi(-31) * 0.1)
+        .collect()
+}
+
 fn pairs(c: &mut Criterion) {
     let n = 4 << 20;
-    let types = [DType::F64, DType::F32, DType::F16, DType::BF16];
-    let src = bytes(8 * n, 4);
-    let mut dst = vec![0u8; 4 * n];
+    let vals = weights(n);
     let mut g = c.benchmark_group("pairs");
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_millis(1000));
-    for from in types {
+    let mut dst = vec![0u8; 4 * n];
+    for from in [DType::F64, DType::F32, DType::F16, DType::BF16] {
+        let ss = from.size().unwrap();
+        let src: Vec<u8> = match from {
+            DType::F64 => vals
+                .iter()
+                .flat_map(|v| (*v as f64).to_le_bytes())
+                .collect(),
+            _ => {
+                let mut o = vec![0u8; ss * n];
+                convert::convert_bytes(DType::F32, bytemuck::cast_slice(&vals), from, &mut o)
+                    .unwrap();
+                o
+            }
+        };
         for to in [DType::F32, DType::F16, DType::BF16] {
-            let (ss, ds) = (from.size().unwrap(), to.size().unwrap());
-            let s = &src[..ss * n];
+            if from == to {
+                continue;
+            }
+            let ds = to.size().unwrap();
             let d = &mut dst[..ds * n];
             g.throughput(Throughput::Bytes(((ss + ds) * n) as u64));
             g.bench_function(format!("{}_to_{}", from.name(), to.name()), |b| {
                 b.iter(|| {
-                    convert::convert_bytes(from, black_box(s), to, black_box(&mut *d)).unwrap()
+                    convert::convert_bytes(from, black_box(&src), to, black_box(&mut *d)).unwrap()
                 })
             });
         }

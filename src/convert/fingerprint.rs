@@ -225,27 +225,36 @@ mod x86 {
     /// 64-bit products.
     #[target_feature(enable = "avx2")]
     pub(super) fn sum_blocks_avx2(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
+        // Block keys are computed 8 at a time ahead of the blocks that use
+        // them: a key is a chain of dependent multiplies, which would
+        // otherwise stall the start of every block.
+        const AHEAD: usize = 8;
         let mut total = _mm256_setzero_si256();
-        for (block, b) in (first_block..).zip(blocks) {
-            let (ba, bm) = block_consts(block);
-            let vba = _mm256_set1_epi32(ba as i32);
-            let vbm = _mm256_set1_epi32(bm as i32);
-            let mut even = _mm256_setzero_si256();
-            let mut odd = _mm256_setzero_si256();
-            let (vectors, _) = b.as_chunks::<32>();
-            for ((w, a), m) in vectors.iter().zip(&ADD8).zip(&MUL8) {
-                let w: __m256i = bytemuck::cast(*w);
-                let a: __m256i = bytemuck::cast(*a);
-                let m: __m256i = bytemuck::cast(*m);
-                let x = _mm256_add_epi32(w, _mm256_xor_si256(a, vba));
-                let m = _mm256_xor_si256(m, vbm);
-                even = _mm256_add_epi64(even, _mm256_mul_epu32(x, m));
-                odd = _mm256_add_epi64(
-                    odd,
-                    _mm256_mul_epu32(_mm256_srli_epi64::<32>(x), _mm256_srli_epi64::<32>(m)),
-                );
+        for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
+            let mut keys = [(0u32, 0u32); AHEAD];
+            for (j, k) in (0u64..).zip(keys.iter_mut()) {
+                *k = block_consts(first_block + group * AHEAD as u64 + j);
             }
-            total = _mm256_add_epi64(total, _mm256_add_epi64(even, odd));
+            for (b, &(ba, bm)) in bs.iter().zip(&keys) {
+                let vba = _mm256_set1_epi32(ba as i32);
+                let vbm = _mm256_set1_epi32(bm as i32);
+                let mut even = _mm256_setzero_si256();
+                let mut odd = _mm256_setzero_si256();
+                let (vectors, _) = b.as_chunks::<32>();
+                for ((w, a), m) in vectors.iter().zip(&ADD8).zip(&MUL8) {
+                    let w: __m256i = bytemuck::cast(*w);
+                    let a: __m256i = bytemuck::cast(*a);
+                    let m: __m256i = bytemuck::cast(*m);
+                    let x = _mm256_add_epi32(w, _mm256_xor_si256(a, vba));
+                    let m = _mm256_xor_si256(m, vbm);
+                    even = _mm256_add_epi64(even, _mm256_mul_epu32(x, m));
+                    odd = _mm256_add_epi64(
+                        odd,
+                        _mm256_mul_epu32(_mm256_srli_epi64::<32>(x), _mm256_srli_epi64::<32>(m)),
+                    );
+                }
+                total = _mm256_add_epi64(total, _mm256_add_epi64(even, odd));
+            }
         }
         let lanes: [u64; 4] = bytemuck::cast(total);
         lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
