@@ -6,7 +6,9 @@
 //!   in a 1-thread rayon pool, the baselines `half`
 //!   (`HalfFloatSliceExt::convert_to_f32_slice`, one thread) and `memcpy`
 //!   (`copy_from_slice` of the 4 n output bytes).
-//! - `fingerprint`: a 128 MiB buffer, all threads and 1 thread.
+//! - `fingerprint`: a 128 MiB buffer, all threads and 1 thread, and the
+//!   baseline `read_sum` (a plain parallel sum of the same buffer: the
+//!   memory read bandwidth).
 //! - `expected_fingerprint`: bf16 -> f32 of 32 Mi elements (the hash of the
 //!   128 MiB output, without writing it), `Throughput::Bytes(6 n)` as above.
 //! - `pairs`: every converting pair on 4 Mi weight-like elements (uniform
@@ -89,6 +91,21 @@ fn fingerprint_group(c: &mut Criterion) {
     });
     g.bench_function("1thread", |b| {
         pool.install(|| b.iter(|| fingerprint::fingerprint_bytes(black_box(&data))))
+    });
+    // Baseline: the memory read bandwidth (a plain wrapping sum of u64
+    // words, split over the pool the same way).
+    g.bench_function("read_sum", |b| {
+        b.iter(|| {
+            use rayon::prelude::*;
+            black_box(&data)
+                .par_chunks(256 << 10)
+                .map(|c| {
+                    c.chunks_exact(8).fold(0u64, |s, w| {
+                        s.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()))
+                    })
+                })
+                .reduce(|| 0, u64::wrapping_add)
+        })
     });
     g.finish();
 
