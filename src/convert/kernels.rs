@@ -2,10 +2,14 @@
 //!
 //! Every loop reads fixed-size little-endian byte arrays (`as_chunks`) and
 //! applies a *branchless* form of the scalar reference conversion, so LLVM
-//! turns it into straight-line SIMD code. Each loop is compiled twice: for the
-//! baseline target (SSE2 on x86-64) and, on x86-64, for AVX2, chosen at run
-//! time. The branchless forms are tested against [`super::scalar`] over every
-//! 16-bit pattern and over large samples of f32/f64 patterns.
+//! turns it into straight-line SIMD code. Where the general form is long
+//! (f16 sources, f16 targets, f64 sources), groups of 16 elements that are
+//! all zeros or normal numbers, the usual case, take a short form instead
+//! ([`map_split`]). Each loop is built three ways: for the baseline target
+//! (SSE2 on x86-64), for AVX2 (chosen at run time), and for AVX2 with
+//! streaming stores (for outputs larger than the caches). All of them are
+//! tested against [`super::scalar`] over every 16-bit pattern and over large
+//! samples of f32/f64 patterns.
 
 use crate::dtype::DType;
 

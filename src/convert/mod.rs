@@ -3,6 +3,22 @@
 //!
 //! Supported: sources F64, F32, F16, BF16; targets F32, F16, BF16. Every
 //! function reads little-endian bytes at any alignment.
+//!
+//! # The pieces
+//!
+//! - [`scalar`]: the integer-only reference for one value, and
+//!   [`scalar::convert_bytes_reference`], the element-by-element reference
+//!   for a buffer. Everything else is tested against it.
+//! - [`convert_bytes`] / [`convert_bytes_into`] / [`convert_slice`]: the bulk
+//!   conversions, with the same results as the reference. Each pair has its
+//!   own loop, written so that it compiles to SIMD code, built for the
+//!   baseline target and, on x86-64, for AVX2 (chosen at run time). Inputs of
+//!   128 Ki elements and more are split on element boundaries over the rayon
+//!   pool (in 64 Ki-element pieces); outputs of 8 MiB and more are written
+//!   with streaming stores, so they do not pass through (or evict) the
+//!   caches.
+//! - [`expected_fingerprint`]: the [`fingerprint`] of a conversion's output,
+//!   from the source, without writing the output anywhere.
 
 pub mod fingerprint;
 mod kernels;
@@ -66,7 +82,8 @@ fn check(op: &'static str, from: DType, to: DType, src_len: usize, dst_len: usiz
 ///
 /// Errors: [`Error::UnsupportedConversion`] for a pair outside
 /// [`supported`], [`Error::LengthMismatch`] when `src` is not a whole number
-/// of elements or `dst` does not have room for exactly as many.
+/// of elements or `dst` does not have room for exactly as many. On an error
+/// `dst` is left untouched.
 pub fn convert_bytes(from: DType, src: &[u8], to: DType, dst: &mut [u8]) -> Result<()> {
     check("convert_bytes", from, to, src.len(), dst.len())?;
     let Some(k) = kernels::kernel(from, to) else {
