@@ -206,14 +206,16 @@ fn map_split<const S: usize, const D: usize>(
     let mut sg = s.chunks_exact(GROUP);
     let mut dg = d.chunks_exact_mut(GROUP);
     for (o, i) in (&mut dg).zip(&mut sg) {
-        let any = i.iter().fold(false, |acc, x| acc | special(*x));
+        // One pass with the short form, noting any special element; redo
+        // the group with the general form if there was one.
+        let mut any = false;
+        for (o, i) in o.iter_mut().zip(i) {
+            *o = fast(*i);
+            any |= special(*i);
+        }
         if any {
             for (o, i) in o.iter_mut().zip(i) {
                 *o = full(*i);
-            }
-        } else {
-            for (o, i) in o.iter_mut().zip(i) {
-                *o = fast(*i);
             }
         }
     }
