@@ -229,6 +229,7 @@ mod x86 {
         // them: a key is a chain of dependent multiplies, which would
         // otherwise stall the start of every block.
         const AHEAD: usize = 8;
+        const PREFETCH_BYTES: usize = 4096;
         let mut total = _mm256_setzero_si256();
         for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
             let mut keys = [(0u32, 0u32); AHEAD];
@@ -236,6 +237,10 @@ mod x86 {
                 *k = block_consts(first_block + group * AHEAD as u64 + j);
             }
             for (b, &(ba, bm)) in bs.iter().zip(&keys) {
+                let ahead = b.as_ptr().wrapping_add(PREFETCH_BYTES);
+                for line in 0..16 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+                }
                 let vba = _mm256_set1_epi32(ba as i32);
                 let vbm = _mm256_set1_epi32(bm as i32);
                 let mut even = _mm256_setzero_si256();

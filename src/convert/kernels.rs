@@ -247,7 +247,8 @@ fn map_stream<const S: usize, const D: usize, const SB: usize, const PIECE: usiz
     dst: &mut [u8],
     g: impl Fn(&[u8], &mut [u8]) + Copy,
 ) {
-    use std::arch::x86_64::{__m256i, _mm256_stream_si256, _mm_sfence};
+    use std::arch::x86_64::{__m256i, _mm256_stream_si256, _mm_prefetch, _mm_sfence, _MM_HINT_T0};
+    const PREFETCH_BYTES: usize = 4096;
     const { assert!(SB == 64 / D * S && 64 % D == 0 && PIECE > 0) };
     let n = (src.len() / S).min(dst.len() / D);
     let off = dst.as_ptr().align_offset(32);
@@ -278,8 +279,19 @@ fn map_stream<const S: usize, const D: usize, const SB: usize, const PIECE: usiz
         .chunks_mut(PIECE)
         .zip(sblocks.chunks(PIECE))
     {
+        // Ask for the source a few KiB ahead (a prefetch never faults, so
+        // the address may lie past the end).
+        let src_piece = s.as_flattened();
+        for line in (0..src_piece.len()).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(
+                src_piece
+                    .as_ptr()
+                    .wrapping_add(PREFETCH_BYTES + line)
+                    .cast(),
+            );
+        }
         let out = buf.get_mut(..d.len()).unwrap_or_default();
-        g(s.as_flattened(), out.as_flattened_mut());
+        g(src_piece, out.as_flattened_mut());
         for (d, o) in d.iter_mut().zip(out.iter()) {
             let [lo, hi]: [[u8; 32]; 2] = bytemuck::cast(*o);
             let (lo, hi): (__m256i, __m256i) = (bytemuck::cast(lo), bytemuck::cast(hi));
