@@ -191,7 +191,13 @@ fn converted_sum(k: kernels::Kernel, first: usize, src: &[u8]) -> u64 {
     let mut buf = [0u8; FP_PIECE_ELEMS * 4];
     let mut sum = 0u64;
     let mut word = (first * k.dst_size / 4) as u64;
-    for piece in src.chunks(FP_PIECE_ELEMS * k.src_size) {
+    let mut pieces = src.chunks(FP_PIECE_ELEMS * k.src_size).peekable();
+    while let Some(piece) = pieces.next() {
+        // Start loading the next piece while this one is converted and
+        // summed.
+        if let Some(next) = pieces.peek() {
+            kernels::prefetch(next);
+        }
         let len = piece.len() / k.src_size * k.dst_size;
         // `len <= FP_PIECE_ELEMS * dst_size <= buf.len()`: the `min` only
         // spells out that the split cannot panic.
