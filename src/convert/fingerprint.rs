@@ -46,8 +46,11 @@
 //!
 //! Inside a 256-word block the block key is constant, so the loops work
 //! block by block with the lane keys taken from precomputed tables
-//! ([`LANE_ADD`], [`LANE_MUL`]); they compile to SIMD code (SSE2, and AVX2
-//! chosen at run time on x86-64). [`term`] is the one-word reference.
+//! ([`LANE_ADD`], [`LANE_MUL`]): a portable loop the compiler vectorises
+//! (SSE2 on x86-64), and on x86-64 an AVX2 loop chosen at run time, which
+//! also computes block keys ahead and prefetches the data 4 KiB ahead.
+//! [`term`] is the one-word reference; [`sum_bytes`] and [`sum_words`] equal
+//! the sum of [`term`] over the words (tested).
 
 /// Words per keyed block (the block key changes every 256 words = 1 KiB).
 pub const BLOCK_WORDS: u64 = 256;
