@@ -203,6 +203,35 @@ fn sum_blocks_portable(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
     s
 }
 
+/// The partial sum `S` of the f32 output of bf16 -> f32 for whole blocks
+/// of the source (256 bf16 values = one 1 KiB output block each), the first
+/// being output block `first_block`: fused (no output written) with AVX2
+/// when the CPU has it, else through a 1 KiB buffer.
+pub(crate) fn sum_bf16_as_f32_blocks(first_block: u64, blocks: &[[u8; 512]]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if super::kernels::has_avx2() {
+        // SAFETY: `sum_bf16_as_f32_blocks_avx2` only needs the AVX2
+        // instruction set (it is otherwise an ordinary safe function), and
+        // the CPU running this code was just detected to have it.
+        return unsafe { x86::sum_bf16_as_f32_blocks_avx2(first_block, blocks) };
+    }
+    let mut s = 0u64;
+    for (block, b) in (first_block..).zip(blocks) {
+        let mut out = [[0u8; 1024]; 1];
+        let [o] = &mut out;
+        for (w, h) in o
+            .as_chunks_mut::<4>()
+            .0
+            .iter_mut()
+            .zip(b.as_chunks::<2>().0)
+        {
+            *w = ((u16::from_le_bytes(*h) as u32) << 16).to_le_bytes();
+        }
+        s = s.wrapping_add(sum_blocks_portable(block, &out));
+    }
+    s
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -221,6 +250,93 @@ mod x86 {
     }
     const ADD8: [[u32; 8]; 32] = by8(&LANE_ADD);
     const MUL8: [[u32; 8]; 32] = by8(&LANE_MUL);
+
+    /// A lane table in the order `_mm256_unpack{lo,hi}_epi16` leave 16
+    /// widened bf16 values: per group of 16 lanes, vector `2g` holds lanes
+    /// 0-3 and 8-11, vector `2g + 1` lanes 4-7 and 12-15.
+    const fn by8_unpacked(t: &[u32; 256]) -> [[u32; 8]; 32] {
+        let mut v = [[0u32; 8]; 32];
+        let mut g = 0;
+        while g < 16 {
+            let mut k = 0;
+            while k < 4 {
+                v[2 * g][k] = t[16 * g + k];
+                v[2 * g][4 + k] = t[16 * g + 8 + k];
+                v[2 * g + 1][k] = t[16 * g + 4 + k];
+                v[2 * g + 1][4 + k] = t[16 * g + 12 + k];
+                k += 1;
+            }
+            g += 1;
+        }
+        v
+    }
+    const ADD8_UNPACKED: [[u32; 8]; 32] = by8_unpacked(&LANE_ADD);
+    const MUL8_UNPACKED: [[u32; 8]; 32] = by8_unpacked(&LANE_MUL);
+
+    /// Adds the terms of the 8 words `w` with lane keys `a`, `m` and block
+    /// keys `(ba, bm)` (broadcast) to the even- and odd-lane accumulators.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn step(
+        w: __m256i,
+        a: [u32; 8],
+        m: [u32; 8],
+        (ba, bm): (__m256i, __m256i),
+        (even, odd): (__m256i, __m256i),
+    ) -> (__m256i, __m256i) {
+        let a: __m256i = bytemuck::cast(a);
+        let m: __m256i = bytemuck::cast(m);
+        let x = _mm256_add_epi32(w, _mm256_xor_si256(a, ba));
+        let m = _mm256_xor_si256(m, bm);
+        (
+            _mm256_add_epi64(even, _mm256_mul_epu32(x, m)),
+            _mm256_add_epi64(
+                odd,
+                _mm256_mul_epu32(_mm256_srli_epi64::<32>(x), _mm256_srli_epi64::<32>(m)),
+            ),
+        )
+    }
+
+    /// [`super::sum_bf16_as_f32_blocks`] with AVX2, fused: each 32-byte load
+    /// of 16 bf16 values becomes two vectors of f32 words (`value << 16`) by
+    /// interleaving with zeros, summed against the lane keys in the same
+    /// interleaved order.
+    #[target_feature(enable = "avx2")]
+    pub(super) fn sum_bf16_as_f32_blocks_avx2(first_block: u64, blocks: &[[u8; 512]]) -> u64 {
+        const AHEAD: usize = 8;
+        const PREFETCH_BYTES: usize = 2048;
+        let zero = _mm256_setzero_si256();
+        let mut total = _mm256_setzero_si256();
+        let (add2, _) = ADD8_UNPACKED.as_chunks::<2>();
+        let (mul2, _) = MUL8_UNPACKED.as_chunks::<2>();
+        for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
+            let mut keys = [(0u32, 0u32); AHEAD];
+            for (j, k) in (0u64..).zip(keys.iter_mut()) {
+                *k = block_consts(first_block + group * AHEAD as u64 + j);
+            }
+            for (b, &(ba, bm)) in bs.iter().zip(&keys) {
+                let ahead = b.as_ptr().wrapping_add(PREFETCH_BYTES);
+                for line in 0..8 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+                }
+                let vba = _mm256_set1_epi32(ba as i32);
+                let vbm = _mm256_set1_epi32(bm as i32);
+                let mut even = _mm256_setzero_si256();
+                let mut odd = _mm256_setzero_si256();
+                let (vectors, _) = b.as_chunks::<32>();
+                for ((v, [a0, a1]), [m0, m1]) in vectors.iter().zip(add2).zip(mul2) {
+                    let v: __m256i = bytemuck::cast(*v);
+                    let lo = _mm256_unpacklo_epi16(zero, v);
+                    let hi = _mm256_unpackhi_epi16(zero, v);
+                    (even, odd) = step(lo, *a0, *m0, (vba, vbm), (even, odd));
+                    (even, odd) = step(hi, *a1, *m1, (vba, vbm), (even, odd));
+                }
+                total = _mm256_add_epi64(total, _mm256_add_epi64(even, odd));
+            }
+        }
+        let lanes: [u64; 4] = bytemuck::cast(total);
+        lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
+    }
 
     /// [`super::sum_blocks`] with AVX2: 8 words per vector; the word sums
     /// are 32-bit lane adds, and `vpmuludq` multiplies the even lanes and
@@ -491,6 +607,33 @@ mod tests {
             if super::super::kernels::has_avx2() {
                 // SAFETY: AVX2 was just detected.
                 assert_eq!(unsafe { x86::sum_blocks_avx2(first, blocks) }, want);
+            }
+        }
+    }
+
+    /// The fused bf16 -> f32 block sums (both builds) equal the sum of the
+    /// widened words.
+    #[test]
+    fn fused_bf16_block_sums_equal_the_definition() {
+        let mut s = 6u64;
+        let src: Vec<u8> = (0..3 * 512)
+            .map(|_| {
+                s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                mix64(s) as u8
+            })
+            .collect();
+        let (blocks, _) = src.as_chunks::<512>();
+        for first in [0u64, 5, 1 << 40] {
+            let want = src.chunks_exact(2).enumerate().fold(0u64, |acc, (k, h)| {
+                let w = (u16::from_le_bytes(h.try_into().unwrap()) as u32) << 16;
+                acc.wrapping_add(term(first * BLOCK_WORDS + k as u64, w))
+            });
+            assert_eq!(sum_bf16_as_f32_blocks(first, blocks), want);
+            #[cfg(target_arch = "x86_64")]
+            if super::super::kernels::has_avx2() {
+                // SAFETY: AVX2 was just detected.
+                let fused = unsafe { x86::sum_bf16_as_f32_blocks_avx2(first, blocks) };
+                assert_eq!(fused, want);
             }
         }
     }

@@ -169,25 +169,41 @@ pub fn expected_fingerprint(from: DType, src: &[u8], to: DType) -> Result<Finger
         });
     };
     let sum = if n < PAR_MIN_ELEMS || rayon::current_num_threads() < 2 {
-        converted_sum(k, 0, src)
+        converted_sum(from, to, k, 0, src)
     } else {
         use rayon::prelude::*;
         src.par_chunks(ss * PAR_CHUNK_ELEMS)
             .enumerate()
-            .map(|(c, s)| converted_sum(k, c * PAR_CHUNK_ELEMS, s))
+            .map(|(c, s)| converted_sum(from, to, k, c * PAR_CHUNK_ELEMS, s))
             .reduce(|| 0, u64::wrapping_add)
     };
     Ok(fingerprint::finish(sum, (n * ds) as u64))
 }
 
 /// Elements converted at a time by [`expected_fingerprint`] (a multiple of
-/// 512, so every piece's output starts on a 1 KiB fingerprint block).
+/// 512, so every piece's output starts on a 1 KiB fingerprint block; a
+/// divisor of [`PAR_CHUNK_ELEMS`]).
 const FP_PIECE_ELEMS: usize = 4096;
 
 /// The fingerprint partial sum of the converted output of `src`, whose
 /// first element is element `first` of the whole source (a multiple of
 /// [`FP_PIECE_ELEMS`]).
-fn converted_sum(k: kernels::Kernel, first: usize, src: &[u8]) -> u64 {
+fn converted_sum(from: DType, to: DType, k: kernels::Kernel, first: usize, src: &[u8]) -> u64 {
+    if (from, to) == (DType::BF16, DType::F32) {
+        // The most common pair has a fused loop for whole 256-element
+        // blocks (`first` is a multiple of 256, so they start on output
+        // blocks); the rest goes the general way.
+        let (blocks, rest) = src.as_chunks::<512>();
+        let sum = fingerprint::sum_bf16_as_f32_blocks((first / 256) as u64, blocks);
+        let done = 256 * blocks.len();
+        return sum.wrapping_add(converted_sum_buffered(k, first + done, rest));
+    }
+    converted_sum_buffered(k, first, src)
+}
+
+/// [`converted_sum`] by converting pieces into a buffer on the stack and
+/// summing them (`first` is a multiple of 256).
+fn converted_sum_buffered(k: kernels::Kernel, first: usize, src: &[u8]) -> u64 {
     let mut buf = [0u8; FP_PIECE_ELEMS * 4];
     let mut sum = 0u64;
     let mut word = (first * k.dst_size / 4) as u64;
