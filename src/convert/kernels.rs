@@ -532,6 +532,8 @@ kernel!(
     }
 );
 
+/// The identity pairs: a plain copy (the standard library's `memcpy`
+/// already uses the best stores for large sizes).
 fn copy(src: &[u8], dst: &mut [u8]) {
     let n = src.len().min(dst.len());
     if let (Some(d), Some(s)) = (dst.get_mut(..n), src.get(..n)) {
@@ -567,7 +569,7 @@ pub(crate) fn kernel(from: DType, to: DType) -> Option<Kernel> {
             portable,
         })
     };
-    let copy = (
+    let copies = (
         copy as fn(&[u8], &mut [u8]),
         copy as fn(&[u8], &mut [u8]),
         copy as fn(&[u8], &mut [u8]),
@@ -575,14 +577,14 @@ pub(crate) fn kernel(from: DType, to: DType) -> Option<Kernel> {
     match (from, to) {
         (DType::BF16, DType::F32) => k(2, 4, (bf16_f32, bf16_f32_stream, bf16_f32_portable)),
         (DType::F16, DType::F32) => k(2, 4, (f16_f32, f16_f32_stream, f16_f32_portable)),
-        (DType::F32, DType::F32) => k(4, 4, copy),
+        (DType::F32, DType::F32) => k(4, 4, copies),
         (DType::F64, DType::F32) => k(8, 4, (f64_f32, f64_f32_stream, f64_f32_portable)),
-        (DType::BF16, DType::BF16) => k(2, 2, copy),
+        (DType::BF16, DType::BF16) => k(2, 2, copies),
         (DType::F16, DType::BF16) => k(2, 2, (f16_bf16, f16_bf16_stream, f16_bf16_portable)),
         (DType::F32, DType::BF16) => k(4, 2, (f32_bf16, f32_bf16_stream, f32_bf16_portable)),
         (DType::F64, DType::BF16) => k(8, 2, (f64_bf16, f64_bf16_stream, f64_bf16_portable)),
         (DType::BF16, DType::F16) => k(2, 2, (bf16_f16, bf16_f16_stream, bf16_f16_portable)),
-        (DType::F16, DType::F16) => k(2, 2, copy),
+        (DType::F16, DType::F16) => k(2, 2, copies),
         (DType::F32, DType::F16) => k(4, 2, (f32_f16, f32_f16_stream, f32_f16_portable)),
         (DType::F64, DType::F16) => k(8, 2, (f64_f16, f64_f16_stream, f64_f16_portable)),
         _ => None,
