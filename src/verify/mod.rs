@@ -1,0 +1,593 @@
+//! Verified conversions on a device (DESIGN.md contract 2).
+//!
+//! A conversion on a [`Device`](crate::device::Device) takes a [`Policy`]:
+//!
+//! | policy | what is checked | cost |
+//! | --- | --- | --- |
+//! | [`Policy::Off`] | nothing per call | none |
+//! | [`Policy::Fingerprint`] (default) | the fingerprint of the output *as stored*, computed on the device by a separate pass, against the one the host computes from the source | one extra read of the output on the device; the host pass runs while the device works |
+//! | [`Policy::FusedFingerprint`] | the fingerprint of the values the conversion kernel wrote, summed inside the kernel (bf16/f16 -> f32; other ops use the separate pass) | arithmetic only |
+//! | [`Policy::ReadBack`] | the whole output, copied back and compared byte for byte with the CPU's | a device-to-host copy |
+//!
+//! Independently of the policy, [`VerifyOptions::self_test`] runs the
+//! exhaustive self-test ([`self_test`]) once per device: all 65 536 bf16 and
+//! f16 patterns through the widening kernels (plain and fused), f32 -> bf16
+//! and f32 -> f16 over every upper half combined with rounding-critical lower
+//! halves, and the fingerprint kernel, each compared bit for bit with the
+//! CPU. A kernel that fails is untrusted on that device: its conversions run
+//! on the CPU (and the report says so), or fail with
+//! [`Error::KernelUntrusted`] when [`VerifyOptions::allow_cpu_fallback`] is
+//! off. A per-call mismatch is [`Error::VerificationFailed`] or, when
+//! fallback is allowed, a recorded CPU fallback.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::convert::fingerprint::{finish, Fingerprint};
+use crate::convert::{scalar, Element};
+use crate::device::{ConvertOp, Device, DeviceView, DeviceViewMut, Stream};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// What is checked on each conversion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum Policy {
+    /// No per-call check (the self-test still runs if enabled).
+    Off,
+    /// Device fingerprint of the stored output vs the host's expectation.
+    #[default]
+    Fingerprint,
+    /// Fingerprint summed inside the conversion kernel (widening ops).
+    FusedFingerprint,
+    /// Full read-back and byte comparison.
+    ReadBack,
+}
+
+/// Options of a verified conversion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct VerifyOptions {
+    /// The per-call check.
+    pub policy: Policy,
+    /// Run the exhaustive self-test on the device's first verified call.
+    pub self_test: bool,
+    /// On an untrusted kernel or a mismatch, convert on the CPU (recorded in
+    /// the report) instead of returning an error.
+    pub allow_cpu_fallback: bool,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions {
+            policy: Policy::Fingerprint,
+            self_test: true,
+            allow_cpu_fallback: true,
+        }
+    }
+}
+
+/// Which path produced the output.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub enum Served {
+    /// The device kernel, checked as the policy says.
+    Device,
+    /// The CPU, because the kernel failed its self-test on this device.
+    CpuKernelUntrusted,
+    /// The CPU, because the device result failed the per-call check.
+    CpuAfterMismatch {
+        /// Expected fingerprint (host).
+        expected: Fingerprint,
+        /// Fingerprint of the device's output.
+        actual: Fingerprint,
+    },
+}
+
+/// What a verified conversion did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ConvertReport {
+    /// The conversion.
+    pub op: ConvertOp,
+    /// Elements converted.
+    pub elements: u64,
+    /// The device (`"cuda:0 sm_90"`).
+    pub device: String,
+    /// The policy applied.
+    pub policy: Policy,
+    /// Which path served.
+    pub served: Served,
+    /// The fingerprint the host computed from the source (when checked).
+    pub expected: Option<Fingerprint>,
+    /// The device's fingerprint of its output (when checked).
+    pub actual: Option<Fingerprint>,
+    /// Device time of the conversion kernel (fused: conversion + fingerprint).
+    pub kernel_ms: Option<f32>,
+    /// Device time of the verification pass (separate fingerprint kernel).
+    pub verify_ms: Option<f32>,
+    /// Host time to compute the expected fingerprint / reference.
+    pub host_expected_ms: f32,
+    /// Wall time of the whole call.
+    pub total_ms: f32,
+}
+
+/// One kernel's self-test result.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KernelTest {
+    /// The kernel (`"convert bf16->f32"`, `"fused bf16->f32"`, `"fingerprint"`).
+    pub kernel: String,
+    /// Patterns tested.
+    pub tested: u64,
+    /// Patterns whose output differed from the CPU's.
+    pub mismatches: u64,
+    /// The first mismatch: (input bits, expected output bits, device output bits).
+    pub first_mismatch: Option<(u32, u32, u32)>,
+}
+
+/// The exhaustive self-test of one device.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SelfTestReport {
+    /// The device.
+    pub device: String,
+    /// Per kernel.
+    pub kernels: Vec<KernelTest>,
+    /// Wall time of the whole test.
+    pub elapsed_ms: f32,
+}
+
+impl SelfTestReport {
+    fn find(&self, name: &str) -> Option<&KernelTest> {
+        self.kernels.iter().find(|k| k.kernel == name)
+    }
+
+    /// Whether the conversion kernel for `op` passed.
+    pub fn trusted(&self, op: ConvertOp) -> bool {
+        self.find(&format!("convert {op}"))
+            .is_some_and(|k| k.mismatches == 0)
+    }
+
+    /// Whether the fused convert+fingerprint kernel for `op` passed.
+    pub fn fused_trusted(&self, op: ConvertOp) -> bool {
+        self.find(&format!("fused {op}"))
+            .is_some_and(|k| k.mismatches == 0)
+    }
+
+    /// Whether the fingerprint kernel passed.
+    pub fn fingerprint_trusted(&self) -> bool {
+        self.find("fingerprint").is_some_and(|k| k.mismatches == 0)
+    }
+
+    /// Whether every kernel passed.
+    pub fn all_passed(&self) -> bool {
+        self.kernels.iter().all(|k| k.mismatches == 0)
+    }
+}
+
+fn device_label(d: &Device) -> String {
+    let i = d.info();
+    format!("{}:{} {}", i.kind, i.ordinal, i.arch)
+}
+
+/// Low halves combined with every upper half for the f32 -> 16-bit tests:
+/// the rounding boundaries of bf16 (bit 15) and f16 (bit 12 and, for f16
+/// subnormal results, up to bit 23 through the shift).
+const TRICKY_LOW: [u32; 12] = [
+    0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x7fff, 0x8000, 0x8001, 0xc000,
+    0xffff,
+];
+
+fn compare(kernel: String, inputs: &[u32], expected: &[u32], got: &[u32]) -> KernelTest {
+    let mut mismatches = 0u64;
+    let mut first = None;
+    for ((&i, &e), &g) in inputs.iter().zip(expected).zip(got) {
+        if e != g {
+            mismatches += 1;
+            first.get_or_insert((i, e, g));
+        }
+    }
+    KernelTest {
+        kernel,
+        tested: inputs.len() as u64,
+        mismatches,
+        first_mismatch: first,
+    }
+}
+
+/// Runs the exhaustive self-test on `stream`'s device once and caches it on
+/// the device; later calls return the cached report.
+///
+/// Errors are device errors (allocation, copy, launch); wrong results are
+/// not errors but recorded in the report.
+pub fn self_test(stream: &Stream) -> Result<Arc<SelfTestReport>> {
+    let dev = stream.device();
+    if let Some(r) = dev.self_test_cell().get() {
+        return Ok(Arc::clone(r));
+    }
+    let r = Arc::new(run_self_test(stream)?);
+    Ok(Arc::clone(dev.self_test_cell().get_or_init(|| r)))
+}
+
+fn run_self_test(stream: &Stream) -> Result<SelfTestReport> {
+    let t0 = Instant::now();
+    let mut kernels = Vec::new();
+    let all16: Vec<u16> = (0..=u16::MAX).collect();
+    let all16_u32: Vec<u32> = all16.iter().map(|&h| u32::from(h)).collect();
+    let d16 = stream.clone_htod(&all16)?;
+    let mut out32 = stream.alloc::<u32>(all16.len())?;
+    let mut acc = stream.alloc_zeros::<u64>(1)?;
+    for (op, f) in [
+        (ConvertOp::DEVICE[0], scalar::bf16_to_f32 as fn(u16) -> u32),
+        (ConvertOp::DEVICE[1], scalar::f16_to_f32 as fn(u16) -> u32),
+    ] {
+        let expected: Vec<u32> = all16.par_iter().map(|&h| f(h)).collect();
+        // SAFETY-free path: the typed views go through Stream's checks.
+        launch_convert_raw(stream, op, &d16.view(), &mut out32.view_mut())?;
+        let got = out32.to_vec()?;
+        kernels.push(compare(format!("convert {op}"), &all16_u32, &expected, &got));
+        // Fused kernel: output and fingerprint both.
+        acc.memset_zero()?;
+        out32.memset_zero()?;
+        launch_fused_raw(stream, op, &d16.view(), &mut out32.view_mut(), &mut acc)?;
+        let got = out32.to_vec()?;
+        let mut t = compare(format!("fused {op}"), &all16_u32, &expected, &got);
+        let s = acc.to_vec()?;
+        let exp_fp = crate::convert::fingerprint_words(&expected);
+        let dev_fp = finish(s.first().copied().unwrap_or(0), 4 * expected.len() as u64);
+        if exp_fp != dev_fp {
+            t.mismatches += 1;
+            t.first_mismatch.get_or_insert((0, exp_fp.0 as u32, dev_fp.0 as u32));
+        }
+        kernels.push(t);
+    }
+    // Fingerprint kernel: the pattern buffer at every start alignment and a
+    // few lengths (odd tails, a partial last word).
+    {
+        let bytes: &[u8] = bytemuck::cast_slice(&all16);
+        let dbytes = stream.clone_htod(bytes)?;
+        let mut tested = 0u64;
+        let mut mismatches = 0u64;
+        let mut first = None;
+        for start in 0..8usize {
+            for len in [0usize, 1, 3, 5, 17, 1000, 4097, bytes.len() - start] {
+                let Some(host) = bytes.get(start..start + len) else {
+                    continue;
+                };
+                let view = dbytes.slice(start..start + len)?;
+                let got = stream.fingerprint(&view)?;
+                let want = crate::convert::fingerprint_bytes(host);
+                tested += 1;
+                if got != want {
+                    mismatches += 1;
+                    first.get_or_insert((start as u32, want.0 as u32, got.0 as u32));
+                }
+            }
+        }
+        kernels.push(KernelTest {
+            kernel: "fingerprint".into(),
+            tested,
+            mismatches,
+            first_mismatch: first,
+        });
+    }
+    // f32 -> bf16 / f16 over every upper half x the tricky lower halves.
+    let inputs: Vec<u32> = (0..=u32::from(u16::MAX))
+        .flat_map(|hi| TRICKY_LOW.iter().map(move |&lo| (hi << 16) | lo))
+        .collect();
+    let din = stream.clone_htod(&inputs)?;
+    let mut out16 = stream.alloc::<u16>(inputs.len())?;
+    for (op, f) in [
+        (ConvertOp::DEVICE[2], scalar::f32_to_bf16 as fn(u32) -> u16),
+        (ConvertOp::DEVICE[3], scalar::f32_to_f16 as fn(u32) -> u16),
+    ] {
+        let expected: Vec<u32> = inputs.par_iter().map(|&x| u32::from(f(x))).collect();
+        launch_convert_raw(stream, op, &din.view(), &mut out16.view_mut())?;
+        let got: Vec<u32> = out16.to_vec()?.into_iter().map(u32::from).collect();
+        kernels.push(compare(format!("convert {op}"), &inputs, &expected, &got));
+    }
+    Ok(SelfTestReport {
+        device: device_label(stream.device()),
+        kernels,
+        elapsed_ms: t0.elapsed().as_secs_f32() * 1e3,
+    })
+}
+
+/// Launches the conversion `op` on raw bit-pattern buffers (u16 / u32 views
+/// standing for bf16/f16 / f32).
+fn launch_convert_raw<A: bytemuck::Pod, B: bytemuck::Pod>(
+    stream: &Stream,
+    op: ConvertOp,
+    src: &DeviceView<'_, A>,
+    dst: &mut DeviceViewMut<'_, B>,
+) -> Result<()> {
+    use half::{bf16, f16};
+    // Reinterpret the views as the op's element types (same sizes).
+    match (op.from, op.to) {
+        (DType::BF16, DType::F32) => stream.convert::<bf16, f32>(&cast(src)?, &mut cast_mut(dst)?),
+        (DType::F16, DType::F32) => stream.convert::<f16, f32>(&cast(src)?, &mut cast_mut(dst)?),
+        (DType::F32, DType::BF16) => stream.convert::<f32, bf16>(&cast(src)?, &mut cast_mut(dst)?),
+        (DType::F32, DType::F16) => stream.convert::<f32, f16>(&cast(src)?, &mut cast_mut(dst)?),
+        _ => Err(Error::UnsupportedConversion {
+            op: "self_test",
+            from: op.from,
+            to: op.to,
+        }),
+    }
+}
+
+fn launch_fused_raw<A: bytemuck::Pod, B: bytemuck::Pod>(
+    stream: &Stream,
+    op: ConvertOp,
+    src: &DeviceView<'_, A>,
+    dst: &mut DeviceViewMut<'_, B>,
+    acc: &mut crate::device::DeviceBuffer<u64>,
+) -> Result<()> {
+    use half::{bf16, f16};
+    match op.from {
+        DType::BF16 => stream.convert_fingerprint_into::<bf16>(&cast(src)?, &mut cast_mut(dst)?, acc),
+        DType::F16 => stream.convert_fingerprint_into::<f16>(&cast(src)?, &mut cast_mut(dst)?, acc),
+        _ => Err(Error::UnsupportedConversion {
+            op: "self_test fused",
+            from: op.from,
+            to: op.to,
+        }),
+    }
+}
+
+fn cast<'a, A: bytemuck::Pod, B: bytemuck::Pod>(v: &DeviceView<'a, A>) -> Result<DeviceView<'a, B>> {
+    v.cast::<B>()
+}
+fn cast_mut<'b, A: bytemuck::Pod, B: bytemuck::Pod>(
+    v: &'b mut DeviceViewMut<'_, A>,
+) -> Result<DeviceViewMut<'b, B>> {
+    v.cast_mut::<B>()
+}
+
+// ---------------------------------------------------------------------------
+// Host-side expected fingerprint, fast: the output is produced 1 KiB (one
+// fingerprint block) at a time in a stack buffer, never materialised; blocks
+// run in parallel.
+
+fn lane_table() -> &'static [(u32, u32); 256] {
+    static T: std::sync::OnceLock<[(u32, u32); 256]> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [(0u32, 0u32); 256];
+        for (j, e) in t.iter_mut().enumerate() {
+            let l = crate::convert::fingerprint::lane_key(j as u64);
+            *e = (l as u32, (l >> 32) as u32);
+        }
+        t
+    })
+}
+
+/// The fingerprint that `crate::convert::convert_bytes(from, src, to, ..)`'s
+/// output has, computed without materialising the output (parallel).
+/// Equals `crate::convert::expected_fingerprint` for every supported pair.
+pub fn expected_fingerprint(from: DType, src: &[u8], to: DType) -> Result<Fingerprint> {
+    if !crate::convert::supported(from, to) {
+        return Err(Error::UnsupportedConversion {
+            op: "expected_fingerprint",
+            from,
+            to,
+        });
+    }
+    let ss = from.size().unwrap_or(1);
+    let ds = to.size().unwrap_or(1);
+    if !src.len().is_multiple_of(ss) {
+        return Err(Error::LengthMismatch {
+            op: "expected_fingerprint",
+            expected: src.len() / ss * ss,
+            actual: src.len(),
+        });
+    }
+    let n = src.len() / ss;
+    let per_block = 1024 / ds; // elements per 1 KiB of output
+    let lanes = lane_table();
+    let sum = src
+        .par_chunks(per_block * ss)
+        .enumerate()
+        .map(|(b, chunk)| {
+            let mut buf = [0u8; 1024];
+            let out_len = chunk.len() / ss * ds;
+            let ok = crate::convert::convert_bytes(from, chunk, to, &mut buf[..out_len]);
+            debug_assert!(ok.is_ok());
+            let bk = crate::convert::fingerprint::block_key(b as u64);
+            let (blo, bhi) = (bk as u32, (bk >> 32) as u32);
+            let words = out_len.div_ceil(4);
+            let mut s = 0u64;
+            for (j, w) in buf.chunks_exact(4).take(words).enumerate() {
+                let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                let (llo, lhi) = lanes[j];
+                let add = llo ^ blo;
+                let mul = (lhi ^ bhi) | 1;
+                s = s.wrapping_add(u64::from(w.wrapping_add(add)) * u64::from(mul));
+            }
+            s
+        })
+        .reduce(|| 0u64, u64::wrapping_add);
+    Ok(finish(sum, (n * ds) as u64))
+}
+
+// ---------------------------------------------------------------------------
+
+fn cpu_convert_into<S: Element, D: Element>(
+    stream: &Stream,
+    host_src: &[S],
+    dst: &mut DeviceViewMut<'_, D>,
+) -> Result<()> {
+    let mut out = vec![D::zeroed(); host_src.len()];
+    crate::convert::convert_slice(host_src, &mut out)?;
+    dst.copy_htod(stream, &out)
+}
+
+/// Converts `src` (on the device; `host_src` is the same data on the host,
+/// from which the expectation is computed) into `dst`, checked as `opts`
+/// says. Returns which path served and the timings.
+///
+/// Errors: length/device mismatches, device errors,
+/// [`Error::KernelUntrusted`] / [`Error::VerificationFailed`] when the
+/// fallback is off.
+pub fn convert_verified<S: Element, D: Element>(
+    stream: &Stream,
+    host_src: &[S],
+    src: &DeviceView<'_, S>,
+    dst: &mut DeviceViewMut<'_, D>,
+    opts: &VerifyOptions,
+) -> Result<ConvertReport> {
+    let t0 = Instant::now();
+    let op = ConvertOp {
+        from: S::DTYPE,
+        to: D::DTYPE,
+    };
+    if !op.on_device() {
+        return Err(Error::UnsupportedConversion {
+            op: "convert_verified",
+            from: op.from,
+            to: op.to,
+        });
+    }
+    if host_src.len() != src.len() || src.len() != dst.len() {
+        return Err(Error::LengthMismatch {
+            op: "convert_verified",
+            expected: host_src.len(),
+            actual: if host_src.len() != src.len() {
+                src.len()
+            } else {
+                dst.len()
+            },
+        });
+    }
+    let dev = stream.device();
+    let label = device_label(dev);
+    let mut report = ConvertReport {
+        op,
+        elements: src.len() as u64,
+        device: label.clone(),
+        policy: opts.policy,
+        served: Served::Device,
+        expected: None,
+        actual: None,
+        kernel_ms: None,
+        verify_ms: None,
+        host_expected_ms: 0.0,
+        total_ms: 0.0,
+    };
+    let (fused_ok, fp_ok) = if opts.self_test {
+        let st = self_test(stream)?;
+        if !st.trusted(op) {
+            if !opts.allow_cpu_fallback {
+                let k = st.find(&format!("convert {op}"));
+                return Err(Error::KernelUntrusted {
+                    op: format!("convert {op}"),
+                    device: label,
+                    mismatches: k.map_or(0, |k| k.mismatches),
+                    tested: k.map_or(0, |k| k.tested),
+                });
+            }
+            cpu_convert_into(stream, host_src, dst)?;
+            report.served = Served::CpuKernelUntrusted;
+            report.total_ms = t0.elapsed().as_secs_f32() * 1e3;
+            return Ok(report);
+        }
+        (st.fused_trusted(op), st.fingerprint_trusted())
+    } else {
+        (true, true)
+    };
+    let src_bytes: &[u8] = bytemuck::cast_slice(host_src);
+    let e0 = dev.event()?;
+    let e1 = dev.event()?;
+    let e2 = dev.event()?;
+    let mut acc = stream.alloc_zeros::<u64>(1)?;
+    let fused = opts.policy == Policy::FusedFingerprint && op.to == DType::F32 && fused_ok;
+    stream.record(&e0)?;
+    if fused {
+        let mut d32 = dst.cast_mut::<f32>()?;
+        stream.convert_fingerprint_into(src, &mut d32, &mut acc)?;
+    } else {
+        stream.convert(src, dst)?;
+    }
+    stream.record(&e1)?;
+    let separate = matches!(opts.policy, Policy::Fingerprint | Policy::FusedFingerprint) && !fused;
+    if separate {
+        stream.fingerprint_sum_into(&dst.as_view(), &mut acc)?;
+    }
+    stream.record(&e2)?;
+    // The host's share, overlapped with the device work queued above.
+    let th = Instant::now();
+    let check = match opts.policy {
+        Policy::Off => None,
+        Policy::Fingerprint | Policy::FusedFingerprint => {
+            Some(expected_fingerprint(op.from, src_bytes, op.to)?)
+        }
+        Policy::ReadBack => None,
+    };
+    report.host_expected_ms = th.elapsed().as_secs_f32() * 1e3;
+    stream.synchronize()?;
+    report.kernel_ms = e0.elapsed_ms(&e1).ok();
+    if separate {
+        report.verify_ms = e1.elapsed_ms(&e2).ok();
+    }
+    let mismatch = match (opts.policy, check) {
+        (Policy::ReadBack, _) => {
+            let th = Instant::now();
+            let mut want = vec![D::zeroed(); host_src.len()];
+            crate::convert::convert_slice(host_src, &mut want)?;
+            let mut got = vec![D::zeroed(); host_src.len()];
+            dst.as_view().copy_dtoh(stream, &mut got)?;
+            report.host_expected_ms = th.elapsed().as_secs_f32() * 1e3;
+            let wb: &[u8] = bytemuck::cast_slice(&want);
+            let gb: &[u8] = bytemuck::cast_slice(&got);
+            let (e, a) = (
+                crate::convert::fingerprint_bytes(wb),
+                crate::convert::fingerprint_bytes(gb),
+            );
+            report.expected = Some(e);
+            report.actual = Some(a);
+            (wb != gb).then_some((e, a))
+        }
+        (_, Some(expected)) => {
+            let s = acc.to_vec()?;
+            let actual = finish(s.first().copied().unwrap_or(0), dst.num_bytes() as u64);
+            report.expected = Some(expected);
+            report.actual = Some(actual);
+            (expected != actual).then_some((expected, actual))
+        }
+        (_, None) => None,
+    };
+    if let Some((expected, actual)) = mismatch {
+        // An untrusted fingerprint kernel cannot condemn the conversion: the
+        // result is then re-checked by value.
+        let real = fp_ok || opts.policy == Policy::ReadBack || {
+            let mut want = vec![D::zeroed(); host_src.len()];
+            crate::convert::convert_slice(host_src, &mut want)?;
+            let mut got = vec![D::zeroed(); host_src.len()];
+            dst.as_view().copy_dtoh(stream, &mut got)?;
+            bytemuck::cast_slice::<D, u8>(&want) != bytemuck::cast_slice::<D, u8>(&got)
+        };
+        if real {
+            if !opts.allow_cpu_fallback {
+                return Err(Error::VerificationFailed {
+                    op: format!("convert {op}"),
+                    device: label,
+                    expected,
+                    actual,
+                });
+            }
+            cpu_convert_into(stream, host_src, dst)?;
+            report.served = Served::CpuAfterMismatch { expected, actual };
+        }
+    }
+    report.total_ms = t0.elapsed().as_secs_f32() * 1e3;
+    Ok(report)
+}
+
+/// Uploads `host_src` into a temporary device buffer on `stream` and
+/// converts it into `dst` with [`convert_verified`] (so the check also
+/// covers the copy).
+pub fn upload_convert<S: Element, D: Element>(
+    stream: &Stream,
+    host_src: &[S],
+    dst: &mut DeviceViewMut<'_, D>,
+    opts: &VerifyOptions,
+) -> Result<ConvertReport> {
+    let src = stream.clone_htod(host_src)?;
+    convert_verified(stream, host_src, &src.view(), dst, opts)
+}
