@@ -166,7 +166,12 @@ impl ConvertOp {
 
 impl std::fmt::Display for ConvertOp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}->{}", self.from, self.to)
+        write!(
+            f,
+            "{}->{}",
+            self.from.name().to_lowercase(),
+            self.to.name().to_lowercase()
+        )
     }
 }
 
@@ -972,6 +977,24 @@ impl<T> Drop for DeviceBuffer<T> {
         if let Err(e) = r {
             dev.record_err(e);
         }
+    }
+}
+
+impl<T> std::fmt::Debug for DeviceView<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceView")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<T> std::fmt::Debug for DeviceViewMut<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceViewMut")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .finish()
     }
 }
 
