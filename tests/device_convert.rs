@@ -150,7 +150,7 @@ fn fingerprint_matches_cpu(dev: &Device) {
     // Accumulating over two halves gives the whole (order-independent S).
     let mut acc = s.alloc_zeros::<u64>(1).unwrap();
     let v = d.view();
-    s.fingerprint_sum_into(&v, &mut acc).unwrap();
+    s.fingerprint_sum_into(&v, &mut acc.view_mut()).unwrap();
     let whole = acc.to_vec().unwrap()[0];
     let cpu = convert::fingerprint::finish(whole, data.len() as u64);
     assert_eq!(cpu, fingerprint_bytes(&data));
@@ -165,7 +165,7 @@ fn fused_convert_fingerprint_matches_cpu(dev: &Device) {
             let d = s.clone_htod(&as_bf16(&h)).unwrap();
             let mut out = s.alloc::<f32>(n).unwrap();
             let mut acc = s.alloc_zeros::<u64>(1).unwrap();
-            s.convert_fingerprint_into(&d.slice(so..).unwrap(), &mut out.view_mut(), &mut acc)
+            s.convert_fingerprint_into(&d.slice(so..).unwrap(), &mut out.view_mut(), &mut acc.view_mut())
                 .unwrap();
             let got = bits32(&out.to_vec().unwrap());
             let want: Vec<u32> = h[so..].iter().map(|&x| scalar::bf16_to_f32(x)).collect();

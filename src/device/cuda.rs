@@ -18,7 +18,7 @@ use cudarc::driver::DriverError;
 
 use super::kernels::{self, Kernel};
 use super::{
-    grid_size, Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream,
+    Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream,
     VisibleDevices,
 };
 use crate::dtype::DType;
@@ -311,7 +311,7 @@ impl CudaBackend {
             arch: self.info.arch.clone(),
             built: k.symbol().into(),
         })?;
-        let grid = grid_size(items, self.info.multiprocessors);
+        let grid = kernels::grid_for(k, items, self.info.multiprocessors);
         self.bind()?;
         // SAFETY: `f` is a function of the loaded module; the caller vouches
         // for the arguments; 256 threads per block is what every kernel

@@ -92,6 +92,32 @@ impl Kernel {
     }
 }
 
+/// Blocks of [`BLOCK`] threads for `items` work items (16-byte vectors,
+/// elements) of kernel `k` on a device with `mps` multiprocessors.
+///
+/// Measured on an H100 (BENCHMARKS.md): the plain conversions run fastest
+/// with one item per thread (a grid covering everything, capped so that the
+/// total thread count stays below 2^32 as HIP requires; the grid-stride loop
+/// covers the rest); the reductions (fingerprint, fused, nonfinite) with
+/// about 32 to 64 blocks per multiprocessor, so that each thread's fixed
+/// lane keys and its partial sum are reused over many items.
+#[allow(dead_code)]
+pub(crate) fn grid_for(k: Kernel, items: u64, mps: u32) -> u32 {
+    let need = items.div_ceil(u64::from(BLOCK)).max(1);
+    let cap = match k {
+        Kernel::ConvertBf16F32
+        | Kernel::ConvertF16F32
+        | Kernel::ConvertF32Bf16
+        | Kernel::ConvertF32F16 => 1u64 << 22,
+        Kernel::ConvertFingerprintBf16F32 | Kernel::ConvertFingerprintF16F32 => {
+            u64::from(mps.max(1)) * 64
+        }
+        _ => u64::from(mps.max(1)) * 32,
+    };
+    // Clamp rather than truncate.
+    u32::try_from(need.min(cap)).unwrap_or(u32::MAX)
+}
+
 fn unsupported(op: &'static str, c: ConvertOp) -> Error {
     Error::UnsupportedConversion {
         op,

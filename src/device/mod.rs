@@ -677,15 +677,15 @@ impl Stream {
     }
 
     /// Queues the fingerprint sum of `src`'s bytes (word 0 = its first byte)
-    /// into `acc[0]` (added, wrapping). Finish with
+    /// into `acc` (one `u64`; added, wrapping). Finish with
     /// [`crate::convert::fingerprint::finish`].
     pub fn fingerprint_sum_into<T: bytemuck::Pod>(
         &self,
         src: &DeviceView<'_, T>,
-        acc: &mut DeviceBuffer<u64>,
+        acc: &mut DeviceViewMut<'_, u64>,
     ) -> Result<()> {
         self.check_device("fingerprint", src.device)?;
-        self.check_device("fingerprint", acc.device())?;
+        self.check_device("fingerprint", acc.device)?;
         if acc.len() != 1 {
             return Err(Error::LengthMismatch {
                 op: "fingerprint accumulator",
@@ -708,7 +708,7 @@ impl Stream {
     /// The fingerprint of `src`'s bytes, computed on the device (waits for it).
     pub fn fingerprint<T: bytemuck::Pod>(&self, src: &DeviceView<'_, T>) -> Result<Fingerprint> {
         let mut acc = self.alloc_zeros::<u64>(1)?;
-        self.fingerprint_sum_into(src, &mut acc)?;
+        self.fingerprint_sum_into(src, &mut acc.view_mut())?;
         let mut s = [0u64];
         acc.copy_dtoh(&mut s)?;
         Ok(finish(s[0], src.num_bytes() as u64))
@@ -720,10 +720,10 @@ impl Stream {
         &self,
         src: &DeviceView<'_, S>,
         dst: &mut DeviceViewMut<'_, f32>,
-        acc: &mut DeviceBuffer<u64>,
+        acc: &mut DeviceViewMut<'_, u64>,
     ) -> Result<()> {
         let op = self.check_convert("convert_fingerprint", src, dst)?;
-        self.check_device("convert_fingerprint", acc.device())?;
+        self.check_device("convert_fingerprint", acc.device)?;
         if acc.len() != 1 {
             return Err(Error::LengthMismatch {
                 op: "fingerprint accumulator",
@@ -1372,14 +1372,4 @@ impl<T> Drop for PinnedBuffer<T> {
             self.device.record_err(e);
         }
     }
-}
-
-/// The number of 256-thread blocks for `items` work items on a device with
-/// `mps` multiprocessors: enough to cover them, at most `mps * 32`.
-#[cfg(any(feature = "hip", feature = "cuda"))]
-pub(crate) fn grid_size(items: u64, mps: u32) -> u32 {
-    let need = items.div_ceil(256).max(1);
-    let cap = u64::from(mps.max(1)) * 32;
-    // Clamp explicitly rather than truncate.
-    u32::try_from(need.min(cap)).unwrap_or(u32::MAX)
 }

@@ -202,86 +202,138 @@ pub fn self_test(stream: &Stream) -> Result<Arc<SelfTestReport>> {
     if let Some(r) = dev.self_test_cell().get() {
         return Ok(Arc::clone(r));
     }
-    let r = Arc::new(run_self_test(stream)?);
+    let r = Arc::new(self_test_uncached(stream)?);
     Ok(Arc::clone(dev.self_test_cell().get_or_init(|| r)))
 }
 
-fn run_self_test(stream: &Stream) -> Result<SelfTestReport> {
+/// Runs the exhaustive self-test now (no cache; [`self_test`] caches it).
+///
+/// All device work is queued first (uploads, the six conversion launches,
+/// the fingerprint launches); the CPU computes its expectations while the
+/// device runs; then the results come back once and are compared.
+pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
     let t0 = Instant::now();
-    let mut kernels = Vec::new();
     let all16: Vec<u16> = (0..=u16::MAX).collect();
-    let all16_u32: Vec<u32> = all16.iter().map(|&h| u32::from(h)).collect();
+    let inputs32: Vec<u32> = (0..=u32::from(u16::MAX))
+        .flat_map(|hi| TRICKY_LOW.iter().map(move |&lo| (hi << 16) | lo))
+        .collect();
+    let bytes16: &[u8] = bytemuck::cast_slice(&all16);
+    // Fingerprint cases: every start alignment 0..8 and lengths around the
+    // vector width, a partial last word, and the rest of the buffer.
+    let fp_cases: Vec<(usize, usize)> = (0..8usize)
+        .flat_map(|start| {
+            [1usize, 3, 5, 17, 1000, 4097, bytes16.len() - start]
+                .into_iter()
+                .map(move |len| (start, len))
+        })
+        .collect();
+
+    // --- queue everything on the device
     let d16 = stream.clone_htod(&all16)?;
-    let mut out32 = stream.alloc::<u32>(all16.len())?;
-    let mut acc = stream.alloc_zeros::<u64>(1)?;
-    for (op, f) in [
-        (ConvertOp::DEVICE[0], scalar::bf16_to_f32 as fn(u16) -> u32),
-        (ConvertOp::DEVICE[1], scalar::f16_to_f32 as fn(u16) -> u32),
-    ] {
-        let expected: Vec<u32> = all16.par_iter().map(|&h| f(h)).collect();
-        // SAFETY-free path: the typed views go through Stream's checks.
-        launch_convert_raw(stream, op, &d16.view(), &mut out32.view_mut())?;
-        let got = out32.to_vec()?;
-        kernels.push(compare(format!("convert {op}"), &all16_u32, &expected, &got));
-        // Fused kernel: output and fingerprint both.
-        acc.memset_zero()?;
-        out32.memset_zero()?;
-        launch_fused_raw(stream, op, &d16.view(), &mut out32.view_mut(), &mut acc)?;
-        let got = out32.to_vec()?;
-        let mut t = compare(format!("fused {op}"), &all16_u32, &expected, &got);
-        let s = acc.to_vec()?;
-        let exp_fp = crate::convert::fingerprint_words(&expected);
-        let dev_fp = finish(s.first().copied().unwrap_or(0), 4 * expected.len() as u64);
-        if exp_fp != dev_fp {
+    let d32 = stream.clone_htod(&inputs32)?;
+    let mut wide = stream.alloc::<u32>(4 * all16.len())?; // 2 plain + 2 fused outputs
+    let mut narrow = stream.alloc::<u16>(2 * inputs32.len())?;
+    let mut acc = stream.alloc_zeros::<u64>(2 + fp_cases.len())?;
+    let widen = [ConvertOp::DEVICE[0], ConvertOp::DEVICE[1]];
+    for (k, op) in widen.iter().enumerate() {
+        let n = all16.len();
+        let mut out = wide.slice_mut(2 * k * n..(2 * k + 1) * n)?;
+        launch_convert_raw(stream, *op, &d16.view(), &mut out)?;
+        let mut out = wide.slice_mut((2 * k + 1) * n..(2 * k + 2) * n)?;
+        let mut a = acc.slice_mut(k..k + 1)?;
+        launch_fused_raw(stream, *op, &d16.view(), &mut out, &mut a)?;
+    }
+    for (k, op) in [ConvertOp::DEVICE[2], ConvertOp::DEVICE[3]].iter().enumerate() {
+        let n = inputs32.len();
+        let mut out = narrow.slice_mut(k * n..(k + 1) * n)?;
+        launch_convert_raw(stream, *op, &d32.view(), &mut out)?;
+    }
+    let dbytes = d16.view().cast::<u8>()?;
+    for (i, &(start, len)) in fp_cases.iter().enumerate() {
+        let view = dbytes.slice(start..start + len)?;
+        let mut a = acc.slice_mut(2 + i..3 + i)?;
+        stream.fingerprint_sum_into(&view, &mut a)?;
+    }
+
+    // --- the CPU's expectations, while the device works
+    let exp_wide: [Vec<u32>; 2] = [
+        all16.par_iter().map(|&h| scalar::bf16_to_f32(h)).collect(),
+        all16.par_iter().map(|&h| scalar::f16_to_f32(h)).collect(),
+    ];
+    let exp_narrow: [Vec<u32>; 2] = [
+        inputs32
+            .par_iter()
+            .map(|&x| u32::from(scalar::f32_to_bf16(x)))
+            .collect(),
+        inputs32
+            .par_iter()
+            .map(|&x| u32::from(scalar::f32_to_f16(x)))
+            .collect(),
+    ];
+    let exp_fused: Vec<Fingerprint> = exp_wide
+        .iter()
+        .map(|w| crate::convert::fingerprint_words(w))
+        .collect();
+    let exp_fp: Vec<Fingerprint> = fp_cases
+        .par_iter()
+        .map(|&(start, len)| {
+            crate::convert::fingerprint_bytes(bytes16.get(start..start + len).unwrap_or(&[]))
+        })
+        .collect();
+
+    // --- results back, compared
+    let got_wide = wide.to_vec()?;
+    let got_narrow = narrow.to_vec()?;
+    let got_acc = acc.to_vec()?;
+    let all16_u32: Vec<u32> = all16.iter().map(|&h| u32::from(h)).collect();
+    let mut kernels = Vec::new();
+    let n = all16.len();
+    for (k, op) in widen.iter().enumerate() {
+        let plain = got_wide.get(2 * k * n..(2 * k + 1) * n).unwrap_or(&[]);
+        kernels.push(compare(format!("convert {op}"), &all16_u32, &exp_wide[k], plain));
+        let fused = got_wide.get((2 * k + 1) * n..(2 * k + 2) * n).unwrap_or(&[]);
+        let mut t = compare(format!("fused {op}"), &all16_u32, &exp_wide[k], fused);
+        if plain.len() != n || fused.len() != n {
+            t.mismatches = t.tested;
+        }
+        let dev_fp = finish(got_acc.get(k).copied().unwrap_or(0), 4 * n as u64);
+        if dev_fp != exp_fused[k] {
             t.mismatches += 1;
-            t.first_mismatch.get_or_insert((0, exp_fp.0 as u32, dev_fp.0 as u32));
+            t.first_mismatch
+                .get_or_insert((0, exp_fused[k].0 as u32, dev_fp.0 as u32));
         }
         kernels.push(t);
     }
-    // Fingerprint kernel: the pattern buffer at every start alignment and a
-    // few lengths (odd tails, a partial last word).
     {
-        let bytes: &[u8] = bytemuck::cast_slice(&all16);
-        let dbytes = stream.clone_htod(bytes)?;
-        let mut tested = 0u64;
-        let mut mismatches = 0u64;
-        let mut first = None;
-        for start in 0..8usize {
-            for len in [0usize, 1, 3, 5, 17, 1000, 4097, bytes.len() - start] {
-                let Some(host) = bytes.get(start..start + len) else {
-                    continue;
-                };
-                let view = dbytes.slice(start..start + len)?;
-                let got = stream.fingerprint(&view)?;
-                let want = crate::convert::fingerprint_bytes(host);
-                tested += 1;
-                if got != want {
-                    mismatches += 1;
-                    first.get_or_insert((start as u32, want.0 as u32, got.0 as u32));
-                }
+        let mut t = KernelTest {
+            kernel: "fingerprint".into(),
+            tested: fp_cases.len() as u64,
+            mismatches: 0,
+            first_mismatch: None,
+        };
+        for (i, &(start, len)) in fp_cases.iter().enumerate() {
+            let got = finish(got_acc.get(2 + i).copied().unwrap_or(0), len as u64);
+            if got != exp_fp[i] {
+                t.mismatches += 1;
+                t.first_mismatch
+                    .get_or_insert((start as u32, exp_fp[i].0 as u32, got.0 as u32));
             }
         }
-        kernels.push(KernelTest {
-            kernel: "fingerprint".into(),
-            tested,
-            mismatches,
-            first_mismatch: first,
-        });
+        kernels.push(t);
     }
-    // f32 -> bf16 / f16 over every upper half x the tricky lower halves.
-    let inputs: Vec<u32> = (0..=u32::from(u16::MAX))
-        .flat_map(|hi| TRICKY_LOW.iter().map(move |&lo| (hi << 16) | lo))
-        .collect();
-    let din = stream.clone_htod(&inputs)?;
-    let mut out16 = stream.alloc::<u16>(inputs.len())?;
-    for (op, f) in [
-        (ConvertOp::DEVICE[2], scalar::f32_to_bf16 as fn(u32) -> u16),
-        (ConvertOp::DEVICE[3], scalar::f32_to_f16 as fn(u32) -> u16),
-    ] {
-        let expected: Vec<u32> = inputs.par_iter().map(|&x| u32::from(f(x))).collect();
-        launch_convert_raw(stream, op, &din.view(), &mut out16.view_mut())?;
-        let got: Vec<u32> = out16.to_vec()?.into_iter().map(u32::from).collect();
-        kernels.push(compare(format!("convert {op}"), &inputs, &expected, &got));
+    let m = inputs32.len();
+    for (k, op) in [ConvertOp::DEVICE[2], ConvertOp::DEVICE[3]].iter().enumerate() {
+        let got: Vec<u32> = got_narrow
+            .get(k * m..(k + 1) * m)
+            .unwrap_or(&[])
+            .iter()
+            .map(|&h| u32::from(h))
+            .collect();
+        let mut t = compare(format!("convert {op}"), &inputs32, &exp_narrow[k], &got);
+        if got.len() != m {
+            t.mismatches = t.tested;
+        }
+        kernels.push(t);
     }
     Ok(SelfTestReport {
         device: device_label(stream.device()),
@@ -318,7 +370,7 @@ fn launch_fused_raw<A: bytemuck::Pod, B: bytemuck::Pod>(
     op: ConvertOp,
     src: &DeviceView<'_, A>,
     dst: &mut DeviceViewMut<'_, B>,
-    acc: &mut crate::device::DeviceBuffer<u64>,
+    acc: &mut DeviceViewMut<'_, u64>,
 ) -> Result<()> {
     use half::{bf16, f16};
     match op.from {
@@ -500,14 +552,14 @@ pub fn convert_verified<S: Element, D: Element>(
     stream.record(&e0)?;
     if fused {
         let mut d32 = dst.cast_mut::<f32>()?;
-        stream.convert_fingerprint_into(src, &mut d32, &mut acc)?;
+        stream.convert_fingerprint_into(src, &mut d32, &mut acc.view_mut())?;
     } else {
         stream.convert(src, dst)?;
     }
     stream.record(&e1)?;
     let separate = matches!(opts.policy, Policy::Fingerprint | Policy::FusedFingerprint) && !fused;
     if separate {
-        stream.fingerprint_sum_into(&dst.as_view(), &mut acc)?;
+        stream.fingerprint_sum_into(&dst.as_view(), &mut acc.view_mut())?;
     }
     stream.record(&e2)?;
     // The host's share, overlapped with the device work queued above.
