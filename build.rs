@@ -64,7 +64,10 @@ fn main() {
         build_cuda(&manifest, &out, &mut rs);
     }
     if let Err(e) = std::fs::write(out.join("kernels.rs"), rs) {
-        fail(&format!("cannot write {}: {e}", out.join("kernels.rs").display()));
+        fail(&format!(
+            "cannot write {}: {e}",
+            out.join("kernels.rs").display()
+        ));
     }
 }
 

@@ -65,13 +65,15 @@ fn benches(c: &mut Criterion) {
     });
     g.bench_function("convert", |b| {
         b.iter(|| {
-            s.convert(&src.view(), &mut out.view_mut()).expect("convert");
+            s.convert(&src.view(), &mut out.view_mut())
+                .expect("convert");
             s.synchronize().expect("sync");
         })
     });
     g.bench_function("convert+fingerprint_pass", |b| {
         b.iter(|| {
-            s.convert(&src.view(), &mut out.view_mut()).expect("convert");
+            s.convert(&src.view(), &mut out.view_mut())
+                .expect("convert");
             s.fingerprint_sum_into(&out.view(), &mut acc.view_mut())
                 .expect("fp");
             s.synchronize().expect("sync");
@@ -93,7 +95,8 @@ fn benches(c: &mut Criterion) {
     let srcf = s.clone_htod(&hf).expect("upload");
     g.bench_function("f16_to_f32", |b| {
         b.iter(|| {
-            s.convert(&srcf.view(), &mut out.view_mut()).expect("convert");
+            s.convert(&srcf.view(), &mut out.view_mut())
+                .expect("convert");
             s.synchronize().expect("sync");
         })
     });
@@ -116,15 +119,15 @@ fn benches(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("host_expected_fingerprint");
     g.sample_size(10);
-    let m = 1usize << 24;
+    let m = n.min(1usize << 24);
     g.throughput(Throughput::Bytes(2 * m as u64));
     let bytes: &[u8] = bytemuck::cast_slice(&h[..m]);
-    g.bench_function("bf16_to_f32/2^24 (source bytes)", |b| {
+    g.bench_function(format!("bf16_to_f32/{m} (source bytes)"), |b| {
         b.iter(|| verify::expected_fingerprint(DType::BF16, bytes, DType::F32).expect("fp"))
     });
     g.finish();
 
-    let mut g = c.benchmark_group("convert_verified/2^24");
+    let mut g = c.benchmark_group(format!("convert_verified/{m}"));
     g.sample_size(10);
     g.throughput(Throughput::Bytes(6 * m as u64));
     let dsrc = s.clone_htod(&h[..m]).expect("upload");

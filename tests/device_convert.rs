@@ -63,7 +63,12 @@ fn narrowing_tricky_and_random_bit_exact(dev: &Device) {
     let s = dev.stream().unwrap();
     let mut rng = Rng(7);
     let mut inputs: Vec<u32> = (0..=0xffffu32)
-        .flat_map(|hi| [0u32, 1, 0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001, 0xffff].map(move |lo| (hi << 16) | lo))
+        .flat_map(|hi| {
+            [
+                0u32, 1, 0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001, 0xffff,
+            ]
+            .map(move |lo| (hi << 16) | lo)
+        })
         .collect();
     inputs.extend(rng.u32s(1 << 20));
     let xs: Vec<f32> = inputs.iter().map(|&b| f32::from_bits(b)).collect();
@@ -95,9 +100,23 @@ fn sizes_and_unaligned_offsets(dev: &Device) {
     let mut o32 = s.alloc::<f32>(MAX + 16).unwrap();
     let mut obf = s.alloc::<bf16>(MAX + 16).unwrap();
     let mut of16 = s.alloc::<f16>(MAX + 16).unwrap();
-    for n in [0usize, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 255, 256, 257, 1023, 4097, MAX] {
-        for (so, doff) in [(0, 0), (1, 0), (0, 1), (3, 5), (4, 0), (0, 4), (7, 7), (2, 6)] {
-            let want: Vec<u32> = h16[so..so + n].iter().map(|&h| scalar::bf16_to_f32(h)).collect();
+    for n in [
+        0usize, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 255, 256, 257, 1023, 4097, MAX,
+    ] {
+        for (so, doff) in [
+            (0, 0),
+            (1, 0),
+            (0, 1),
+            (3, 5),
+            (4, 0),
+            (0, 4),
+            (7, 7),
+            (2, 6),
+        ] {
+            let want: Vec<u32> = h16[so..so + n]
+                .iter()
+                .map(|&h| scalar::bf16_to_f32(h))
+                .collect();
             let src = d_bf.slice(so..so + n).unwrap();
             let mut dst = o32.slice_mut(doff..doff + n).unwrap();
             s.convert(&src, &mut dst).unwrap();
@@ -105,7 +124,10 @@ fn sizes_and_unaligned_offsets(dev: &Device) {
             dst.as_view().copy_dtoh(&s, &mut got).unwrap();
             assert_eq!(bits32(&got), want, "bf16->f32 n={n} so={so} do={doff}");
 
-            let want: Vec<u32> = h16[so..so + n].iter().map(|&h| scalar::f16_to_f32(h)).collect();
+            let want: Vec<u32> = h16[so..so + n]
+                .iter()
+                .map(|&h| scalar::f16_to_f32(h))
+                .collect();
             let src = d_f16.slice(so..so + n).unwrap();
             let mut dst = o32.slice_mut(doff..doff + n).unwrap();
             s.convert(&src, &mut dst).unwrap();
@@ -119,14 +141,22 @@ fn sizes_and_unaligned_offsets(dev: &Device) {
             let mut got = vec![bf16::ZERO; n];
             dst.as_view().copy_dtoh(&s, &mut got).unwrap();
             for (x, g) in h32[so..so + n].iter().zip(&got) {
-                assert_eq!(g.to_bits(), scalar::f32_to_bf16(x.to_bits()), "f32->bf16 n={n} so={so} do={doff}");
+                assert_eq!(
+                    g.to_bits(),
+                    scalar::f32_to_bf16(x.to_bits()),
+                    "f32->bf16 n={n} so={so} do={doff}"
+                );
             }
             let mut dst = of16.slice_mut(doff..doff + n).unwrap();
             s.convert(&src, &mut dst).unwrap();
             let mut got = vec![f16::ZERO; n];
             dst.as_view().copy_dtoh(&s, &mut got).unwrap();
             for (x, g) in h32[so..so + n].iter().zip(&got) {
-                assert_eq!(g.to_bits(), scalar::f32_to_f16(x.to_bits()), "f32->f16 n={n} so={so} do={doff}");
+                assert_eq!(
+                    g.to_bits(),
+                    scalar::f32_to_f16(x.to_bits()),
+                    "f32->f16 n={n} so={so} do={doff}"
+                );
             }
         }
     }
@@ -138,7 +168,22 @@ fn fingerprint_matches_cpu(dev: &Device) {
     let data: Vec<u8> = (0..300_000).map(|_| rng.next_u64() as u8).collect();
     let d = s.clone_htod(&data).unwrap();
     for start in 0..9 {
-        for len in [0usize, 1, 2, 3, 4, 5, 15, 16, 17, 1023, 1024, 1025, 4096 * 3 + 7, 299_000] {
+        for len in [
+            0usize,
+            1,
+            2,
+            3,
+            4,
+            5,
+            15,
+            16,
+            17,
+            1023,
+            1024,
+            1025,
+            4096 * 3 + 7,
+            299_000,
+        ] {
             let v = d.slice(start..start + len).unwrap();
             assert_eq!(
                 s.fingerprint(&v).unwrap(),
@@ -165,8 +210,12 @@ fn fused_convert_fingerprint_matches_cpu(dev: &Device) {
             let d = s.clone_htod(&as_bf16(&h)).unwrap();
             let mut out = s.alloc::<f32>(n).unwrap();
             let mut acc = s.alloc_zeros::<u64>(1).unwrap();
-            s.convert_fingerprint_into(&d.slice(so..).unwrap(), &mut out.view_mut(), &mut acc.view_mut())
-                .unwrap();
+            s.convert_fingerprint_into(
+                &d.slice(so..).unwrap(),
+                &mut out.view_mut(),
+                &mut acc.view_mut(),
+            )
+            .unwrap();
             let got = bits32(&out.to_vec().unwrap());
             let want: Vec<u32> = h[so..].iter().map(|&x| scalar::bf16_to_f32(x)).collect();
             assert_eq!(got, want, "n {n} so {so}");
@@ -185,14 +234,20 @@ fn corruption_after_kernel_is_detected(dev: &Device) {
     let d = s.clone_htod(&h).unwrap();
     let mut out = s.alloc::<f32>(h.len()).unwrap();
     s.convert(&d.view(), &mut out.view_mut()).unwrap();
-    let expected = verify::expected_fingerprint(DType::BF16, bytemuck::cast_slice(&h), DType::F32).unwrap();
+    let expected =
+        verify::expected_fingerprint(DType::BF16, bytemuck::cast_slice(&h), DType::F32).unwrap();
     assert_eq!(s.fingerprint(&out.view()).unwrap(), expected);
     for idx in [0usize, 1, 4095, 123_456] {
         let mut one = out.slice_mut(idx..idx + 1).unwrap();
         let mut old = [0f32];
         one.as_view().copy_dtoh(&s, &mut old).unwrap();
-        one.copy_htod(&s, &[f32::from_bits(old[0].to_bits() ^ 1)]).unwrap();
-        assert_ne!(s.fingerprint(&out.view()).unwrap(), expected, "flip at {idx}");
+        one.copy_htod(&s, &[f32::from_bits(old[0].to_bits() ^ 1)])
+            .unwrap();
+        assert_ne!(
+            s.fingerprint(&out.view()).unwrap(),
+            expected,
+            "flip at {idx}"
+        );
         let mut one = out.slice_mut(idx..idx + 1).unwrap();
         one.copy_htod(&s, &old).unwrap();
         assert_eq!(s.fingerprint(&out.view()).unwrap(), expected);
@@ -207,7 +262,9 @@ fn tampering(dev: &Device) -> (Device, Arc<AtomicU8>) {
     // self-test cache).
     let mode = Arc::new(AtomicU8::new(mode::OFF));
     let backend: Box<dyn rocm_safe::device::Backend> = match dev.kind() {
-        rocm_safe::device::BackendKind::Host => Box::new(rocm_safe::device::host::HostBackend::new()),
+        rocm_safe::device::BackendKind::Host => {
+            Box::new(rocm_safe::device::host::HostBackend::new())
+        }
         #[cfg(feature = "cuda")]
         rocm_safe::device::BackendKind::Cuda => {
             Box::new(rocm_safe::device::cuda::CudaBackend::open(dev.info().ordinal).unwrap())
@@ -231,14 +288,25 @@ fn verified_policies_serve_device(dev: &Device) {
     let mut rng = Rng(13);
     let h = as_bf16(&rng.u16s(200_001));
     let hf: Vec<f32> = rng.u32s(50_001).into_iter().map(f32::from_bits).collect();
-    for policy in [Policy::Off, Policy::Fingerprint, Policy::FusedFingerprint, Policy::ReadBack] {
-        let opts = VerifyOptions { policy, ..Default::default() };
+    for policy in [
+        Policy::Off,
+        Policy::Fingerprint,
+        Policy::FusedFingerprint,
+        Policy::ReadBack,
+    ] {
+        let opts = VerifyOptions {
+            policy,
+            ..Default::default()
+        };
         let mut out = s.alloc::<f32>(h.len()).unwrap();
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
         assert_eq!(r.served, Served::Device, "{policy:?}");
         assert_eq!(r.elements, h.len() as u64);
         if policy != Policy::Off {
-            assert!(r.expected.is_some() && r.expected == r.actual, "{policy:?}: {r:?}");
+            assert!(
+                r.expected.is_some() && r.expected == r.actual,
+                "{policy:?}: {r:?}"
+            );
         }
         let mut want = vec![0f32; h.len()];
         convert::convert_slice(&h, &mut want).unwrap();
@@ -255,7 +323,13 @@ fn verified_policies_serve_device(dev: &Device) {
     }
     // Zero elements: nothing to do, still a report.
     let mut empty = s.alloc::<f32>(0).unwrap();
-    let r = verify::upload_convert::<bf16, f32>(&s, &[], &mut empty.view_mut(), &VerifyOptions::default()).unwrap();
+    let r = verify::upload_convert::<bf16, f32>(
+        &s,
+        &[],
+        &mut empty.view_mut(),
+        &VerifyOptions::default(),
+    )
+    .unwrap();
     assert_eq!(r.served, Served::Device);
     assert_eq!(r.elements, 0);
 }
@@ -271,7 +345,10 @@ fn verified_mismatch_falls_back_or_fails(dev: &Device) {
     convert::convert_slice(&h, &mut want).unwrap();
     for policy in [Policy::Fingerprint, Policy::ReadBack] {
         let mut out = s.alloc::<f32>(h.len()).unwrap();
-        let opts = VerifyOptions { policy, ..Default::default() };
+        let opts = VerifyOptions {
+            policy,
+            ..Default::default()
+        };
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
         match r.served {
             Served::CpuAfterMismatch { expected, actual } => assert_ne!(expected, actual),
@@ -280,16 +357,25 @@ fn verified_mismatch_falls_back_or_fails(dev: &Device) {
         // The CPU result replaced the corrupted one.
         assert_eq!(bits32(&out.to_vec().unwrap()), bits32(&want), "{policy:?}");
 
-        let opts = VerifyOptions { allow_cpu_fallback: false, ..opts };
+        let opts = VerifyOptions {
+            allow_cpu_fallback: false,
+            ..opts
+        };
         let e = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap_err();
-        assert!(matches!(e, Error::VerificationFailed { .. }), "{policy:?}: {e}");
+        assert!(
+            matches!(e, Error::VerificationFailed { .. }),
+            "{policy:?}: {e}"
+        );
     }
     // Policy::Off does not look, and the fused fingerprint checks the values
     // the kernel computed, not memory written after it: the corruption goes
     // through (documented limits of those policies).
     for policy in [Policy::Off, Policy::FusedFingerprint] {
         let mut out = s.alloc::<f32>(h.len()).unwrap();
-        let opts = VerifyOptions { policy, ..Default::default() };
+        let opts = VerifyOptions {
+            policy,
+            ..Default::default()
+        };
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
         assert_eq!(r.served, Served::Device, "{policy:?}");
         assert_ne!(bits32(&out.to_vec().unwrap()), bits32(&want), "{policy:?}");
@@ -302,19 +388,35 @@ fn untrusted_kernel_goes_to_cpu(dev: &Device) {
     let s = t.stream().unwrap();
     let st = verify::self_test(&s).unwrap();
     assert!(!st.all_passed());
-    let op = rocm_safe::device::ConvertOp { from: DType::BF16, to: DType::F32 };
+    let op = rocm_safe::device::ConvertOp {
+        from: DType::BF16,
+        to: DType::F32,
+    };
     assert!(!st.trusted(op));
-    let k = st.kernels.iter().find(|k| k.kernel == "convert bf16->f32").unwrap();
+    let k = st
+        .kernels
+        .iter()
+        .find(|k| k.kernel == "convert bf16->f32")
+        .unwrap();
     assert_eq!(k.mismatches, 1);
     assert_eq!(k.first_mismatch.map(|m| m.0), Some(1));
     let h = as_bf16(&[1, 2, 3, 0x7fc1]);
     let mut out = s.alloc::<f32>(4).unwrap();
     let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &VerifyOptions::default()).unwrap();
     assert_eq!(r.served, Served::CpuKernelUntrusted);
-    assert_eq!(bits32(&out.to_vec().unwrap()), vec![1 << 16, 2 << 16, 3 << 16, 0x7fc1 << 16]);
-    let opts = VerifyOptions { allow_cpu_fallback: false, ..Default::default() };
+    assert_eq!(
+        bits32(&out.to_vec().unwrap()),
+        vec![1 << 16, 2 << 16, 3 << 16, 0x7fc1 << 16]
+    );
+    let opts = VerifyOptions {
+        allow_cpu_fallback: false,
+        ..Default::default()
+    };
     let e = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap_err();
-    assert!(matches!(e, Error::KernelUntrusted { mismatches: 1, .. }), "{e}");
+    assert!(
+        matches!(e, Error::KernelUntrusted { mismatches: 1, .. }),
+        "{e}"
+    );
 }
 
 fn self_test_passes(dev: &Device) {
@@ -345,15 +447,54 @@ fn copies_and_length_errors(dev: &Device) {
     let s = dev.stream().unwrap();
     let mut b = s.alloc::<u32>(10).unwrap();
     let e = b.copy_htod(&[1, 2, 3]).unwrap_err();
-    assert!(matches!(e, Error::LengthMismatch { op: "copy_htod", expected: 10, actual: 3 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "copy_htod",
+                expected: 10,
+                actual: 3
+            }
+        ),
+        "{e}"
+    );
     let mut out = [0u32; 9];
     let e = b.copy_dtoh(&mut out).unwrap_err();
-    assert!(matches!(e, Error::LengthMismatch { op: "copy_dtoh", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "copy_dtoh",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let c = s.clone_htod(&[7u32; 4]).unwrap();
     let e = b.copy_dtod(&c.view()).unwrap_err();
-    assert!(matches!(e, Error::LengthMismatch { op: "copy_dtod", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "copy_dtod",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = b.slice(3..11).unwrap_err();
-    assert!(matches!(e, Error::OutOfBounds { start: 3, end: 11, len: 10, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::OutOfBounds {
+                start: 3,
+                end: 11,
+                len: 10,
+                ..
+            }
+        ),
+        "{e}"
+    );
     // dtod into a slice, and a round trip.
     b.copy_htod(&(0..10).collect::<Vec<u32>>()).unwrap();
     let mut part = b.slice_mut(2..6).unwrap();
@@ -366,7 +507,17 @@ fn copies_and_length_errors(dev: &Device) {
     assert!(matches!(e, Error::UnsupportedConversion { .. }), "{e}");
     let h = s.alloc::<bf16>(5).unwrap();
     let e = s.convert(&h.view(), &mut g.view_mut()).unwrap_err();
-    assert!(matches!(e, Error::LengthMismatch { op: "convert", expected: 5, actual: 4 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "convert",
+                expected: 5,
+                actual: 4
+            }
+        ),
+        "{e}"
+    );
     // Buffers of another device are refused.
     let other = Device::host();
     let os = other.stream().unwrap();
@@ -417,36 +568,62 @@ fn pinned_async_round_trip(dev: &Device) {
     assert!(e0.elapsed_ms(&e1).unwrap() >= 0.0);
     let never = dev.event().unwrap();
     assert!(never.elapsed_ms(&e1).is_err());
-    let e = d.view_mut().copy_htod_async(&copy, &mut dev.alloc_pinned::<bf16>(3).unwrap()).unwrap_err();
+    let e = d
+        .view_mut()
+        .copy_htod_async(&copy, &mut dev.alloc_pinned::<bf16>(3).unwrap())
+        .unwrap_err();
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
 }
 
 fn nonfinite_counts_and_clamps(dev: &Device) {
     let s = dev.stream().unwrap();
-    let xs = [1.0f32, f32::NAN, f32::INFINITY, -f32::INFINITY, -2.5, f32::from_bits(0xff80_0001), 0.0];
+    let xs = [
+        1.0f32,
+        f32::NAN,
+        f32::INFINITY,
+        -f32::INFINITY,
+        -2.5,
+        f32::from_bits(0xff80_0001),
+        0.0,
+    ];
     let mut d = s.clone_htod(&xs).unwrap();
     let c = s.nonfinite(&mut d.view_mut(), false).unwrap();
     assert_eq!(c, NonFinite { nan: 2, inf: 2 });
     let c = s.nonfinite(&mut d.view_mut(), true).unwrap();
     assert_eq!(c, NonFinite { nan: 2, inf: 2 });
     let got = d.to_vec().unwrap();
-    assert_eq!(bits32(&got), bits32(&[1.0, 0.0, f32::MAX, -f32::MAX, -2.5, 0.0, 0.0]));
-    assert_eq!(s.nonfinite(&mut d.view_mut(), false).unwrap(), NonFinite::default());
+    assert_eq!(
+        bits32(&got),
+        bits32(&[1.0, 0.0, f32::MAX, -f32::MAX, -2.5, 0.0, 0.0])
+    );
+    assert_eq!(
+        s.nonfinite(&mut d.view_mut(), false).unwrap(),
+        NonFinite::default()
+    );
 
     let hb = as_bf16(&[0x7f80, 0xff80, 0x7fc0, 0x3f80, 0xffff]);
     let mut db = s.clone_htod(&hb).unwrap();
-    assert_eq!(s.nonfinite(&mut db.view_mut(), true).unwrap(), NonFinite { nan: 2, inf: 2 });
+    assert_eq!(
+        s.nonfinite(&mut db.view_mut(), true).unwrap(),
+        NonFinite { nan: 2, inf: 2 }
+    );
     let got: Vec<u16> = db.to_vec().unwrap().iter().map(|x| x.to_bits()).collect();
     assert_eq!(got, [0x7f7f, 0xff7f, 0, 0x3f80, 0]);
 
     let hh = as_f16(&[0x7c00, 0xfc00, 0x7e00, 0x3c00, 0x7c01]);
     let mut dh = s.clone_htod(&hh).unwrap();
-    assert_eq!(s.nonfinite(&mut dh.view_mut(), true).unwrap(), NonFinite { nan: 2, inf: 2 });
+    assert_eq!(
+        s.nonfinite(&mut dh.view_mut(), true).unwrap(),
+        NonFinite { nan: 2, inf: 2 }
+    );
     let got: Vec<u16> = dh.to_vec().unwrap().iter().map(|x| x.to_bits()).collect();
     assert_eq!(got, [0x7bff, 0xfbff, 0, 0x3c00, 0]);
 
     let mut dd = s.clone_htod(&[1.0f64]).unwrap();
-    assert!(matches!(s.nonfinite(&mut dd.view_mut(), false), Err(Error::UnsupportedConversion { .. })));
+    assert!(matches!(
+        s.nonfinite(&mut dd.view_mut(), false),
+        Err(Error::UnsupportedConversion { .. })
+    ));
 }
 
 #[test]
@@ -461,7 +638,9 @@ fn expected_fingerprint_equals_reference() {
         (DType::BF16, DType::F16, 3),
         (DType::F32, DType::F32, 0),
     ] {
-        let src: Vec<u8> = (0..n * from.size().unwrap()).map(|_| rng.next_u64() as u8).collect();
+        let src: Vec<u8> = (0..n * from.size().unwrap())
+            .map(|_| rng.next_u64() as u8)
+            .collect();
         assert_eq!(
             verify::expected_fingerprint(from, &src, to).unwrap(),
             convert::expected_fingerprint(from, &src, to).unwrap(),
@@ -487,6 +666,16 @@ fn backends_not_built_or_absent_are_typed_errors() {
         }
     }
     let e = Device::open(BackendKind::Host, 1).unwrap_err();
-    assert!(matches!(e, Error::NoDevice { ordinal: Some(1), count: 1, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::NoDevice {
+                ordinal: Some(1),
+                count: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(Device::list(BackendKind::Host).unwrap().len(), 1);
 }

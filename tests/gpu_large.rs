@@ -12,7 +12,11 @@ mod gpu {
     use rocm_safe::device::{BackendKind, Device};
 
     fn open() -> Device {
-        let kind = if cfg!(feature = "cuda") { BackendKind::Cuda } else { BackendKind::Hip };
+        let kind = if cfg!(feature = "cuda") {
+            BackendKind::Cuda
+        } else {
+            BackendKind::Hip
+        };
         Device::open(kind, 0).expect("open GPU 0")
     }
 
@@ -28,7 +32,9 @@ mod gpu {
         const P: usize = 65_537;
         let dev = open();
         let s = dev.stream().unwrap();
-        let pattern: Vec<u16> = (0..P as u32).map(|i| (i.wrapping_mul(40_503) ^ (i >> 3)) as u16).collect();
+        let pattern: Vec<u16> = (0..P as u32)
+            .map(|i| (i.wrapping_mul(40_503) ^ (i >> 3)) as u16)
+            .collect();
         let pat_bf: Vec<bf16> = pattern.iter().map(|&b| bf16::from_bits(b)).collect();
         let chunk = s.clone_htod(&pat_bf).unwrap();
         let mut src = s.alloc::<bf16>(N).unwrap();
@@ -53,7 +59,11 @@ mod gpu {
             out.slice(a..b).unwrap().copy_dtoh(&s, &mut host).unwrap();
             for (k, x) in host.iter().enumerate() {
                 let i = a + k;
-                assert_eq!(x.to_bits(), scalar::bf16_to_f32(pattern[i % P]), "element {i}");
+                assert_eq!(
+                    x.to_bits(),
+                    scalar::bf16_to_f32(pattern[i % P]),
+                    "element {i}"
+                );
             }
         }
         assert!(dev.take_errors().is_empty());
@@ -71,15 +81,30 @@ fn gpu_backends_without_hardware_give_typed_errors() {
         match Device::list(BackendKind::Hip) {
             Ok(list) => assert!(!list.is_empty()),
             Err(e) => assert!(
-                matches!(e, rocm_safe::Error::NoDevice { .. } | rocm_safe::Error::NoRuntime { .. }),
+                matches!(
+                    e,
+                    rocm_safe::Error::NoDevice { .. } | rocm_safe::Error::NoRuntime { .. }
+                ),
                 "{e}"
             ),
         }
         if let Err(e) = Device::open(BackendKind::Hip, 0) {
-            assert!(matches!(e, rocm_safe::Error::NoDevice { .. } | rocm_safe::Error::NoRuntime { .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    rocm_safe::Error::NoDevice { .. } | rocm_safe::Error::NoRuntime { .. }
+                ),
+                "{e}"
+            );
         }
         let e = Device::open(BackendKind::Hip, 4096).unwrap_err();
-        assert!(matches!(e, rocm_safe::Error::NoDevice { .. } | rocm_safe::Error::NoRuntime { .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                rocm_safe::Error::NoDevice { .. } | rocm_safe::Error::NoRuntime { .. }
+            ),
+            "{e}"
+        );
     }
     #[cfg(feature = "cuda")]
     {
@@ -87,11 +112,26 @@ fn gpu_backends_without_hardware_give_typed_errors() {
         match Device::list(BackendKind::Cuda) {
             Ok(list) => assert!(!list.is_empty()),
             Err(e) => assert!(
-                matches!(e, rocm_safe::Error::NoRuntime { library: "libcuda", .. } | rocm_safe::Error::NoDevice { .. }),
+                matches!(
+                    e,
+                    rocm_safe::Error::NoRuntime {
+                        library: "libcuda",
+                        ..
+                    } | rocm_safe::Error::NoDevice { .. }
+                ),
                 "{e}"
             ),
         }
         let e = Device::open(BackendKind::Cuda, 4096).unwrap_err();
-        assert!(matches!(e, rocm_safe::Error::NoDevice { ordinal: Some(4096), .. } | rocm_safe::Error::NoRuntime { .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                rocm_safe::Error::NoDevice {
+                    ordinal: Some(4096),
+                    ..
+                } | rocm_safe::Error::NoRuntime { .. }
+            ),
+            "{e}"
+        );
     }
 }

@@ -433,26 +433,65 @@ pub fn expected_fingerprint(from: DType, src: &[u8], to: DType) -> Result<Finger
     let n = src.len() / ss;
     let per_block = 1024 / ds; // elements per 1 KiB of output
     let lanes = lane_table();
+    // The sum over one 1 KiB output block `b` whose words are `word(j)`.
+    fn block_sum(lanes: &[(u32, u32); 256], b: usize, words: usize, word: impl Fn(usize) -> u32) -> u64 {
+        let bk = crate::convert::fingerprint::block_key(b as u64);
+        let (blo, bhi) = (bk as u32, (bk >> 32) as u32);
+        let mut s = 0u64;
+        for (j, &(llo, lhi)) in lanes.iter().enumerate().take(words) {
+            let add = llo ^ blo;
+            let mul = (lhi ^ bhi) | 1;
+            s = s.wrapping_add(u64::from(word(j).wrapping_add(add)) * u64::from(mul));
+        }
+        s
+    }
+    fn rd16(c: &[u8], i: usize) -> u16 {
+        c.get(2 * i..2 * i + 2)
+            .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn rd32(c: &[u8], i: usize) -> Option<u32> {
+        c.get(4 * i..4 * i + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
     let sum = src
         .par_chunks(per_block * ss)
         .enumerate()
         .map(|(b, chunk)| {
-            let mut buf = [0u8; 1024];
-            let out_len = chunk.len() / ss * ds;
-            let ok = crate::convert::convert_bytes(from, chunk, to, &mut buf[..out_len]);
-            debug_assert!(ok.is_ok());
-            let bk = crate::convert::fingerprint::block_key(b as u64);
-            let (blo, bhi) = (bk as u32, (bk >> 32) as u32);
-            let words = out_len.div_ceil(4);
-            let mut s = 0u64;
-            for (j, w) in buf.chunks_exact(4).take(words).enumerate() {
-                let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                let (llo, lhi) = lanes[j];
-                let add = llo ^ blo;
-                let mul = (lhi ^ bhi) | 1;
-                s = s.wrapping_add(u64::from(w.wrapping_add(add)) * u64::from(mul));
+            let elems = chunk.len() / ss;
+            let words = (elems * ds).div_ceil(4);
+            match (from, to) {
+                // Specialised forms of the four device conversions.
+                (DType::BF16, DType::F32) => {
+                    block_sum(lanes, b, words, |j| scalar::bf16_to_f32(rd16(chunk, j)))
+                }
+                (DType::F16, DType::F32) => {
+                    block_sum(lanes, b, words, |j| scalar::f16_to_f32(rd16(chunk, j)))
+                }
+                (DType::F32, DType::BF16) | (DType::F32, DType::F16) => {
+                    let f = if to == DType::BF16 {
+                        scalar::f32_to_bf16
+                    } else {
+                        scalar::f32_to_f16
+                    };
+                    block_sum(lanes, b, words, |j| {
+                        let lo = rd32(chunk, 2 * j).map_or(0, |x| u32::from(f(x)));
+                        let hi = rd32(chunk, 2 * j + 1).map_or(0, |x| u32::from(f(x)));
+                        lo | (hi << 16)
+                    })
+                }
+                _ => {
+                    let mut buf = [0u8; 1024];
+                    let out_len = elems * ds;
+                    if let Some(out) = buf.get_mut(..out_len) {
+                        // Cannot fail: supported pair, whole elements, exact
+                        // output length.
+                        let _ = crate::convert::convert_bytes(from, chunk, to, out);
+                    }
+                    block_sum(lanes, b, words, |j| {
+                        u32::from_le_bytes([buf[4 * j], buf[4 * j + 1], buf[4 * j + 2], buf[4 * j + 3]])
+                    })
+                }
             }
-            s
         })
         .reduce(|| 0u64, u64::wrapping_add);
     Ok(finish(sum, (n * ds) as u64))

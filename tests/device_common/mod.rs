@@ -5,9 +5,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use rocm_safe::device::{
-    Backend, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream,
-};
+use rocm_safe::device::{Backend, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream};
 use rocm_safe::{DType, Result};
 
 /// Makes `host::NAME` (always run), `cuda::NAME` and `hip::NAME` (feature
