@@ -18,8 +18,7 @@ use cudarc::driver::DriverError;
 
 use super::kernels::{self, Kernel};
 use super::{
-    Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream,
-    VisibleDevices,
+    Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream, VisibleDevices,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -169,7 +168,10 @@ fn ptx_for(arch: &str) -> Result<(String, KernelSource)> {
         });
     }
     let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "-default-device".into()],
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "-default-device".into(),
+        ],
         name: Some("rocm_safe_kernels.cu".into()),
         ..Default::default()
     };

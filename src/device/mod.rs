@@ -255,20 +255,35 @@ pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
     ///
     /// # Safety
     /// See the trait docs; `src` stays valid until `s` reaches the copy.
-    unsafe fn copy_htod(&self, dst: DevicePtr, src: *const u8, bytes: usize, s: RawStream)
-        -> Result<()>;
+    unsafe fn copy_htod(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()>;
     /// Copies `bytes` from the device to host memory.
     ///
     /// # Safety
     /// See the trait docs; `dst` stays valid and unread until `s` reaches the copy.
-    unsafe fn copy_dtoh(&self, dst: *mut u8, src: DevicePtr, bytes: usize, s: RawStream)
-        -> Result<()>;
+    unsafe fn copy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()>;
     /// Copies `bytes` between device allocations (non-overlapping).
     ///
     /// # Safety
     /// See the trait docs.
-    unsafe fn copy_dtod(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, s: RawStream)
-        -> Result<()>;
+    unsafe fn copy_dtod(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()>;
     /// Sets `bytes` of device memory to zero.
     ///
     /// # Safety
@@ -384,9 +399,9 @@ impl Device {
                 visible: VisibleDevices::none(),
             }),
             #[cfg(feature = "cuda")]
-            BackendKind::Cuda => Ok(Device::from_backend(Box::new(
-                cuda::CudaBackend::open(ordinal)?,
-            ))),
+            BackendKind::Cuda => Ok(Device::from_backend(Box::new(cuda::CudaBackend::open(
+                ordinal,
+            )?))),
             #[cfg(feature = "hip")]
             BackendKind::Hip => Ok(Device::from_backend(Box::new(hip::HipBackend::open(
                 ordinal,
@@ -1014,7 +1029,6 @@ pub struct DeviceViewMut<'a, T> {
     device: &'a Device,
     _p: PhantomData<&'a mut T>,
 }
-
 
 fn cast_check<A, B>(op: &'static str, ptr: DevicePtr, len: usize) -> Result<usize> {
     let bytes = len * std::mem::size_of::<A>();

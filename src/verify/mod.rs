@@ -171,8 +171,7 @@ fn device_label(d: &Device) -> String {
 /// the rounding boundaries of bf16 (bit 15) and f16 (bit 12 and, for f16
 /// subnormal results, up to bit 23 through the shift).
 const TRICKY_LOW: [u32; 12] = [
-    0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x7fff, 0x8000, 0x8001, 0xc000,
-    0xffff,
+    0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x7fff, 0x8000, 0x8001, 0xc000, 0xffff,
 ];
 
 fn compare(kernel: String, inputs: &[u32], expected: &[u32], got: &[u32]) -> KernelTest {
@@ -243,7 +242,10 @@ pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
         let mut a = acc.slice_mut(k..k + 1)?;
         launch_fused_raw(stream, *op, &d16.view(), &mut out, &mut a)?;
     }
-    for (k, op) in [ConvertOp::DEVICE[2], ConvertOp::DEVICE[3]].iter().enumerate() {
+    for (k, op) in [ConvertOp::DEVICE[2], ConvertOp::DEVICE[3]]
+        .iter()
+        .enumerate()
+    {
         let n = inputs32.len();
         let mut out = narrow.slice_mut(k * n..(k + 1) * n)?;
         launch_convert_raw(stream, *op, &d32.view(), &mut out)?;
@@ -290,8 +292,15 @@ pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
     let n = all16.len();
     for (k, op) in widen.iter().enumerate() {
         let plain = got_wide.get(2 * k * n..(2 * k + 1) * n).unwrap_or(&[]);
-        kernels.push(compare(format!("convert {op}"), &all16_u32, &exp_wide[k], plain));
-        let fused = got_wide.get((2 * k + 1) * n..(2 * k + 2) * n).unwrap_or(&[]);
+        kernels.push(compare(
+            format!("convert {op}"),
+            &all16_u32,
+            &exp_wide[k],
+            plain,
+        ));
+        let fused = got_wide
+            .get((2 * k + 1) * n..(2 * k + 2) * n)
+            .unwrap_or(&[]);
         let mut t = compare(format!("fused {op}"), &all16_u32, &exp_wide[k], fused);
         if plain.len() != n || fused.len() != n {
             t.mismatches = t.tested;
@@ -322,7 +331,10 @@ pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
         kernels.push(t);
     }
     let m = inputs32.len();
-    for (k, op) in [ConvertOp::DEVICE[2], ConvertOp::DEVICE[3]].iter().enumerate() {
+    for (k, op) in [ConvertOp::DEVICE[2], ConvertOp::DEVICE[3]]
+        .iter()
+        .enumerate()
+    {
         let got: Vec<u32> = got_narrow
             .get(k * m..(k + 1) * m)
             .unwrap_or(&[])
@@ -374,7 +386,9 @@ fn launch_fused_raw<A: bytemuck::Pod, B: bytemuck::Pod>(
 ) -> Result<()> {
     use half::{bf16, f16};
     match op.from {
-        DType::BF16 => stream.convert_fingerprint_into::<bf16>(&cast(src)?, &mut cast_mut(dst)?, acc),
+        DType::BF16 => {
+            stream.convert_fingerprint_into::<bf16>(&cast(src)?, &mut cast_mut(dst)?, acc)
+        }
         DType::F16 => stream.convert_fingerprint_into::<f16>(&cast(src)?, &mut cast_mut(dst)?, acc),
         _ => Err(Error::UnsupportedConversion {
             op: "self_test fused",
@@ -384,7 +398,9 @@ fn launch_fused_raw<A: bytemuck::Pod, B: bytemuck::Pod>(
     }
 }
 
-fn cast<'a, A: bytemuck::Pod, B: bytemuck::Pod>(v: &DeviceView<'a, A>) -> Result<DeviceView<'a, B>> {
+fn cast<'a, A: bytemuck::Pod, B: bytemuck::Pod>(
+    v: &DeviceView<'a, A>,
+) -> Result<DeviceView<'a, B>> {
     v.cast::<B>()
 }
 fn cast_mut<'b, A: bytemuck::Pod, B: bytemuck::Pod>(
@@ -434,7 +450,12 @@ pub fn expected_fingerprint(from: DType, src: &[u8], to: DType) -> Result<Finger
     let per_block = 1024 / ds; // elements per 1 KiB of output
     let lanes = lane_table();
     // The sum over one 1 KiB output block `b` whose words are `word(j)`.
-    fn block_sum(lanes: &[(u32, u32); 256], b: usize, words: usize, word: impl Fn(usize) -> u32) -> u64 {
+    fn block_sum(
+        lanes: &[(u32, u32); 256],
+        b: usize,
+        words: usize,
+        word: impl Fn(usize) -> u32,
+    ) -> u64 {
         let bk = crate::convert::fingerprint::block_key(b as u64);
         let (blo, bhi) = (bk as u32, (bk >> 32) as u32);
         let mut s = 0u64;
@@ -488,7 +509,12 @@ pub fn expected_fingerprint(from: DType, src: &[u8], to: DType) -> Result<Finger
                         let _ = crate::convert::convert_bytes(from, chunk, to, out);
                     }
                     block_sum(lanes, b, words, |j| {
-                        u32::from_le_bytes([buf[4 * j], buf[4 * j + 1], buf[4 * j + 2], buf[4 * j + 3]])
+                        u32::from_le_bytes([
+                            buf[4 * j],
+                            buf[4 * j + 1],
+                            buf[4 * j + 2],
+                            buf[4 * j + 3],
+                        ])
                     })
                 }
             }
