@@ -78,7 +78,10 @@ fn fail(msg: &str) -> ! {
 
 fn find_tool(env_name: &str, exe: &str, extra_dirs: &[PathBuf]) -> Option<PathBuf> {
     if let Some(p) = env_var(env_name) {
-        return Some(PathBuf::from(p));
+        // An explicit tool that does not exist is "not found", not a
+        // confusing failure to run it later.
+        let p = PathBuf::from(p);
+        return p.is_file().then_some(p);
     }
     if let Some(path) = env_var("PATH") {
         for dir in env::split_paths(&path) {

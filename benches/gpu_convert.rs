@@ -147,6 +147,11 @@ fn benches(c: &mut Criterion) {
     }
     g.finish();
 
+    let r = verify::self_test_uncached(&s).expect("self-test");
+    eprintln!(
+        "self-test: {:.2} ms (upload {:.2} ms, device+cpu {:.2} ms, waiting after cpu {:.2} ms)",
+        r.elapsed_ms, r.upload_ms, r.device_ms, r.wait_ms
+    );
     let mut g = c.benchmark_group("self_test");
     g.sample_size(20);
     g.bench_function("exhaustive", |b| {

@@ -530,6 +530,21 @@ fn copies_and_length_errors(dev: &Device) {
     let zb = s.alloc::<bf16>(0).unwrap();
     s.convert(&zb.view(), &mut z.view_mut()).unwrap();
     assert_eq!(s.fingerprint(&z.view()).unwrap(), fingerprint_bytes(&[]));
+    // Splitting past the end.
+    let mut sp = s.alloc::<u32>(4).unwrap();
+    let e = sp.view_mut().split_at_mut(5).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::OutOfBounds {
+                op: "split_at_mut",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let (a, b) = sp.view_mut().split_at_mut(1).unwrap();
+    assert_eq!((a.len(), b.len()), (1, 3));
     // Misaligned cast.
     let bytes = s.alloc::<u8>(9).unwrap();
     let e = bytes.slice(1..9).unwrap().cast::<u32>().unwrap_err();

@@ -1170,6 +1170,34 @@ impl<'a, T: bytemuck::Pod> DeviceViewMut<'a, T> {
         })
     }
 
+    /// Splits the view at element `mid` into two disjoint mutable views
+    /// (consumes it; reborrow with [`DeviceViewMut::slice_mut`] to keep it).
+    pub fn split_at_mut(self, mid: usize) -> Result<(DeviceViewMut<'a, T>, DeviceViewMut<'a, T>)> {
+        if mid > self.len {
+            return Err(Error::OutOfBounds {
+                op: "split_at_mut",
+                start: mid,
+                end: mid,
+                len: self.len,
+            });
+        }
+        let off = (mid * std::mem::size_of::<T>()) as u64;
+        Ok((
+            DeviceViewMut {
+                ptr: self.ptr,
+                len: mid,
+                device: self.device,
+                _p: PhantomData,
+            },
+            DeviceViewMut {
+                ptr: self.ptr.offset(off),
+                len: self.len - mid,
+                device: self.device,
+                _p: PhantomData,
+            },
+        ))
+    }
+
     /// Copies `src` (same length) into the view on `stream`, and waits.
     pub fn copy_htod(&mut self, stream: &Stream, src: &[T]) -> Result<()> {
         stream.check_device("copy_htod", self.device)?;

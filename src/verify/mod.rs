@@ -132,6 +132,14 @@ pub struct SelfTestReport {
     pub kernels: Vec<KernelTest>,
     /// Wall time of the whole test.
     pub elapsed_ms: f32,
+    /// Of which: allocating and uploading the patterns.
+    pub upload_ms: f32,
+    /// Of which: from queuing the kernels to having the results back (the
+    /// CPU computes its expectations meanwhile).
+    pub device_ms: f32,
+    /// Of which: waiting for the device and the download after the CPU's
+    /// share was done.
+    pub wait_ms: f32,
 }
 
 impl SelfTestReport {
@@ -227,34 +235,62 @@ pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
         })
         .collect();
 
-    // --- queue everything on the device
-    let d16 = stream.clone_htod(&all16)?;
-    let d32 = stream.clone_htod(&inputs32)?;
-    let mut wide = stream.alloc::<u32>(4 * all16.len())?; // 2 plain + 2 fused outputs
-    let mut narrow = stream.alloc::<u16>(2 * inputs32.len())?;
-    let mut acc = stream.alloc_zeros::<u64>(2 + fp_cases.len())?;
-    let widen = [ConvertOp::DEVICE[0], ConvertOp::DEVICE[1]];
-    for (k, op) in widen.iter().enumerate() {
-        let n = all16.len();
-        let mut out = wide.slice_mut(2 * k * n..(2 * k + 1) * n)?;
-        launch_convert_raw(stream, *op, &d16.view(), &mut out)?;
-        let mut out = wide.slice_mut((2 * k + 1) * n..(2 * k + 2) * n)?;
-        let mut a = acc.slice_mut(k..k + 1)?;
-        launch_fused_raw(stream, *op, &d16.view(), &mut out, &mut a)?;
-    }
-    for (k, op) in [ConvertOp::DEVICE[2], ConvertOp::DEVICE[3]]
-        .iter()
-        .enumerate()
+    // --- queue everything on the device: one allocation, one upload, one
+    // download (allocation, pageable copies and frees dominate otherwise).
+    let n = all16.len();
+    let m = inputs32.len();
+    let (a_src16, a_src32) = (0usize, n / 2); // offsets in u32 units
+    let a_wide = a_src32 + m; // 4 outputs of n u32: bf16 plain, bf16 fused, f16 plain, f16 fused
+    let a_narrow = a_wide + 4 * n; // 2 outputs of m u16 = m u32 in total
+    let a_acc = a_narrow + m; // (2 + cases) u64
+    let total = a_acc + 2 * (2 + fp_cases.len());
+    let mut host_in: Vec<u32> = Vec::with_capacity(a_wide);
+    host_in.extend(
+        all16
+            .chunks_exact(2)
+            .map(|p| u32::from(p[0]) | (u32::from(p[1]) << 16)),
+    );
+    host_in.extend_from_slice(&inputs32);
+    let t_up = Instant::now();
+    let mut arena = stream.alloc::<u32>(total)?;
+    arena
+        .slice_mut(a_src16..a_wide)?
+        .copy_htod(stream, &host_in)?;
+    arena.slice_mut(a_acc..total)?.memset_zero(stream)?;
+    let upload_ms = t_up.elapsed().as_secs_f32() * 1e3;
+    let t_dev = Instant::now();
     {
-        let n = inputs32.len();
-        let mut out = narrow.slice_mut(k * n..(k + 1) * n)?;
-        launch_convert_raw(stream, *op, &d32.view(), &mut out)?;
-    }
-    let dbytes = d16.view().cast::<u8>()?;
-    for (i, &(start, len)) in fp_cases.iter().enumerate() {
-        let view = dbytes.slice(start..start + len)?;
-        let mut a = acc.slice_mut(2 + i..3 + i)?;
-        stream.fingerprint_sum_into(&view, &mut a)?;
+        // Split the arena into its disjoint parts.
+        let (src, rest) = arena.view_mut().split_at_mut(a_wide)?;
+        let (mut wide, rest) = rest.split_at_mut(a_narrow - a_wide)?;
+        let (mut narrow, mut accs) = rest.split_at_mut(a_acc - a_narrow)?;
+        let d16 = src.as_view().slice(a_src16..a_src32)?.cast::<u16>()?;
+        let d32 = src.as_view().slice(a_src32..a_wide)?;
+        let mut acc = accs.cast_mut::<u64>()?;
+        for (k, op) in [ConvertOp::DEVICE[0], ConvertOp::DEVICE[1]]
+            .iter()
+            .enumerate()
+        {
+            let mut out = wide.slice_mut(2 * k * n..(2 * k + 1) * n)?;
+            launch_convert_raw(stream, *op, &d16, &mut out)?;
+            let mut out = wide.slice_mut((2 * k + 1) * n..(2 * k + 2) * n)?;
+            let mut a = acc.slice_mut(k..k + 1)?;
+            launch_fused_raw(stream, *op, &d16, &mut out, &mut a)?;
+        }
+        let mut narrow16 = narrow.cast_mut::<u16>()?;
+        for (k, op) in [ConvertOp::DEVICE[2], ConvertOp::DEVICE[3]]
+            .iter()
+            .enumerate()
+        {
+            let mut out = narrow16.slice_mut(k * m..(k + 1) * m)?;
+            launch_convert_raw(stream, *op, &d32, &mut out)?;
+        }
+        let dbytes = d16.cast::<u8>()?;
+        for (i, &(start, len)) in fp_cases.iter().enumerate() {
+            let view = dbytes.slice(start..start + len)?;
+            let mut a = acc.slice_mut(2 + i..3 + i)?;
+            stream.fingerprint_sum_into(&view, &mut a)?;
+        }
     }
 
     // --- the CPU's expectations, while the device works
@@ -284,12 +320,25 @@ pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
         .collect();
 
     // --- results back, compared
-    let got_wide = wide.to_vec()?;
-    let got_narrow = narrow.to_vec()?;
-    let got_acc = acc.to_vec()?;
+    let t_cpu_done = Instant::now();
+    let mut back = vec![0u32; total - a_wide];
+    arena
+        .view()
+        .slice(a_wide..total)?
+        .copy_dtoh(stream, &mut back)?;
+    let device_ms = t_dev.elapsed().as_secs_f32() * 1e3;
+    let wait_ms = t_cpu_done.elapsed().as_secs_f32() * 1e3;
+    let got_wide = back.get(..4 * n).unwrap_or(&[]);
+    let got_narrow: &[u16] = bytemuck::cast_slice(back.get(4 * n..4 * n + m).unwrap_or(&[]));
+    let got_acc: Vec<u64> = back
+        .get(4 * n + m..)
+        .unwrap_or(&[])
+        .chunks_exact(2)
+        .map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32))
+        .collect();
     let all16_u32: Vec<u32> = all16.iter().map(|&h| u32::from(h)).collect();
     let mut kernels = Vec::new();
-    let n = all16.len();
+    let widen = [ConvertOp::DEVICE[0], ConvertOp::DEVICE[1]];
     for (k, op) in widen.iter().enumerate() {
         let plain = got_wide.get(2 * k * n..(2 * k + 1) * n).unwrap_or(&[]);
         kernels.push(compare(
@@ -351,6 +400,9 @@ pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
         device: device_label(stream.device()),
         kernels,
         elapsed_ms: t0.elapsed().as_secs_f32() * 1e3,
+        upload_ms,
+        device_ms,
+        wait_ms,
     })
 }
 

@@ -58,6 +58,7 @@ impl Tamper {
         if self.mode.load(Ordering::SeqCst) == mode::CORRUPT_OUTPUT && n > 1 {
             let size = op.to.size().unwrap_or(4);
             let junk = vec![0x5au8; size];
+            // SAFETY: forwards the caller's guarantees to the wrapped backend.
             unsafe {
                 self.inner
                     .copy_htod(dst.offset(size as u64), junk.as_ptr(), size, s)?;
@@ -76,21 +77,25 @@ impl Backend for Tamper {
         self.inner.alloc(bytes)
     }
     unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.free(ptr, bytes) }
     }
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
         self.inner.alloc_pinned(bytes)
     }
     unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.free_pinned(ptr, bytes) }
     }
     fn stream_create(&self) -> Result<RawStream> {
         self.inner.stream_create()
     }
     unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.stream_destroy(s) }
     }
     unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.stream_synchronize(s) }
     }
     fn synchronize(&self) -> Result<()> {
@@ -100,30 +105,39 @@ impl Backend for Tamper {
         self.inner.event_create()
     }
     unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.event_destroy(e) }
     }
     unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.event_record(e, s) }
     }
     unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.event_synchronize(e) }
     }
     unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.stream_wait_event(s, e) }
     }
     unsafe fn event_elapsed_ms(&self, a: RawEvent, b: RawEvent) -> Result<f32> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.event_elapsed_ms(a, b) }
     }
     unsafe fn copy_htod(&self, d: DevicePtr, s: *const u8, n: usize, st: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.copy_htod(d, s, n, st) }
     }
     unsafe fn copy_dtoh(&self, d: *mut u8, s: DevicePtr, n: usize, st: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.copy_dtoh(d, s, n, st) }
     }
     unsafe fn copy_dtod(&self, d: DevicePtr, s: DevicePtr, n: usize, st: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.copy_dtod(d, s, n, st) }
     }
     unsafe fn memset_zero(&self, d: DevicePtr, n: usize, st: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.memset_zero(d, n, st) }
     }
     unsafe fn convert(
@@ -134,6 +148,7 @@ impl Backend for Tamper {
         n: u64,
         s: RawStream,
     ) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe {
             self.inner.convert(op, src, dst, n, s)?;
             self.after(op, dst, n, s)
@@ -147,6 +162,7 @@ impl Backend for Tamper {
         acc: DevicePtr,
         s: RawStream,
     ) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.fingerprint_sum(src, bytes, first_word, acc, s) }
     }
     unsafe fn convert_fingerprint(
@@ -158,6 +174,7 @@ impl Backend for Tamper {
         acc: DevicePtr,
         s: RawStream,
     ) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe {
             self.inner.convert_fingerprint(op, src, dst, n, acc, s)?;
             self.after(op, dst, n, s)
@@ -172,6 +189,7 @@ impl Backend for Tamper {
         counts: DevicePtr,
         s: RawStream,
     ) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend.
         unsafe { self.inner.nonfinite(dtype, ptr, n, clamp, counts, s) }
     }
 }
