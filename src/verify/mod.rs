@@ -132,14 +132,13 @@ pub struct SelfTestReport {
     pub kernels: Vec<KernelTest>,
     /// Wall time of the whole test.
     pub elapsed_ms: f32,
+    /// Of which: the CPU reference (computed on the first call in the
+    /// process, near zero afterwards).
+    pub reference_ms: f32,
     /// Of which: allocating and uploading the patterns.
     pub upload_ms: f32,
-    /// Of which: from queuing the kernels to having the results back (the
-    /// CPU computes its expectations meanwhile).
+    /// Of which: from queuing the kernels to having the sums back.
     pub device_ms: f32,
-    /// Of which: waiting for the device and the download after the CPU's
-    /// share was done.
-    pub wait_ms: f32,
 }
 
 impl SelfTestReport {
@@ -213,58 +212,125 @@ pub fn self_test(stream: &Stream) -> Result<Arc<SelfTestReport>> {
     Ok(Arc::clone(dev.self_test_cell().get_or_init(|| r)))
 }
 
+/// The CPU side of the self-test: the patterns and everything expected of
+/// them. The same for every device, so computed once per process.
+struct Reference {
+    /// Upload image: the 65 536 16-bit patterns (packed two per word), then
+    /// the f32 inputs of the narrowing tests.
+    host_in: Vec<u32>,
+    all16_u32: Vec<u32>,
+    inputs32: Vec<u32>,
+    /// Expected outputs: bf16->f32, f16->f32, f32->bf16, f32->f16 (as u32).
+    expected: [Vec<u32>; 4],
+    /// Fingerprints of the expected output regions as the device stores
+    /// them: bf16 plain, bf16 fused, f16 plain, f16 fused, f32->bf16,
+    /// f32->f16.
+    region_fp: [Fingerprint; 6],
+    /// Fingerprint kernel cases (start, len) and their expected values.
+    fp_cases: Vec<(usize, usize, Fingerprint)>,
+}
+
+fn reference() -> &'static Reference {
+    static R: std::sync::OnceLock<Reference> = std::sync::OnceLock::new();
+    R.get_or_init(|| {
+        let all16: Vec<u16> = (0..=u16::MAX).collect();
+        let inputs32: Vec<u32> = (0..=u32::from(u16::MAX))
+            .flat_map(|hi| TRICKY_LOW.iter().map(move |&lo| (hi << 16) | lo))
+            .collect();
+        let bytes16: &[u8] = bytemuck::cast_slice(&all16);
+        let fp_cases = (0..8usize)
+            .flat_map(|start| {
+                [1usize, 3, 5, 17, 1000, 4097, bytes16.len() - start]
+                    .into_iter()
+                    .map(move |len| (start, len))
+            })
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .map(|(start, len)| {
+                let fp = crate::convert::fingerprint_bytes(
+                    bytes16.get(start..start + len).unwrap_or(&[]),
+                );
+                (start, len, fp)
+            })
+            .collect();
+        let expected = [
+            all16
+                .par_iter()
+                .map(|&h| scalar::bf16_to_f32(h))
+                .collect::<Vec<u32>>(),
+            all16.par_iter().map(|&h| scalar::f16_to_f32(h)).collect(),
+            inputs32
+                .par_iter()
+                .map(|&x| u32::from(scalar::f32_to_bf16(x)))
+                .collect(),
+            inputs32
+                .par_iter()
+                .map(|&x| u32::from(scalar::f32_to_f16(x)))
+                .collect(),
+        ];
+        let narrow_fp = |e: &[u32]| {
+            let h: Vec<u16> = e.iter().map(|&x| x as u16).collect();
+            crate::convert::fingerprint_bytes(bytemuck::cast_slice(&h))
+        };
+        let w0 = crate::convert::fingerprint_words(&expected[0]);
+        let w1 = crate::convert::fingerprint_words(&expected[1]);
+        let region_fp = [
+            w0,
+            w0,
+            w1,
+            w1,
+            narrow_fp(&expected[2]),
+            narrow_fp(&expected[3]),
+        ];
+        let mut host_in: Vec<u32> = all16
+            .chunks_exact(2)
+            .map(|p| u32::from(p[0]) | (u32::from(p[1]) << 16))
+            .collect();
+        host_in.extend_from_slice(&inputs32);
+        Reference {
+            host_in,
+            all16_u32: all16.iter().map(|&h| u32::from(h)).collect(),
+            inputs32,
+            expected,
+            region_fp,
+            fp_cases,
+        }
+    })
+}
+
 /// Runs the exhaustive self-test now (no cache; [`self_test`] caches it).
 ///
-/// All device work is queued first (uploads, the six conversion launches,
-/// the fingerprint launches); the CPU computes its expectations while the
-/// device runs; then the results come back once and are compared.
+/// One allocation and one upload; all launches queued at once; every
+/// output region is fingerprinted on the device and only the sums come
+/// back. A region whose fingerprint differs from the CPU's is downloaded
+/// and compared value by value (so a broken fingerprint kernel cannot make
+/// a good conversion kernel look bad). The CPU reference is computed once
+/// per process ([`SelfTestReport::reference_ms`] says what the first call
+/// paid).
 pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
     let t0 = Instant::now();
-    let all16: Vec<u16> = (0..=u16::MAX).collect();
-    let inputs32: Vec<u32> = (0..=u32::from(u16::MAX))
-        .flat_map(|hi| TRICKY_LOW.iter().map(move |&lo| (hi << 16) | lo))
-        .collect();
-    let bytes16: &[u8] = bytemuck::cast_slice(&all16);
-    // Fingerprint cases: every start alignment 0..8 and lengths around the
-    // vector width, a partial last word, and the rest of the buffer.
-    let fp_cases: Vec<(usize, usize)> = (0..8usize)
-        .flat_map(|start| {
-            [1usize, 3, 5, 17, 1000, 4097, bytes16.len() - start]
-                .into_iter()
-                .map(move |len| (start, len))
-        })
-        .collect();
-
-    // --- queue everything on the device: one allocation, one upload, one
-    // download (allocation, pageable copies and frees dominate otherwise).
-    let n = all16.len();
-    let m = inputs32.len();
-    let (a_src16, a_src32) = (0usize, n / 2); // offsets in u32 units
-    let a_wide = a_src32 + m; // 4 outputs of n u32: bf16 plain, bf16 fused, f16 plain, f16 fused
-    let a_narrow = a_wide + 4 * n; // 2 outputs of m u16 = m u32 in total
-    let a_acc = a_narrow + m; // (2 + cases) u64
-    let total = a_acc + 2 * (2 + fp_cases.len());
-    let mut host_in: Vec<u32> = Vec::with_capacity(a_wide);
-    host_in.extend(
-        all16
-            .chunks_exact(2)
-            .map(|p| u32::from(p[0]) | (u32::from(p[1]) << 16)),
-    );
-    host_in.extend_from_slice(&inputs32);
+    let r = reference();
+    let reference_ms = t0.elapsed().as_secs_f32() * 1e3;
+    let n = r.all16_u32.len();
+    let m = r.inputs32.len();
+    // Arena layout in u32 units.
+    let a_src32 = n / 2;
+    let a_wide = a_src32 + m; // 4 regions of n u32
+    let a_narrow = a_wide + 4 * n; // 2 regions of m u16
+    let a_acc = a_narrow + m; // accumulators (u64)
+    let n_acc = 2 + 6 + r.fp_cases.len();
+    let total = a_acc + 2 * n_acc;
     let t_up = Instant::now();
     let mut arena = stream.alloc::<u32>(total)?;
-    arena
-        .slice_mut(a_src16..a_wide)?
-        .copy_htod(stream, &host_in)?;
+    arena.slice_mut(0..a_wide)?.copy_htod(stream, &r.host_in)?;
     arena.slice_mut(a_acc..total)?.memset_zero(stream)?;
     let upload_ms = t_up.elapsed().as_secs_f32() * 1e3;
     let t_dev = Instant::now();
     {
-        // Split the arena into its disjoint parts.
         let (src, rest) = arena.view_mut().split_at_mut(a_wide)?;
         let (mut wide, rest) = rest.split_at_mut(a_narrow - a_wide)?;
         let (mut narrow, mut accs) = rest.split_at_mut(a_acc - a_narrow)?;
-        let d16 = src.as_view().slice(a_src16..a_src32)?.cast::<u16>()?;
+        let d16 = src.as_view().slice(0..a_src32)?.cast::<u16>()?;
         let d32 = src.as_view().slice(a_src32..a_wide)?;
         let mut acc = accs.cast_mut::<u64>()?;
         for (k, op) in [ConvertOp::DEVICE[0], ConvertOp::DEVICE[1]]
@@ -285,124 +351,120 @@ pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
             let mut out = narrow16.slice_mut(k * m..(k + 1) * m)?;
             launch_convert_raw(stream, *op, &d32, &mut out)?;
         }
+        for k in 0..4 {
+            let region = wide.as_view().slice(k * n..(k + 1) * n)?;
+            let mut a = acc.slice_mut(2 + k..3 + k)?;
+            stream.fingerprint_sum_into(&region, &mut a)?;
+        }
+        for k in 0..2 {
+            let region = narrow16.as_view().slice(k * m..(k + 1) * m)?;
+            let mut a = acc.slice_mut(6 + k..7 + k)?;
+            stream.fingerprint_sum_into(&region, &mut a)?;
+        }
         let dbytes = d16.cast::<u8>()?;
-        for (i, &(start, len)) in fp_cases.iter().enumerate() {
+        for (i, &(start, len, _)) in r.fp_cases.iter().enumerate() {
             let view = dbytes.slice(start..start + len)?;
-            let mut a = acc.slice_mut(2 + i..3 + i)?;
+            let mut a = acc.slice_mut(8 + i..9 + i)?;
             stream.fingerprint_sum_into(&view, &mut a)?;
         }
     }
-
-    // --- the CPU's expectations, while the device works
-    let exp_wide: [Vec<u32>; 2] = [
-        all16.par_iter().map(|&h| scalar::bf16_to_f32(h)).collect(),
-        all16.par_iter().map(|&h| scalar::f16_to_f32(h)).collect(),
-    ];
-    let exp_narrow: [Vec<u32>; 2] = [
-        inputs32
-            .par_iter()
-            .map(|&x| u32::from(scalar::f32_to_bf16(x)))
-            .collect(),
-        inputs32
-            .par_iter()
-            .map(|&x| u32::from(scalar::f32_to_f16(x)))
-            .collect(),
-    ];
-    let exp_fused: Vec<Fingerprint> = exp_wide
-        .iter()
-        .map(|w| crate::convert::fingerprint_words(w))
-        .collect();
-    let exp_fp: Vec<Fingerprint> = fp_cases
-        .par_iter()
-        .map(|&(start, len)| {
-            crate::convert::fingerprint_bytes(bytes16.get(start..start + len).unwrap_or(&[]))
-        })
-        .collect();
-
-    // --- results back, compared
-    let t_cpu_done = Instant::now();
-    let mut back = vec![0u32; total - a_wide];
+    let mut sums = vec![0u32; 2 * n_acc];
     arena
         .view()
-        .slice(a_wide..total)?
-        .copy_dtoh(stream, &mut back)?;
+        .slice(a_acc..total)?
+        .copy_dtoh(stream, &mut sums)?;
     let device_ms = t_dev.elapsed().as_secs_f32() * 1e3;
-    let wait_ms = t_cpu_done.elapsed().as_secs_f32() * 1e3;
-    let got_wide = back.get(..4 * n).unwrap_or(&[]);
-    let got_narrow: &[u16] = bytemuck::cast_slice(back.get(4 * n..4 * n + m).unwrap_or(&[]));
-    let got_acc: Vec<u64> = back
-        .get(4 * n + m..)
-        .unwrap_or(&[])
-        .chunks_exact(2)
-        .map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32))
-        .collect();
-    let all16_u32: Vec<u32> = all16.iter().map(|&h| u32::from(h)).collect();
+    let sum = |i: usize| {
+        let lo = sums.get(2 * i).copied().unwrap_or(0);
+        let hi = sums.get(2 * i + 1).copied().unwrap_or(0);
+        u64::from(lo) | (u64::from(hi) << 32)
+    };
+
+    // Compare: fingerprints first; a region that differs is downloaded.
     let mut kernels = Vec::new();
-    let widen = [ConvertOp::DEVICE[0], ConvertOp::DEVICE[1]];
-    for (k, op) in widen.iter().enumerate() {
-        let plain = got_wide.get(2 * k * n..(2 * k + 1) * n).unwrap_or(&[]);
-        kernels.push(compare(
-            format!("convert {op}"),
-            &all16_u32,
-            &exp_wide[k],
-            plain,
-        ));
-        let fused = got_wide
-            .get((2 * k + 1) * n..(2 * k + 2) * n)
-            .unwrap_or(&[]);
-        let mut t = compare(format!("fused {op}"), &all16_u32, &exp_wide[k], fused);
-        if plain.len() != n || fused.len() != n {
-            t.mismatches = t.tested;
-        }
-        let dev_fp = finish(got_acc.get(k).copied().unwrap_or(0), 4 * n as u64);
-        if dev_fp != exp_fused[k] {
-            t.mismatches += 1;
-            t.first_mismatch
-                .get_or_insert((0, exp_fused[k].0 as u32, dev_fp.0 as u32));
+    let names = [
+        format!("convert {}", ConvertOp::DEVICE[0]),
+        format!("fused {}", ConvertOp::DEVICE[0]),
+        format!("convert {}", ConvertOp::DEVICE[1]),
+        format!("fused {}", ConvertOp::DEVICE[1]),
+    ];
+    for (k, name) in names.into_iter().enumerate() {
+        let exp = &r.expected[k / 2];
+        let got_fp = finish(sum(2 + k), 4 * n as u64);
+        let mut t = if got_fp == r.region_fp[k] {
+            KernelTest {
+                kernel: name,
+                tested: n as u64,
+                mismatches: 0,
+                first_mismatch: None,
+            }
+        } else {
+            let mut got = vec![0u32; n];
+            arena
+                .view()
+                .slice(a_wide + k * n..a_wide + (k + 1) * n)?
+                .copy_dtoh(stream, &mut got)?;
+            compare(name, &r.all16_u32, exp, &got)
+        };
+        if k % 2 == 1 {
+            // The fused kernel's own sum must match too.
+            let fused_fp = finish(sum(k / 2), 4 * n as u64);
+            if fused_fp != r.region_fp[k] {
+                t.mismatches += 1;
+                t.first_mismatch
+                    .get_or_insert((0, r.region_fp[k].0 as u32, fused_fp.0 as u32));
+            }
         }
         kernels.push(t);
     }
     {
         let mut t = KernelTest {
             kernel: "fingerprint".into(),
-            tested: fp_cases.len() as u64,
+            tested: r.fp_cases.len() as u64,
             mismatches: 0,
             first_mismatch: None,
         };
-        for (i, &(start, len)) in fp_cases.iter().enumerate() {
-            let got = finish(got_acc.get(2 + i).copied().unwrap_or(0), len as u64);
-            if got != exp_fp[i] {
+        for (i, &(start, len, want)) in r.fp_cases.iter().enumerate() {
+            let got = finish(sum(8 + i), len as u64);
+            if got != want {
                 t.mismatches += 1;
                 t.first_mismatch
-                    .get_or_insert((start as u32, exp_fp[i].0 as u32, got.0 as u32));
+                    .get_or_insert((start as u32, want.0 as u32, got.0 as u32));
             }
         }
         kernels.push(t);
     }
-    let m = inputs32.len();
-    for (k, op) in [ConvertOp::DEVICE[2], ConvertOp::DEVICE[3]]
-        .iter()
-        .enumerate()
-    {
-        let got: Vec<u32> = got_narrow
-            .get(k * m..(k + 1) * m)
-            .unwrap_or(&[])
-            .iter()
-            .map(|&h| u32::from(h))
-            .collect();
-        let mut t = compare(format!("convert {op}"), &inputs32, &exp_narrow[k], &got);
-        if got.len() != m {
-            t.mismatches = t.tested;
-        }
+    for k in 0..2 {
+        let op = ConvertOp::DEVICE[2 + k];
+        let name = format!("convert {op}");
+        let got_fp = finish(sum(6 + k), 2 * m as u64);
+        let t = if got_fp == r.region_fp[4 + k] {
+            KernelTest {
+                kernel: name,
+                tested: m as u64,
+                mismatches: 0,
+                first_mismatch: None,
+            }
+        } else {
+            let mut got16 = vec![0u16; m];
+            arena
+                .view()
+                .slice(a_narrow..a_acc)?
+                .cast::<u16>()?
+                .slice(k * m..(k + 1) * m)?
+                .copy_dtoh(stream, &mut got16)?;
+            let got: Vec<u32> = got16.into_iter().map(u32::from).collect();
+            compare(name, &r.inputs32, &r.expected[2 + k], &got)
+        };
         kernels.push(t);
     }
     Ok(SelfTestReport {
         device: device_label(stream.device()),
         kernels,
         elapsed_ms: t0.elapsed().as_secs_f32() * 1e3,
+        reference_ms,
         upload_ms,
         device_ms,
-        wait_ms,
     })
 }
 
