@@ -182,6 +182,16 @@ pub enum Error {
         source: crate::device::hip::HipError,
     },
 
+    /// A failure injected by the fault-injection backend
+    /// (`crate::device::faults`).
+    #[error("{op}: injected fault: {fault}")]
+    InjectedFault {
+        /// The failure mode.
+        fault: crate::device::faults::FaultKind,
+        /// The backend operation hit.
+        op: &'static str,
+    },
+
     /// A device result whose fingerprint differs from the one the host
     /// computed from the source.
     #[error("{op}: verification failed on {device}: expected fingerprint {expected}, device gave {actual}")]

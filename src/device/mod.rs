@@ -12,13 +12,15 @@
 //! Backends implement [`Backend`], a raw, object-safe interface (addresses,
 //! handles, byte counts): [`host`] (always; device memory is host memory and
 //! kernels are `crate::convert`), `hip` (feature `hip`) and `cuda` (feature
-//! `cuda`). A wrapping backend (for example fault injection) implements
-//! [`Backend`] over another and is opened with [`Device::from_backend`].
+//! `cuda`). A wrapping backend implements [`Backend`] over another and is
+//! opened with [`Device::from_backend`]: [`faults::Faults`] injects the
+//! documented ROCm failure modes into any backend.
 //!
 //! The safe types uphold the raw interface's rules: zero-length work never
 //! reaches a backend, lengths are checked before any call, memory is freed
 //! once, after the device is idle.
 
+pub mod faults;
 pub mod host;
 mod kernels;
 mod visible;

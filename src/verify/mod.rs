@@ -1,6 +1,6 @@
 //! Verified conversions on a device (DESIGN.md contract 2).
 //!
-//! A conversion on a [`Device`](crate::device::Device) takes a [`Policy`]:
+//! A conversion on a [`Device`] takes a [`Policy`]:
 //!
 //! | policy | what is checked | cost |
 //! | --- | --- | --- |
@@ -268,19 +268,19 @@ fn reference() -> &'static Reference {
                 .map(|&x| u32::from(scalar::f32_to_f16(x)))
                 .collect(),
         ];
-        let narrow_fp = |e: &[u32]| {
-            let h: Vec<u16> = e.iter().map(|&x| x as u16).collect();
-            crate::convert::fingerprint_bytes(bytemuck::cast_slice(&h))
-        };
-        let w0 = crate::convert::fingerprint_words(&expected[0]);
-        let w1 = crate::convert::fingerprint_words(&expected[1]);
+        // Parallel, table-driven (the sequential reference fingerprint of
+        // these 3.3 MB would dominate the first call).
+        let in32: &[u8] = bytemuck::cast_slice(&inputs32);
+        let fp = |from, src, to| expected_fingerprint(from, src, to).unwrap_or(Fingerprint(0));
+        let w0 = fp(DType::BF16, bytes16, DType::F32);
+        let w1 = fp(DType::F16, bytes16, DType::F32);
         let region_fp = [
             w0,
             w0,
             w1,
             w1,
-            narrow_fp(&expected[2]),
-            narrow_fp(&expected[3]),
+            fp(DType::F32, in32, DType::BF16),
+            fp(DType::F32, in32, DType::F16),
         ];
         let mut host_in: Vec<u32> = all16
             .chunks_exact(2)
@@ -639,14 +639,36 @@ pub fn expected_fingerprint(from: DType, src: &[u8], to: DType) -> Result<Finger
 
 // ---------------------------------------------------------------------------
 
+/// The CPU fallback: converts on the host and uploads the result, then
+/// reads the upload back and compares it (independent of any kernel), so a
+/// copy that lands zeros or stale data cannot slip through here either.
 fn cpu_convert_into<S: Element, D: Element>(
     stream: &Stream,
     host_src: &[S],
     dst: &mut DeviceViewMut<'_, D>,
+    label: &str,
 ) -> Result<()> {
     let mut out = vec![D::zeroed(); host_src.len()];
     crate::convert::convert_slice(host_src, &mut out)?;
-    dst.copy_htod(stream, &out)
+    dst.copy_htod(stream, &out)?;
+    let mut back = vec![D::zeroed(); out.len()];
+    dst.as_view().copy_dtoh(stream, &mut back)?;
+    let (ob, bb): (&[u8], &[u8]) = (bytemuck::cast_slice(&out), bytemuck::cast_slice(&back));
+    if ob != bb {
+        let expected = crate::convert::fingerprint_bytes(ob);
+        let actual = crate::convert::fingerprint_bytes(bb);
+        return Err(Error::VerificationFailed {
+            op: format!(
+                "upload of the cpu fallback of convert {}->{}",
+                S::DTYPE,
+                D::DTYPE
+            ),
+            device: label.to_owned(),
+            expected,
+            actual,
+        });
+    }
+    Ok(())
 }
 
 /// Converts `src` (on the device; `host_src` is the same data on the host,
@@ -713,7 +735,7 @@ pub fn convert_verified<S: Element, D: Element>(
                     tested: k.map_or(0, |k| k.tested),
                 });
             }
-            cpu_convert_into(stream, host_src, dst)?;
+            cpu_convert_into(stream, host_src, dst, &label)?;
             report.served = Served::CpuKernelUntrusted;
             report.total_ms = t0.elapsed().as_secs_f32() * 1e3;
             return Ok(report);
@@ -802,7 +824,7 @@ pub fn convert_verified<S: Element, D: Element>(
                     actual,
                 });
             }
-            cpu_convert_into(stream, host_src, dst)?;
+            cpu_convert_into(stream, host_src, dst, &label)?;
             report.served = Served::CpuAfterMismatch { expected, actual };
         }
     }

@@ -1,7 +1,7 @@
 //! The HIP backend: `hip-runtime-sys` (sys, raw bindings over libamdhip64)
 //! -> [`result`] (one runtime call each, returning [`HipError`]) -> this
 //! module's [`HipBackend`] (owning handles, implementing
-//! [`Backend`](super::Backend)).
+//! [`Backend`]).
 //!
 //! Kernels are the code objects build.rs made with `hipcc --genco`, one per
 //! gfx arch, loaded with `hipModuleLoadData`. The device's arch is read from
