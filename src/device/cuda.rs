@@ -94,7 +94,20 @@ fn describe(ordinal: usize, dev: sys::CUdevice) -> Result<DeviceInfo> {
 }
 
 fn get_device(ordinal: usize) -> Result<sys::CUdevice> {
-    let count = device_count()?;
+    let count = device_count().map_err(|e| match e {
+        Error::NoDevice {
+            backend,
+            count,
+            visible,
+            ..
+        } => Error::NoDevice {
+            backend,
+            ordinal: Some(ordinal),
+            count,
+            visible,
+        },
+        other => other,
+    })?;
     if ordinal >= count {
         return Err(Error::NoDevice {
             backend: "cuda",
@@ -362,7 +375,10 @@ impl Drop for CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+// SAFETY: allocations come from the CUDA driver allocator with the requested size
+// and 256-byte alignment (cuMemAlloc/cuMemHostAlloc align to at least 256), and every operation is the documented runtime
+// call (or CPU routine) on exactly the ranges given.
+unsafe impl Backend for CudaBackend {
     fn info(&self) -> &DeviceInfo {
         &self.info
     }

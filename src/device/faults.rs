@@ -236,7 +236,10 @@ impl<B: Backend> Faults<B> {
     }
 }
 
-impl<B: Backend> Backend for Faults<B> {
+// SAFETY: every operation forwards to `inner` (a correct backend) or is
+// replaced by another operation of `inner` on the same range (memset_zero,
+// fingerprint_sum) or by nothing; allocations are `inner`'s.
+unsafe impl<B: Backend> Backend for Faults<B> {
     fn info(&self) -> &DeviceInfo {
         self.inner.info()
     }

@@ -144,7 +144,10 @@ fn elem_size(t: DType) -> u64 {
     t.size().unwrap_or(1) as u64
 }
 
-impl Backend for HostBackend {
+// SAFETY: allocations come from the global allocator with the requested size
+// and 256-byte alignment (Layout align 256), and every operation is the documented runtime
+// call (or CPU routine) on exactly the ranges given.
+unsafe impl Backend for HostBackend {
     fn info(&self) -> &DeviceInfo {
         &self.info
     }

@@ -190,7 +190,17 @@ impl std::fmt::Display for ConvertOp {
 /// writes the same memory concurrently, and that host memory passed to an
 /// asynchronous copy stays valid (and unaliased by writes) until the stream
 /// reaches it. Zero-length work is never passed.
-pub trait Backend: Send + Sync + std::fmt::Debug + 'static {
+///
+/// # Safety
+///
+/// The safe types trust what an implementation returns: [`Backend::alloc`]
+/// returns device memory valid for `bytes` (256-aligned) until freed,
+/// [`Backend::alloc_pinned`] host memory readable and writable from the
+/// host for `bytes` (256-aligned) until freed, and every operation does what
+/// its documentation says and touches no other memory. Wrappers that
+/// forward to a correct backend (and only add, drop or corrupt whole
+/// operations within the caller's ranges) satisfy this.
+pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
 

@@ -54,6 +54,8 @@ pub struct Tamper {
 }
 
 impl Tamper {
+    /// # Safety
+    /// `dst` holds `n` live elements of `op.to` on the wrapped backend.
     unsafe fn after(&self, op: ConvertOp, dst: DevicePtr, n: u64, s: RawStream) -> Result<()> {
         if self.mode.load(Ordering::SeqCst) == mode::CORRUPT_OUTPUT && n > 1 {
             let size = op.to.size().unwrap_or(4);
@@ -69,7 +71,9 @@ impl Tamper {
     }
 }
 
-impl Backend for Tamper {
+// SAFETY: forwards to a correct backend; the only addition is a write
+// inside the conversion's own output range.
+unsafe impl Backend for Tamper {
     fn info(&self) -> &DeviceInfo {
         self.inner.info()
     }

@@ -348,7 +348,10 @@ impl Drop for HipBackend {
     }
 }
 
-impl Backend for HipBackend {
+// SAFETY: allocations come from the HIP runtime allocator with the requested size
+// and 256-byte alignment (hipMalloc/hipHostMalloc align to at least 256), and every operation is the documented runtime
+// call (or CPU routine) on exactly the ranges given.
+unsafe impl Backend for HipBackend {
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
