@@ -88,6 +88,41 @@ fn benches(c: &mut Criterion) {
     });
     g.finish();
 
+    // A transfer-pipeline chunk (16 MiB of bf16): the f32 output (32 MiB)
+    // fits in an H100's 50 MB L2, so the separate fingerprint pass rereads
+    // it mostly from cache.
+    let lc = if gpu { 23 } else { lg - 1 };
+    let nc = 1usize << lc;
+    let mut g = c.benchmark_group(format!("bf16_to_f32_chunk/2^{lc}"));
+    g.throughput(Throughput::Bytes(6 * nc as u64));
+    g.sample_size(50);
+    let csrc = src.slice(..nc).expect("slice");
+    g.bench_function("convert", |b| {
+        b.iter(|| {
+            let mut o = out.slice_mut(..nc).expect("slice");
+            s.convert(&csrc, &mut o).expect("convert");
+            s.synchronize().expect("sync");
+        })
+    });
+    g.bench_function("convert+fingerprint_pass", |b| {
+        b.iter(|| {
+            let mut o = out.slice_mut(..nc).expect("slice");
+            s.convert(&csrc, &mut o).expect("convert");
+            s.fingerprint_sum_into(&o.as_view(), &mut acc.view_mut())
+                .expect("fp");
+            s.synchronize().expect("sync");
+        })
+    });
+    g.bench_function("convert_fused_fingerprint", |b| {
+        b.iter(|| {
+            let mut o = out.slice_mut(..nc).expect("slice");
+            s.convert_fingerprint_into(&csrc, &mut o, &mut acc.view_mut())
+                .expect("fused");
+            s.synchronize().expect("sync");
+        })
+    });
+    g.finish();
+
     let mut g = c.benchmark_group(format!("narrow_and_f16/2^{lg}"));
     g.sample_size(20);
     g.throughput(Throughput::Bytes(6 * n as u64));
