@@ -6,7 +6,10 @@
 //!   can compile. The code objects are embedded with `include_bytes!`. No
 //!   hipcc with `hip` on is a build error.
 //! - feature `cuda`: the kernels flattened into one source (embedded, compiled
-//!   with NVRTC at run time) and, when nvcc is found, also PTX built here.
+//!   with NVRTC at run time) and, when nvcc is found, also PTX built here for
+//!   `ROCM_SAFE_CUDA_ARCH` (default `compute_75`, the oldest target CUDA 13
+//!   still accepts; the driver JIT-compiles it for newer GPUs). If nvcc
+//!   fails, a warning is printed and NVRTC is used.
 //! - neither: no GPU work at all.
 //!
 //! Output: `$OUT_DIR/kernels.rs`, included by `src/device/kernels.rs`.
@@ -243,7 +246,7 @@ fn build_cuda(manifest: &Path, out: &Path, rs: &mut String) {
         dirs.push(PathBuf::from(p).join("bin"));
     }
     dirs.push(PathBuf::from("/usr/local/cuda/bin"));
-    let arch = env_var("ROCM_SAFE_CUDA_ARCH").unwrap_or_else(|| "compute_70".into());
+    let arch = env_var("ROCM_SAFE_CUDA_ARCH").unwrap_or_else(|| "compute_75".into());
     let ptx = out.join("rocm_safe_kernels.ptx");
     let built = match find_tool("NVCC", "nvcc", &dirs) {
         Some(nvcc) => match Command::new(&nvcc)
