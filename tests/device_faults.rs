@@ -20,6 +20,7 @@ device_tests!(
     convert_writes_zeros_is_caught_by_both_fingerprints,
     launch_failure_is_an_error,
     random_faults_are_reproducible,
+    teardown_errors_are_recorded_not_panicked,
 );
 
 fn faulty(dev: &Device, plan: FaultPlan) -> (Device, FaultHandle) {
@@ -266,4 +267,41 @@ fn random_faults_are_reproducible(dev: &Device) {
     b.copy_htod(&[100]).unwrap();
     assert_eq!(b.to_vec().unwrap(), [100]);
     assert_eq!(h.injected().len(), 3);
+}
+
+/// Errors in `Drop` (buffer, pinned buffer, stream, event) are recorded on
+/// the device and read with `take_errors`; nothing panics or prints.
+fn teardown_errors_are_recorded_not_panicked(dev: &Device) {
+    let (d, h) = faulty(
+        dev,
+        FaultPlan::one(FaultKind::TeardownFailure, When::Always),
+    );
+    h.set_enabled(false);
+    let s = d.stream().unwrap();
+    let b = s.alloc::<u32>(16).unwrap();
+    let p = d.alloc_pinned::<u32>(16).unwrap();
+    let e = d.event().unwrap();
+    let s2 = d.stream().unwrap();
+    h.set_enabled(true);
+    drop(b);
+    drop(p);
+    drop(e);
+    drop(s2);
+    let errs = d.take_errors();
+    let ops: Vec<&str> = errs
+        .iter()
+        .map(|e| match e {
+            Error::InjectedFault {
+                fault: FaultKind::TeardownFailure,
+                op,
+            } => *op,
+            other => panic!("unexpected {other}"),
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        ["free", "free_pinned", "event_destroy", "stream_destroy"]
+    );
+    assert!(d.take_errors().is_empty(), "take_errors clears");
+    h.set_enabled(false);
 }

@@ -10,6 +10,7 @@
 //! | `ConvertWritesZeros` | conversion kernels | the output is zeros (the fused kernel's fingerprint is of those zeros, as a kernel that computed zeros would give) |
 //! | `OutOfMemoryOnAlloc` | device allocations | [`Error::OutOfMemory`] |
 //! | `LaunchFailure` | every kernel | the launch fails ([`Error::InjectedFault`]) |
+//! | `TeardownFailure` | frees, stream and event destruction | fails ([`Error::InjectedFault`]); the resource is leaked, as after a sticky device error |
 //!
 //! Which operations are hit is decided by each rule's [`When`], counting
 //! the operations a kind applies to; [`When::Random`] draws from a
@@ -39,16 +40,19 @@ pub enum FaultKind {
     OutOfMemoryOnAlloc,
     /// A kernel launch fails.
     LaunchFailure,
+    /// Freeing memory or destroying a stream or event fails (and leaks).
+    TeardownFailure,
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 6] = [
+    const ALL: [FaultKind; 7] = [
         FaultKind::CopyLandsZeros,
         FaultKind::CopyLandsStale,
         FaultKind::InvalidValueOnCopy,
         FaultKind::ConvertWritesZeros,
         FaultKind::OutOfMemoryOnAlloc,
         FaultKind::LaunchFailure,
+        FaultKind::TeardownFailure,
     ];
 
     fn index(self) -> usize {
@@ -65,6 +69,7 @@ impl std::fmt::Display for FaultKind {
             FaultKind::ConvertWritesZeros => "conversion writes zeros",
             FaultKind::OutOfMemoryOnAlloc => "out of memory on allocation",
             FaultKind::LaunchFailure => "kernel launch failure",
+            FaultKind::TeardownFailure => "teardown failure",
         };
         f.write_str(s)
     }
@@ -128,7 +133,7 @@ pub struct InjectedFault {
 
 #[derive(Debug)]
 struct State {
-    counts: [u64; 6],
+    counts: [u64; 7],
     rng: u64,
     log: Vec<InjectedFault>,
 }
@@ -178,7 +183,7 @@ impl<B: Backend> Faults<B> {
         let shared = Arc::new(Shared {
             enabled: AtomicBool::new(true),
             state: Mutex::new(State {
-                counts: [0; 6],
+                counts: [0; 7],
                 rng: plan.seed,
                 log: Vec::new(),
             }),
@@ -228,6 +233,13 @@ impl<B: Backend> Faults<B> {
         Error::InjectedFault { fault: kind, op }
     }
 
+    fn teardown(&self, op: &'static str) -> Result<()> {
+        if self.fires(FaultKind::TeardownFailure, op) {
+            return Err(Self::injected(FaultKind::TeardownFailure, op));
+        }
+        Ok(())
+    }
+
     fn launch(&self, op: &'static str) -> Result<()> {
         if self.fires(FaultKind::LaunchFailure, op) {
             return Err(Self::injected(FaultKind::LaunchFailure, op));
@@ -256,6 +268,7 @@ unsafe impl<B: Backend> Backend for Faults<B> {
     }
 
     unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.teardown("free")?;
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.free(ptr, bytes) }
     }
@@ -265,6 +278,7 @@ unsafe impl<B: Backend> Backend for Faults<B> {
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        self.teardown("free_pinned")?;
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.free_pinned(ptr, bytes) }
     }
@@ -274,6 +288,7 @@ unsafe impl<B: Backend> Backend for Faults<B> {
     }
 
     unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
+        self.teardown("stream_destroy")?;
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.stream_destroy(s) }
     }
@@ -292,6 +307,7 @@ unsafe impl<B: Backend> Backend for Faults<B> {
     }
 
     unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
+        self.teardown("event_destroy")?;
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.event_destroy(e) }
     }
