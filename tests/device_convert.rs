@@ -261,21 +261,7 @@ fn tampering(dev: &Device) -> (Device, Arc<AtomicU8>) {
     // Wrap a fresh device of the same kind (the tamper device gets its own
     // self-test cache).
     let mode = Arc::new(AtomicU8::new(mode::OFF));
-    let backend: Box<dyn rocm_safe::device::Backend> = match dev.kind() {
-        rocm_safe::device::BackendKind::Host => {
-            Box::new(rocm_safe::device::host::HostBackend::new())
-        }
-        #[cfg(feature = "cuda")]
-        rocm_safe::device::BackendKind::Cuda => {
-            Box::new(rocm_safe::device::cuda::CudaBackend::open(dev.info().ordinal).unwrap())
-        }
-        #[cfg(feature = "hip")]
-        rocm_safe::device::BackendKind::Hip => {
-            Box::new(rocm_safe::device::hip::HipBackend::open(dev.info().ordinal).unwrap())
-        }
-        #[allow(unreachable_patterns)]
-        k => panic!("backend {k} not built"),
-    };
+    let backend = rocm_safe::device::open_backend(dev.kind(), dev.info().ordinal).unwrap();
     let t = Device::from_backend(Box::new(Tamper {
         inner: backend,
         mode: Arc::clone(&mode),

@@ -6,7 +6,7 @@ mod device_common;
 use half::bf16;
 use rocm_safe::convert;
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
-use rocm_safe::device::{BackendKind, Device};
+use rocm_safe::device::{open_backend, Device};
 use rocm_safe::verify::{self, Policy, Served, VerifyOptions};
 use rocm_safe::Error;
 
@@ -24,25 +24,10 @@ device_tests!(
 );
 
 fn faulty(dev: &Device, plan: FaultPlan) -> (Device, FaultHandle) {
-    fn wrap<B: rocm_safe::device::Backend>(b: B, plan: FaultPlan) -> (Device, FaultHandle) {
-        let (f, h) = Faults::new(b, plan);
-        (Device::from_backend(Box::new(f)), h)
-    }
-    match dev.kind() {
-        BackendKind::Host => wrap(rocm_safe::device::host::HostBackend::new(), plan),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => wrap(
-            rocm_safe::device::cuda::CudaBackend::open(dev.info().ordinal).unwrap(),
-            plan,
-        ),
-        #[cfg(feature = "hip")]
-        BackendKind::Hip => wrap(
-            rocm_safe::device::hip::HipBackend::open(dev.info().ordinal).unwrap(),
-            plan,
-        ),
-        #[allow(unreachable_patterns)]
-        k => panic!("backend {k} not built"),
-    }
+    // A fresh backend of the same kind (its own self-test cache).
+    let inner = open_backend(dev.kind(), dev.info().ordinal).unwrap();
+    let (f, h) = Faults::new(inner, plan);
+    (Device::from_backend(Box::new(f)), h)
 }
 
 fn data(n: usize) -> Vec<bf16> {

@@ -360,6 +360,168 @@ pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<()>;
 }
 
+// SAFETY: forwards every call unchanged to the boxed backend, which upholds
+// the trait's contract itself.
+unsafe impl Backend for Box<dyn Backend> {
+    fn info(&self) -> &DeviceInfo {
+        (**self).info()
+    }
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        (**self).alloc(bytes)
+    }
+    unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).free(ptr, bytes) }
+    }
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        (**self).alloc_pinned(bytes)
+    }
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).free_pinned(ptr, bytes) }
+    }
+    fn stream_create(&self) -> Result<RawStream> {
+        (**self).stream_create()
+    }
+    unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).stream_destroy(s) }
+    }
+    unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).stream_synchronize(s) }
+    }
+    fn synchronize(&self) -> Result<()> {
+        (**self).synchronize()
+    }
+    fn event_create(&self) -> Result<RawEvent> {
+        (**self).event_create()
+    }
+    unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).event_destroy(e) }
+    }
+    unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).event_record(e, s) }
+    }
+    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).event_synchronize(e) }
+    }
+    unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).stream_wait_event(s, e) }
+    }
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).event_elapsed_ms(start, end) }
+    }
+    unsafe fn copy_htod(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).copy_htod(dst, src, bytes, s) }
+    }
+    unsafe fn copy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).copy_dtoh(dst, src, bytes, s) }
+    }
+    unsafe fn copy_dtod(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).copy_dtod(dst, src, bytes, s) }
+    }
+    unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).memset_zero(dst, bytes, s) }
+    }
+    unsafe fn convert(
+        &self,
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).convert(op, src, dst, n, s) }
+    }
+    unsafe fn fingerprint_sum(
+        &self,
+        src: DevicePtr,
+        bytes: u64,
+        first_word: u64,
+        acc: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).fingerprint_sum(src, bytes, first_word, acc, s) }
+    }
+    unsafe fn convert_fingerprint(
+        &self,
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        acc: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).convert_fingerprint(op, src, dst, n, acc, s) }
+    }
+    unsafe fn nonfinite(
+        &self,
+        dtype: DType,
+        ptr: DevicePtr,
+        n: u64,
+        clamp: bool,
+        counts: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).nonfinite(dtype, ptr, n, clamp, counts, s) }
+    }
+}
+
+/// Opens the raw backend of device `ordinal` of `kind` (to wrap it, for
+/// example in [`faults::Faults`], before [`Device::from_backend`]). Errors as
+/// [`Device::open`].
+pub fn open_backend(kind: BackendKind, ordinal: usize) -> Result<Box<dyn Backend>> {
+    match kind {
+        BackendKind::Host if ordinal == 0 => Ok(Box::new(host::HostBackend::new())),
+        BackendKind::Host => Err(Error::NoDevice {
+            backend: "host",
+            ordinal: Some(ordinal),
+            count: 1,
+            visible: VisibleDevices::none(),
+        }),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => Ok(Box::new(cuda::CudaBackend::open(ordinal)?)),
+        #[cfg(feature = "hip")]
+        BackendKind::Hip => Ok(Box::new(hip::HipBackend::open(ordinal)?)),
+        #[allow(unreachable_patterns)]
+        other => Err(Error::BackendNotBuilt {
+            backend: other.name(),
+        }),
+    }
+}
+
 struct DeviceInner {
     backend: Box<dyn Backend>,
     errors: Mutex<Vec<Error>>,
@@ -402,27 +564,7 @@ impl Device {
     /// [`Error::NoDevice`] when there is no such device, or the runtime's own
     /// error.
     pub fn open(kind: BackendKind, ordinal: usize) -> Result<Device> {
-        match kind {
-            BackendKind::Host if ordinal == 0 => Ok(Device::host()),
-            BackendKind::Host => Err(Error::NoDevice {
-                backend: "host",
-                ordinal: Some(ordinal),
-                count: 1,
-                visible: VisibleDevices::none(),
-            }),
-            #[cfg(feature = "cuda")]
-            BackendKind::Cuda => Ok(Device::from_backend(Box::new(cuda::CudaBackend::open(
-                ordinal,
-            )?))),
-            #[cfg(feature = "hip")]
-            BackendKind::Hip => Ok(Device::from_backend(Box::new(hip::HipBackend::open(
-                ordinal,
-            )?))),
-            #[allow(unreachable_patterns)]
-            other => Err(Error::BackendNotBuilt {
-                backend: other.name(),
-            }),
-        }
+        Ok(Device::from_backend(open_backend(kind, ordinal)?))
     }
 
     /// The devices of `kind` this process can see (the runtime applies
