@@ -19,6 +19,41 @@
 //! The safe types uphold the raw interface's rules: zero-length work never
 //! reaches a backend, lengths are checked before any call, memory is freed
 //! once, after the device is idle.
+//!
+//! # Example: a staged, verified upload
+//!
+//! A copy stream fills a device buffer from pinned memory, an event orders
+//! the conversion on a compute stream after it, and the conversion is
+//! checked against the host's expectation. It runs here on the host
+//! backend; `Device::open(BackendKind::Hip, 0)?` runs it on a GPU.
+//!
+//! ```
+//! use half::bf16;
+//! use rocm_safe::device::Device;
+//! use rocm_safe::verify::{self, Served, VerifyOptions};
+//!
+//! # fn main() -> rocm_safe::Result<()> {
+//! let dev = Device::host();
+//! let (copy, compute) = (dev.stream()?, dev.stream()?);
+//! let host: Vec<bf16> = (0..1000u16).map(bf16::from_bits).collect();
+//!
+//! let mut pinned = dev.alloc_pinned::<bf16>(host.len())?;
+//! pinned.as_mut_slice()?.copy_from_slice(&host);
+//! let mut staged = copy.alloc::<bf16>(host.len())?;
+//! // Asynchronous; touching `pinned` again first waits for this copy.
+//! staged.view_mut().copy_htod_async(&copy, &mut pinned)?;
+//! let uploaded = dev.event()?;
+//! copy.record(&uploaded)?;
+//! compute.wait(&uploaded)?; // the conversion starts after the copy
+//!
+//! let mut out = compute.alloc::<f32>(host.len())?;
+//! let opts = VerifyOptions::default(); // self-test once, fingerprint per call
+//! let report = verify::convert_verified(&compute, &host, &staged.view(), &mut out.view_mut(), &opts)?;
+//! assert_eq!(report.served, Served::Device);
+//! assert_eq!(report.expected, report.actual);
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod faults;
 pub mod host;
