@@ -21,8 +21,9 @@ impl VisibleDevices {
         VisibleDevices::default()
     }
 
-    /// Reads `var` (HIP also honours `ROCR_VISIBLE_DEVICES` below it, which
-    /// is reported only when `var` is unset) and maps `ordinal`.
+    /// Reads `var` and maps `ordinal` to its entry (comma separated, blanks
+    /// trimmed). Only `var` is reported: HIP also applies
+    /// `ROCR_VISIBLE_DEVICES` below it, which this does not model.
     pub fn read(var: &'static str, ordinal: Option<usize>) -> VisibleDevices {
         let value = std::env::var(var).ok();
         let physical = match (&value, ordinal) {
