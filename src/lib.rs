@@ -4,10 +4,12 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod convert;
+pub mod device;
 pub mod diagnostics;
 pub mod dtype;
 pub mod error;
 pub mod safetensors;
+pub mod verify;
 
 pub use crate::dtype::DType;
 pub use crate::error::{Error, Result};

@@ -1,0 +1,41 @@
+// rocm-safe kernel prelude: the ONLY file where HIP and CUDA differ.
+//
+// Every kernel file includes this first. It gives fixed-width integer types,
+// the KERNEL qualifier (extern "C" __global__, so symbols are unmangled
+// `{op}_{src}_{dst}`), a 16-byte vector type, count-leading-zeros and the
+// 64-bit atomic add. No CUDA or HIP header beyond hip_runtime.h is used, so the
+// same text also compiles under NVRTC with no include paths.
+#pragma once
+
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+#include <hip/hip_runtime.h>
+#define RS_HIP 1
+#else
+#define RS_CUDA 1
+#endif
+
+typedef unsigned char rs_u8;
+typedef unsigned short rs_u16;
+typedef unsigned int rs_u32;
+typedef unsigned long long rs_u64;
+
+#define KERNEL extern "C" __global__
+#define RS_DEVICE static __device__ __forceinline__
+
+// 16 bytes, 16-byte aligned: one vector load or store.
+struct __align__(16) rs_v4 {
+    rs_u32 x, y, z, w;
+};
+
+// Count leading zeros of a non-zero 32-bit value.
+RS_DEVICE rs_u32 rs_clz32(rs_u32 x) { return (rs_u32)__clz((int)x); }
+
+// Exact 64-bit atomic add (wrapping), order-independent.
+RS_DEVICE void rs_atomic_add_u64(rs_u64* p, rs_u64 v) { atomicAdd(p, v); }
+
+// The linear thread id and the grid's thread count, both 64-bit.
+RS_DEVICE rs_u64 rs_tid() { return (rs_u64)blockIdx.x * (rs_u64)blockDim.x + (rs_u64)threadIdx.x; }
+RS_DEVICE rs_u64 rs_nthreads() { return (rs_u64)gridDim.x * (rs_u64)blockDim.x; }
+
+// A 16-byte load of read-only data.
+RS_DEVICE rs_v4 rs_load4(const rs_v4* __restrict__ p) { return *p; }
