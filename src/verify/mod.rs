@@ -539,118 +539,13 @@ fn cast_mut<'b, A: bytemuck::Pod, B: bytemuck::Pod>(
 }
 
 // ---------------------------------------------------------------------------
-// Host-side expected fingerprint, fast: the output is produced 1 KiB (one
-// fingerprint block) at a time in a stack buffer, never materialised; blocks
-// run in parallel.
-
-fn lane_table() -> &'static [(u32, u32); 256] {
-    static T: std::sync::OnceLock<[(u32, u32); 256]> = std::sync::OnceLock::new();
-    T.get_or_init(|| {
-        let mut t = [(0u32, 0u32); 256];
-        for (j, e) in t.iter_mut().enumerate() {
-            let l = crate::convert::fingerprint::lane_key(j as u64);
-            *e = (l as u32, (l >> 32) as u32);
-        }
-        t
-    })
-}
 
 /// The fingerprint that `crate::convert::convert_bytes(from, src, to, ..)`'s
-/// output has, computed without materialising the output (parallel).
-/// Equals `crate::convert::expected_fingerprint` for every supported pair.
-pub fn expected_fingerprint(from: DType, src: &[u8], to: DType) -> Result<Fingerprint> {
-    if !crate::convert::supported(from, to) {
-        return Err(Error::UnsupportedConversion {
-            op: "expected_fingerprint",
-            from,
-            to,
-        });
-    }
-    let ss = from.size().unwrap_or(1);
-    let ds = to.size().unwrap_or(1);
-    if !src.len().is_multiple_of(ss) {
-        return Err(Error::LengthMismatch {
-            op: "expected_fingerprint",
-            expected: src.len() / ss * ss,
-            actual: src.len(),
-        });
-    }
-    let n = src.len() / ss;
-    let per_block = 1024 / ds; // elements per 1 KiB of output
-    let lanes = lane_table();
-    // The sum over one 1 KiB output block `b` whose words are `word(j)`.
-    fn block_sum(
-        lanes: &[(u32, u32); 256],
-        b: usize,
-        words: usize,
-        word: impl Fn(usize) -> u32,
-    ) -> u64 {
-        let bk = crate::convert::fingerprint::block_key(b as u64);
-        let (blo, bhi) = (bk as u32, (bk >> 32) as u32);
-        let mut s = 0u64;
-        for (j, &(llo, lhi)) in lanes.iter().enumerate().take(words) {
-            let add = llo ^ blo;
-            let mul = (lhi ^ bhi) | 1;
-            s = s.wrapping_add(u64::from(word(j).wrapping_add(add)) * u64::from(mul));
-        }
-        s
-    }
-    fn rd16(c: &[u8], i: usize) -> u16 {
-        c.get(2 * i..2 * i + 2)
-            .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]))
-    }
-    fn rd32(c: &[u8], i: usize) -> Option<u32> {
-        c.get(4 * i..4 * i + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    let sum = src
-        .par_chunks(per_block * ss)
-        .enumerate()
-        .map(|(b, chunk)| {
-            let elems = chunk.len() / ss;
-            let words = (elems * ds).div_ceil(4);
-            match (from, to) {
-                // Specialised forms of the four device conversions.
-                (DType::BF16, DType::F32) => {
-                    block_sum(lanes, b, words, |j| scalar::bf16_to_f32(rd16(chunk, j)))
-                }
-                (DType::F16, DType::F32) => {
-                    block_sum(lanes, b, words, |j| scalar::f16_to_f32(rd16(chunk, j)))
-                }
-                (DType::F32, DType::BF16) | (DType::F32, DType::F16) => {
-                    let f = if to == DType::BF16 {
-                        scalar::f32_to_bf16
-                    } else {
-                        scalar::f32_to_f16
-                    };
-                    block_sum(lanes, b, words, |j| {
-                        let lo = rd32(chunk, 2 * j).map_or(0, |x| u32::from(f(x)));
-                        let hi = rd32(chunk, 2 * j + 1).map_or(0, |x| u32::from(f(x)));
-                        lo | (hi << 16)
-                    })
-                }
-                _ => {
-                    let mut buf = [0u8; 1024];
-                    let out_len = elems * ds;
-                    if let Some(out) = buf.get_mut(..out_len) {
-                        // Cannot fail: supported pair, whole elements, exact
-                        // output length.
-                        let _ = crate::convert::convert_bytes(from, chunk, to, out);
-                    }
-                    block_sum(lanes, b, words, |j| {
-                        u32::from_le_bytes([
-                            buf[4 * j],
-                            buf[4 * j + 1],
-                            buf[4 * j + 2],
-                            buf[4 * j + 3],
-                        ])
-                    })
-                }
-            }
-        })
-        .reduce(|| 0u64, u64::wrapping_add);
-    Ok(finish(sum, (n * ds) as u64))
-}
+/// output has, computed on the host without materialising the output: the
+/// host half of every verification. This is
+/// [`crate::convert::expected_fingerprint`], re-exported here because it is
+/// what a verified call compares the device's fingerprint against.
+pub use crate::convert::expected_fingerprint;
 
 // ---------------------------------------------------------------------------
 
