@@ -23,7 +23,10 @@ fn convert_exe() -> PathBuf {
         if profile_dir.file_name().unwrap() == "release" {
             cmd.arg("--release");
         }
-        assert!(cmd.status().unwrap().success(), "building the convert example failed");
+        assert!(
+            cmd.status().unwrap().success(),
+            "building the convert example failed"
+        );
     }
     assert!(bin.exists(), "{} missing", bin.display());
     bin
@@ -86,19 +89,54 @@ fn write_file(path: &Path, tensors: &[T], metadata: Option<&BTreeMap<String, Str
 
 fn mixed() -> Vec<T> {
     vec![
-        T { name: "w.f64", dtype: DType::F64, shape: vec![3, 5] },
-        T { name: "w.f32", dtype: DType::F32, shape: vec![17] },
-        T { name: "w.f16", dtype: DType::F16, shape: vec![2, 3, 3] },
-        T { name: "w.bf16", dtype: DType::BF16, shape: vec![33] },
-        T { name: "scalar", dtype: DType::BF16, shape: vec![] },
-        T { name: "empty", dtype: DType::F32, shape: vec![0, 4] },
-        T { name: "ids", dtype: DType::I32, shape: vec![9] },
-        T { name: "mask", dtype: DType::BOOL, shape: vec![4, 2] },
+        T {
+            name: "w.f64",
+            dtype: DType::F64,
+            shape: vec![3, 5],
+        },
+        T {
+            name: "w.f32",
+            dtype: DType::F32,
+            shape: vec![17],
+        },
+        T {
+            name: "w.f16",
+            dtype: DType::F16,
+            shape: vec![2, 3, 3],
+        },
+        T {
+            name: "w.bf16",
+            dtype: DType::BF16,
+            shape: vec![33],
+        },
+        T {
+            name: "scalar",
+            dtype: DType::BF16,
+            shape: vec![],
+        },
+        T {
+            name: "empty",
+            dtype: DType::F32,
+            shape: vec![0, 4],
+        },
+        T {
+            name: "ids",
+            dtype: DType::I32,
+            shape: vec![9],
+        },
+        T {
+            name: "mask",
+            dtype: DType::BOOL,
+            shape: vec![4, 2],
+        },
     ]
 }
 
 fn meta() -> BTreeMap<String, String> {
-    BTreeMap::from([("format".to_owned(), "pt".to_owned()), ("note".to_owned(), "x".to_owned())])
+    BTreeMap::from([
+        ("format".to_owned(), "pt".to_owned()),
+        ("note".to_owned(), "x".to_owned()),
+    ])
 }
 
 /// Checks OUTPUT against INPUT: same names, shapes, metadata; floats
@@ -130,7 +168,11 @@ fn converts_a_single_file_to_each_dtype() {
     let input = dir.path().join("in.safetensors");
     write_file(&input, &mixed(), Some(&meta()));
     let ck = Checkpoint::open(&input).unwrap();
-    for (flag, to) in [("f32", DType::F32), ("bf16", DType::BF16), ("f16", DType::F16)] {
+    for (flag, to) in [
+        ("f32", DType::F32),
+        ("bf16", DType::BF16),
+        ("f16", DType::F16),
+    ] {
         let output = dir.path().join(format!("out-{flag}.safetensors"));
         let o = run(&[&input, &output, &"--dtype", &flag]);
         assert!(o.status.success(), "{flag}: {}", stderr(&o));
@@ -195,8 +237,11 @@ fn garbage_and_lfs_pointer_inputs_fail_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let output = dir.path().join("out.safetensors");
     let lfs = dir.path().join("lfs.safetensors");
-    std::fs::write(&lfs, "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 12\n")
-        .unwrap();
+    std::fs::write(
+        &lfs,
+        "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 12\n",
+    )
+    .unwrap();
     let o = run(&[&lfs, &output, &"--dtype", &"bf16"]);
     assert_fails(&o, &output, &["lfs.safetensors", "lfs"]);
     let missing = dir.path().join("missing.safetensors");
@@ -209,7 +254,11 @@ fn fp8_tensor_is_an_error_unless_kept() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.safetensors");
     let mut ts = mixed();
-    ts.push(T { name: "scale.fp8", dtype: DType::F8_E4M3, shape: vec![6] });
+    ts.push(T {
+        name: "scale.fp8",
+        dtype: DType::F8_E4M3,
+        shape: vec![6],
+    });
     write_file(&input, &ts, None);
     let output = dir.path().join("out.safetensors");
     let o = run(&[&input, &output, &"--dtype", &"f32"]);
@@ -242,8 +291,19 @@ fn usage_errors_exit_2() {
         vec![],
         vec![a.as_os_str().to_owned()],
         vec![a.as_os_str().into(), "b".into()],
-        vec![a.as_os_str().into(), "b".into(), "--dtype".into(), "f64".into()],
-        vec![a.as_os_str().into(), "b".into(), "--dtype".into(), "f32".into(), "--bogus".into()],
+        vec![
+            a.as_os_str().into(),
+            "b".into(),
+            "--dtype".into(),
+            "f64".into(),
+        ],
+        vec![
+            a.as_os_str().into(),
+            "b".into(),
+            "--dtype".into(),
+            "f32".into(),
+            "--bogus".into(),
+        ],
     ] {
         let o = Command::new(convert_exe()).args(&args).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
