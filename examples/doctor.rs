@@ -76,6 +76,32 @@ fn print_table(r: &Report) {
         println!("  {v}  {:<28} {:>8.1} ms  {}", t.name, t.millis, t.detail);
     }
     println!();
+    println!("Backends and devices");
+    for b in &r.backends {
+        match (&b.error, b.devices.is_empty()) {
+            (Some(e), _) => println!("  {:<5} {e}", b.backend),
+            (None, true) => println!("  {:<5} no devices", b.backend),
+            (None, false) => {}
+        }
+        for d in &b.devices {
+            let v = match d.self_test.verdict {
+                Verdict::Pass => "PASS",
+                Verdict::Fail => "FAIL",
+            };
+            println!(
+                "  {:<5} #{} {} ({}, {}, {} CUs)  {v} kernel self-test {:.1} ms: {}",
+                b.backend,
+                d.ordinal,
+                d.name,
+                d.arch,
+                gib(Some(d.total_memory_bytes).filter(|&b| b > 0)),
+                d.multiprocessors,
+                d.self_test.millis,
+                d.self_test.detail
+            );
+        }
+    }
+    println!();
     if r.all_passed() {
         println!("All self-tests passed.");
     } else {

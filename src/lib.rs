@@ -5,10 +5,12 @@
 
 pub mod conv3d;
 pub mod convert;
+pub mod device;
 pub mod diagnostics;
 pub mod dtype;
 pub mod error;
 pub mod safetensors;
+pub mod verify;
 
 pub use crate::dtype::DType;
 pub use crate::error::{Error, Result};

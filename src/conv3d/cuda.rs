@@ -48,7 +48,7 @@ fn source() -> String {
 }
 
 fn cuda_err(op: &'static str) -> impl Fn(DriverError) -> Error {
-    move |source| Error::Conv3dCuda { op, source }
+    move |source| Error::Cuda { op, source }
 }
 
 /// The sizes a kernel gets (`rs_conv3d_args` in conv3d.hip).
@@ -184,38 +184,39 @@ fn unavailable_reason(e: &Error) -> String {
 impl CudaConv3d {
     /// Opens device `ordinal` and compiles the kernels with NVRTC for it.
     ///
-    /// Errors: [`Error::Conv3dTier`] when libcuda or libnvrtc cannot be
-    /// loaded; [`Error::Conv3dCuda`] for a driver failure (no device, ...);
-    /// [`Error::Conv3dNvrtc`] when the kernels do not compile.
+    /// Errors: [`Error::NoRuntime`] when libcuda or libnvrtc cannot be
+    /// loaded; [`Error::Cuda`] for a driver failure (no device, ...);
+    /// [`Error::Nvrtc`] when the kernels do not compile.
     pub fn open(ordinal: usize) -> Result<Self> {
         // SAFETY: only tries to dlopen the candidate library names.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(Error::Conv3dTier {
-                tier: "cuda",
-                reason: "libcuda could not be loaded (no NVIDIA driver)",
+            return Err(Error::NoRuntime {
+                backend: "cuda",
+                library: "libcuda",
             });
         }
         // SAFETY: as above.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(Error::Conv3dTier {
-                tier: "cuda",
-                reason: "libnvrtc could not be loaded (needed to compile the conv3d kernels)",
+            return Err(Error::NoRuntime {
+                backend: "cuda",
+                library: "libnvrtc",
             });
         }
         let ctx = CudaContext::new(ordinal).map_err(cuda_err("cuCtxCreate"))?;
         let (major, minor) = ctx
             .compute_capability()
             .map_err(cuda_err("cuDeviceGetAttribute"))?;
+        let arch = format!("compute_{major}{minor}");
         let opts = cudarc::nvrtc::CompileOptions {
             options: vec![
-                format!("--gpu-architecture=compute_{major}{minor}"),
+                format!("--gpu-architecture={arch}"),
                 "-default-device".into(),
             ],
             name: Some("rocm_safe_conv3d.cu".into()),
             ..Default::default()
         };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(), opts)
-            .map_err(|source| Error::Conv3dNvrtc { source })?;
+            .map_err(|source| Error::Nvrtc { arch, source })?;
         let module = ctx.load_module(ptx).map_err(cuda_err("cuModuleLoadData"))?;
         let load = |name: &str| {
             module
@@ -249,7 +250,7 @@ impl CudaConv3d {
     /// Copies a problem's tensors to the device.
     ///
     /// Errors: [`Error::Conv3dTier`] for a tensor of zero elements (the GPU
-    /// tiers do not take those); [`Error::Conv3dCuda`] when a copy fails.
+    /// tiers do not take those); [`Error::Cuda`] when a copy fails.
     pub fn upload(&self, p: &Conv3dProblem<'_>) -> Result<DeviceProblem> {
         if p.input.is_empty() || p.weight.is_empty() || p.geometry.output_len() == 0 {
             return Err(Error::Conv3dTier {
@@ -327,7 +328,7 @@ impl CudaConv3d {
     ///
     /// Errors: [`Error::LengthMismatch`] for a wrong `out` length,
     /// [`Error::Conv3dTier`] for sizes the tiled grid cannot hold,
-    /// [`Error::Conv3dCuda`] when the launch fails.
+    /// [`Error::Cuda`] when the launch fails.
     pub fn forward(
         &self,
         kernel: GpuKernel,
@@ -646,7 +647,7 @@ impl CudnnConv {
     /// into `out` (no synchronisation).
     ///
     /// Errors: [`Error::LengthMismatch`], [`Error::Conv3dCudnn`],
-    /// [`Error::Conv3dCuda`], [`Error::Conv3dTier`] for a dtype other than
+    /// [`Error::Cuda`], [`Error::Conv3dTier`] for a dtype other than
     /// the one it was set up for.
     pub fn forward(
         &mut self,

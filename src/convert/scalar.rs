@@ -2,6 +2,8 @@
 //! patterns out). These are the reference every bulk, SIMD and GPU path is
 //! tested against.
 
+use crate::dtype::DType;
+
 /// bf16 -> f32: the bit pattern shifted left by 16, exactly as PyTorch does.
 /// Signalling NaNs stay signalling (unlike `half::bf16::to_f32`).
 #[inline(always)]
@@ -136,4 +138,56 @@ pub const fn bf16_to_f16(h: u16) -> u16 {
 #[inline(always)]
 pub const fn f16_to_bf16(h: u16) -> u16 {
     f32_to_bf16(f16_to_f32(h))
+}
+
+/// The conversion of one element's bit pattern (zero-extended to 64 bits)
+/// for a supported pair, `None` for any other pair. The result is the
+/// target's bit pattern, zero-extended.
+pub const fn convert_bits(from: DType, to: DType, bits: u64) -> Option<u64> {
+    let r = match (from, to) {
+        (DType::F64, DType::F32) => f64_to_f32(bits) as u64,
+        (DType::F64, DType::BF16) => f64_to_bf16(bits) as u64,
+        (DType::F64, DType::F16) => f64_to_f16(bits) as u64,
+        (DType::F32, DType::F32) => bits as u32 as u64,
+        (DType::F32, DType::BF16) => f32_to_bf16(bits as u32) as u64,
+        (DType::F32, DType::F16) => f32_to_f16(bits as u32) as u64,
+        (DType::BF16, DType::F32) => bf16_to_f32(bits as u16) as u64,
+        (DType::BF16, DType::BF16) => bits as u16 as u64,
+        (DType::BF16, DType::F16) => bf16_to_f16(bits as u16) as u64,
+        (DType::F16, DType::F32) => f16_to_f32(bits as u16) as u64,
+        (DType::F16, DType::BF16) => f16_to_bf16(bits as u16) as u64,
+        (DType::F16, DType::F16) => bits as u16 as u64,
+        _ => return None,
+    };
+    Some(r)
+}
+
+/// The element-by-element reference for [`super::convert_bytes`]: the same
+/// contract and errors, one [`convert_bits`] per element, no SIMD, no
+/// threads. Slow; meant for tests and self-checks.
+pub fn convert_bytes_reference(
+    from: DType,
+    src: &[u8],
+    to: DType,
+    dst: &mut [u8],
+) -> crate::error::Result<()> {
+    super::check("convert_bytes_reference", from, to, src.len(), dst.len())?;
+    let (ss, ds) = (from.size().unwrap_or(1), to.size().unwrap_or(1));
+    for (s, d) in src.chunks_exact(ss).zip(dst.chunks_exact_mut(ds)) {
+        let mut b = [0u8; 8];
+        for (x, y) in b.iter_mut().zip(s) {
+            *x = *y;
+        }
+        let Some(v) = convert_bits(from, to, u64::from_le_bytes(b)) else {
+            return Err(crate::error::Error::UnsupportedConversion {
+                op: "convert_bytes_reference",
+                from,
+                to,
+            });
+        };
+        for (x, y) in d.iter_mut().zip(v.to_le_bytes()) {
+            *x = y;
+        }
+    }
+    Ok(())
 }

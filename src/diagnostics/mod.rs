@@ -2,9 +2,11 @@
 //! `doctor` example. Everything is plain data that serialises to JSON with
 //! stable field names.
 
+pub mod devices;
 pub mod platform;
 pub mod selftest;
 
+pub use devices::{probe_backends, BackendReport, DeviceReport};
 pub use platform::{Library, Platform};
 pub use selftest::{cpu_self_tests, SelfTest, Verdict};
 
@@ -19,8 +21,11 @@ pub struct Report {
     pub features: Vec<String>,
     /// Platform facts.
     pub platform: Platform,
-    /// Self-test results, CPU first.
+    /// Self-test results of the CPU paths.
     pub self_tests: Vec<SelfTest>,
+    /// Each backend (host, hip, cuda): built or not, its devices, and each
+    /// device's kernel self-test.
+    pub backends: Vec<BackendReport>,
 }
 
 impl Report {
@@ -39,11 +44,20 @@ impl Report {
             features,
             platform: Platform::detect(),
             self_tests: cpu_self_tests(),
+            backends: probe_backends(),
         }
     }
 
-    /// Whether every self-test passed.
+    /// Whether every self-test passed, CPU and device. A backend without
+    /// devices is not a failure; a device whose kernels fail is.
     pub fn all_passed(&self) -> bool {
-        self.self_tests.iter().all(|t| t.verdict == Verdict::Pass)
+        self.self_tests
+            .iter()
+            .chain(
+                self.backends
+                    .iter()
+                    .flat_map(|b| b.devices.iter().map(|d| &d.self_test)),
+            )
+            .all(|t| t.verdict == Verdict::Pass)
     }
 }

@@ -1,0 +1,7 @@
+// The one translation unit build.rs compiles (hipcc --genco per arch, nvcc
+// --ptx, or NVRTC at run time). Every kernel file is listed here.
+#include "prelude.h"
+#include "convert.hip"
+#include "fingerprint.hip"
+#include "convert_fingerprint.hip"
+#include "nonfinite.hip"

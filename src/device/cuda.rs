@@ -1,0 +1,624 @@
+//! The CUDA backend: cudarc's driver API (`cudarc::driver::{sys, result}`,
+//! loaded at run time, so building needs no CUDA) and NVRTC.
+//!
+//! cudarc panics when it cannot find libcuda or libnvrtc, so both are probed
+//! with `is_culib_present()` first: a machine without CUDA gets
+//! [`Error::NoRuntime`]. The kernels come from `hip-kernels/` (through
+//! `prelude.h`'s CUDA branch): PTX built by nvcc at build time when it was
+//! found, else the embedded source compiled by NVRTC on first use, cached per
+//! compute capability for the process.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use cudarc::driver::DriverError;
+
+use super::kernels::{self, Kernel};
+use super::{
+    Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream, VisibleDevices,
+};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+const VISIBLE_VAR: &str = "CUDA_VISIBLE_DEVICES";
+
+fn err(op: &'static str, e: DriverError) -> Error {
+    Error::Cuda { op, source: e }
+}
+
+fn alloc_err(op: &'static str, bytes: usize, e: DriverError) -> Error {
+    if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        Error::OutOfMemory {
+            backend: "cuda",
+            op,
+            bytes: bytes as u64,
+        }
+    } else {
+        err(op, e)
+    }
+}
+
+/// Loads libcuda (typed error when absent) and initialises the driver.
+fn init() -> Result<()> {
+    // SAFETY: only tries to dlopen the candidate library names; no symbol is
+    // called.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NoRuntime {
+            backend: "cuda",
+            library: "libcuda",
+        });
+    }
+    match cu::init() {
+        Ok(()) => Ok(()),
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NO_DEVICE => Err(Error::NoDevice {
+            backend: "cuda",
+            ordinal: None,
+            count: 0,
+            visible: VisibleDevices::read(VISIBLE_VAR, None),
+        }),
+        Err(e) => Err(err("cuInit", e)),
+    }
+}
+
+fn device_count() -> Result<usize> {
+    init()?;
+    let n = cu::device::get_count().map_err(|e| err("cuDeviceGetCount", e))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+fn attribute(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
+    // SAFETY: `dev` came from cuDeviceGet after cuInit.
+    unsafe { cu::device::get_attribute(dev, a) }.map_err(|e| err("cuDeviceGetAttribute", e))
+}
+
+fn describe(ordinal: usize, dev: sys::CUdevice) -> Result<DeviceInfo> {
+    use sys::CUdevice_attribute as A;
+    let major = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attribute(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let mps = attribute(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    let name = cu::device::get_name(dev).map_err(|e| err("cuDeviceGetName", e))?;
+    // SAFETY: `dev` came from cuDeviceGet after cuInit.
+    let total = unsafe { cu::device::total_mem(dev) }.map_err(|e| err("cuDeviceTotalMem", e))?;
+    Ok(DeviceInfo {
+        kind: BackendKind::Cuda,
+        ordinal,
+        name,
+        arch: format!("sm_{major}{minor}"),
+        total_memory: total as u64,
+        multiprocessors: u32::try_from(mps).unwrap_or(1),
+        visible: VisibleDevices::read(VISIBLE_VAR, Some(ordinal)),
+    })
+}
+
+fn get_device(ordinal: usize) -> Result<sys::CUdevice> {
+    let count = device_count().map_err(|e| match e {
+        Error::NoDevice {
+            backend,
+            count,
+            visible,
+            ..
+        } => Error::NoDevice {
+            backend,
+            ordinal: Some(ordinal),
+            count,
+            visible,
+        },
+        other => other,
+    })?;
+    if ordinal >= count {
+        return Err(Error::NoDevice {
+            backend: "cuda",
+            ordinal: Some(ordinal),
+            count,
+            visible: VisibleDevices::read(VISIBLE_VAR, Some(ordinal)),
+        });
+    }
+    let o = i32::try_from(ordinal).map_err(|_| Error::NoDevice {
+        backend: "cuda",
+        ordinal: Some(ordinal),
+        count,
+        visible: VisibleDevices::read(VISIBLE_VAR, Some(ordinal)),
+    })?;
+    cu::device::get(o).map_err(|e| err("cuDeviceGet", e))
+}
+
+/// The CUDA devices this process sees.
+pub fn list() -> Result<Vec<DeviceInfo>> {
+    let count = device_count()?;
+    if count == 0 {
+        return Err(Error::NoDevice {
+            backend: "cuda",
+            ordinal: None,
+            count: 0,
+            visible: VisibleDevices::read(VISIBLE_VAR, None),
+        });
+    }
+    (0..count)
+        .map(|i| {
+            let o = i32::try_from(i).unwrap_or(i32::MAX);
+            let dev = cu::device::get(o).map_err(|e| err("cuDeviceGet", e))?;
+            describe(i, dev)
+        })
+        .collect()
+}
+
+/// PTX compiled by NVRTC, per target (`compute_90`), for this process.
+fn nvrtc_cache() -> &'static Mutex<HashMap<String, String>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// How the kernels of a device were obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum KernelSource {
+    /// PTX built by nvcc at build time.
+    Nvcc,
+    /// Compiled by NVRTC in this process (first use for this target).
+    NvrtcCompiled,
+    /// NVRTC output reused from the process cache.
+    NvrtcCached,
+}
+
+fn ptx_for(arch: &str) -> Result<(String, KernelSource)> {
+    if let Some(p) = kernels::CUDA_PTX {
+        return Ok((p.to_owned(), KernelSource::Nvcc));
+    }
+    let mut cache = match nvrtc_cache().lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    if let Some(p) = cache.get(arch) {
+        return Ok((p.clone(), KernelSource::NvrtcCached));
+    }
+    // SAFETY: only tries to dlopen the candidate library names.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::NoRuntime {
+            backend: "cuda",
+            library: "libnvrtc",
+        });
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "-default-device".into(),
+        ],
+        name: Some("rocm_safe_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::CUDA_SOURCE, opts).map_err(|e| {
+        Error::Nvrtc {
+            arch: arch.to_owned(),
+            source: e,
+        }
+    })?;
+    let src = ptx.to_src();
+    cache.insert(arch.to_owned(), src.clone());
+    Ok((src, KernelSource::NvrtcCompiled))
+}
+
+/// The loaded module and its functions.
+struct Module {
+    module: sys::CUmodule,
+    funcs: HashMap<Kernel, sys::CUfunction>,
+    source: KernelSource,
+}
+
+// SAFETY: CUDA module and function handles are plain identifiers valid in
+// their context from any thread; every use binds the context first.
+unsafe impl Send for Module {}
+// SAFETY: as above; the handles are never mutated after loading.
+unsafe impl Sync for Module {}
+
+/// An opened CUDA device (its primary context).
+#[derive(Debug)]
+pub struct CudaBackend {
+    info: DeviceInfo,
+    dev: sys::CUdevice,
+    ctx: Ctx,
+    module: Mutex<Option<Arc<Module>>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Ctx(sys::CUcontext);
+// SAFETY: a CUcontext is a handle the driver lets any thread make current.
+unsafe impl Send for Ctx {}
+// SAFETY: as above; the handle itself is never mutated.
+unsafe impl Sync for Ctx {}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal` (after `CUDA_VISIBLE_DEVICES`).
+    pub fn open(ordinal: usize) -> Result<CudaBackend> {
+        let dev = get_device(ordinal)?;
+        let info = describe(ordinal, dev)?;
+        // SAFETY: `dev` came from cuDeviceGet; released in Drop.
+        let ctx = unsafe { cu::primary_ctx::retain(dev) }
+            .map_err(|e| err("cuDevicePrimaryCtxRetain", e))?;
+        let b = CudaBackend {
+            info,
+            dev,
+            ctx: Ctx(ctx),
+            module: Mutex::new(None),
+        };
+        b.bind()?;
+        Ok(b)
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: the context was retained in `open` and is released only in
+        // Drop.
+        unsafe { cu::ctx::set_current(self.ctx.0) }.map_err(|e| err("cuCtxSetCurrent", e))
+    }
+
+    /// How this device's kernels were obtained (loads them if needed).
+    pub fn kernel_source(&self) -> Result<KernelSource> {
+        Ok(self.module()?.source)
+    }
+
+    fn load_module(&self) -> Result<Module> {
+        self.bind()?;
+        let arch = self.info.arch.replace("sm_", "compute_");
+        let (ptx, source) = ptx_for(&arch)?;
+        let image = CString::new(ptx).map_err(|_| Error::KernelUnavailable {
+            backend: "cuda",
+            arch: arch.clone(),
+            built: "ptx with an interior NUL".into(),
+        })?;
+        // SAFETY: `image` is a NUL-terminated PTX string that outlives the
+        // call; the context is current.
+        let module = unsafe { cu::module::load_data(image.as_ptr().cast()) }
+            .map_err(|e| err("cuModuleLoadData", e))?;
+        let mut funcs = HashMap::new();
+        for k in Kernel::ALL {
+            let name = CString::new(k.symbol()).map_err(|_| Error::KernelUnavailable {
+                backend: "cuda",
+                arch: arch.clone(),
+                built: k.symbol().into(),
+            })?;
+            // SAFETY: `module` was just loaded in the current context.
+            let f = unsafe { cu::module::get_function(module, name) }
+                .map_err(|e| err("cuModuleGetFunction", e))?;
+            funcs.insert(k, f);
+        }
+        Ok(Module {
+            module,
+            funcs,
+            source,
+        })
+    }
+
+    fn module(&self) -> Result<Arc<Module>> {
+        let mut slot = match self.module.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(m) = &*slot {
+            return Ok(Arc::clone(m));
+        }
+        let m = Arc::new(self.load_module()?);
+        *slot = Some(Arc::clone(&m));
+        Ok(m)
+    }
+
+    /// # Safety
+    /// `args` point to live values of the kernel's parameter types, and the
+    /// memory they reference satisfies the kernel's contract.
+    unsafe fn launch(
+        &self,
+        k: Kernel,
+        items: u64,
+        s: RawStream,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        let m = self.module()?;
+        let f = *m.funcs.get(&k).ok_or(Error::KernelUnavailable {
+            backend: "cuda",
+            arch: self.info.arch.clone(),
+            built: k.symbol().into(),
+        })?;
+        let grid = kernels::grid_for(k, items, self.info.multiprocessors);
+        self.bind()?;
+        // SAFETY: `f` is a function of the loaded module; the caller vouches
+        // for the arguments; 256 threads per block is what every kernel
+        // expects.
+        unsafe {
+            cu::launch_kernel(
+                f,
+                (grid, 1, 1),
+                (kernels::BLOCK, 1, 1),
+                0,
+                s.0 as usize as sys::CUstream,
+                args,
+            )
+        }
+        .map_err(|e| err("cuLaunchKernel", e))
+    }
+}
+
+fn stream(s: RawStream) -> sys::CUstream {
+    s.0 as usize as sys::CUstream
+}
+fn event(e: RawEvent) -> sys::CUevent {
+    e.0 as usize as sys::CUevent
+}
+fn arg<T>(v: &mut T) -> *mut c_void {
+    (v as *mut T).cast()
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Errors here have nowhere to go (the device is being closed); they
+        // are dropped, never printed or panicked.
+        let m = match self.module.get_mut() {
+            Ok(m) => m.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(m) = m {
+            if self.bind().is_ok() {
+                // SAFETY: the module was loaded by us and is unloaded once;
+                // the device handle owning it is being dropped.
+                let _ = unsafe { cu::module::unload(m.module) };
+            }
+        }
+        // SAFETY: balances the retain in `open`.
+        let _ = unsafe { cu::primary_ctx::release(self.dev) };
+    }
+}
+
+// SAFETY: allocations come from the CUDA driver allocator with the requested size
+// and 256-byte alignment (cuMemAlloc/cuMemHostAlloc align to at least 256), and every operation is the documented runtime
+// call (or CPU routine) on exactly the ranges given.
+unsafe impl Backend for CudaBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        self.bind()?;
+        // SAFETY: the context is current; the memory is handed to a
+        // DeviceBuffer that frees it.
+        let p = unsafe { cu::malloc_sync(bytes) }.map_err(|e| alloc_err("cuMemAlloc", bytes, e))?;
+        Ok(DevicePtr(p))
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr, _bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller passes a live allocation of ours, freed once.
+        unsafe { cu::free_sync(ptr.0) }.map_err(|e| err("cuMemFree", e))
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        self.bind()?;
+        // SAFETY: the context is current; the memory is initialised by the
+        // caller (Device::alloc_pinned zeroes it).
+        let p = unsafe { cu::malloc_host(bytes, 0) }
+            .map_err(|e| alloc_err("cuMemHostAlloc", bytes, e))?;
+        Ok(p.cast())
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller passes a live pinned allocation of ours.
+        unsafe { cu::free_host(ptr.cast()) }.map_err(|e| err("cuMemFreeHost", e))
+    }
+
+    fn stream_create(&self) -> Result<RawStream> {
+        self.bind()?;
+        let s = cu::stream::create(cu::stream::StreamKind::NonBlocking)
+            .map_err(|e| err("cuStreamCreate", e))?;
+        Ok(RawStream(s as usize as u64))
+    }
+
+    unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller passes a live stream of ours, destroyed once.
+        unsafe { cu::stream::destroy(stream(s)) }.map_err(|e| err("cuStreamDestroy", e))
+    }
+
+    unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller passes a live stream.
+        unsafe { cu::stream::synchronize(stream(s)) }.map_err(|e| err("cuStreamSynchronize", e))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        cu::ctx::synchronize().map_err(|e| err("cuCtxSynchronize", e))
+    }
+
+    fn event_create(&self) -> Result<RawEvent> {
+        self.bind()?;
+        let e = cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(|e| err("cuEventCreate", e))?;
+        Ok(RawEvent(e as usize as u64))
+    }
+
+    unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller passes a live event, destroyed once.
+        unsafe { cu::event::destroy(event(e)) }.map_err(|e| err("cuEventDestroy", e))
+    }
+
+    unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller passes live handles.
+        unsafe { cu::event::record(event(e), stream(s)) }.map_err(|e| err("cuEventRecord", e))
+    }
+
+    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller passes a live event.
+        unsafe { cu::event::synchronize(event(e)) }.map_err(|e| err("cuEventSynchronize", e))
+    }
+
+    unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller passes live handles.
+        unsafe {
+            cu::stream::wait_event(
+                stream(s),
+                event(e),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(|e| err("cuStreamWaitEvent", e))
+    }
+
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        self.bind()?;
+        // SAFETY: the caller passes live events.
+        unsafe { cu::event::elapsed(event(start), event(end)) }
+            .map_err(|e| err("cuEventElapsedTime", e))
+    }
+
+    unsafe fn copy_htod(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees `bytes` readable host bytes that stay
+        // valid until the stream reaches the copy.
+        let host = unsafe { std::slice::from_raw_parts(src, bytes) };
+        // SAFETY: `dst` is a live device range of `bytes` (caller).
+        unsafe { cu::memcpy_htod_async(dst.0, host, stream(s)) }
+            .map_err(|e| err("cuMemcpyHtoDAsync", e))
+    }
+
+    unsafe fn copy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees `bytes` writable host bytes, not read
+        // until the stream reaches the copy.
+        let host = unsafe { std::slice::from_raw_parts_mut(dst, bytes) };
+        // SAFETY: `src` is a live device range of `bytes` (caller).
+        unsafe { cu::memcpy_dtoh_async(host, src.0, stream(s)) }
+            .map_err(|e| err("cuMemcpyDtoHAsync", e))
+    }
+
+    unsafe fn copy_dtod(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: both are live device ranges of `bytes` (caller).
+        unsafe { cu::memcpy_dtod_async(dst.0, src.0, bytes, stream(s)) }
+            .map_err(|e| err("cuMemcpyDtoDAsync", e))
+    }
+
+    unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
+        self.bind()?;
+        // SAFETY: a live device range of `bytes` (caller).
+        unsafe { cu::memset_d8_async(dst.0, 0, bytes, stream(s)) }
+            .map_err(|e| err("cuMemsetD8Async", e))
+    }
+
+    unsafe fn convert(
+        &self,
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        s: RawStream,
+    ) -> Result<()> {
+        let k = Kernel::convert(op)?;
+        let (mut a, mut b, mut c) = (src.0, dst.0, n);
+        // SAFETY: the kernel takes (const src*, dst*, u64 n); the caller
+        // guarantees the ranges.
+        unsafe {
+            self.launch(
+                k,
+                n.div_ceil(8),
+                s,
+                &mut [arg(&mut a), arg(&mut b), arg(&mut c)],
+            )
+        }
+    }
+
+    unsafe fn fingerprint_sum(
+        &self,
+        src: DevicePtr,
+        bytes: u64,
+        first_word: u64,
+        acc: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        let (mut a, mut b, mut c, mut d) = (src.0, bytes, first_word, acc.0);
+        // SAFETY: the kernel takes (const u8*, u64 nbytes, u64 first_word,
+        // u64* acc); the caller guarantees the ranges.
+        unsafe {
+            self.launch(
+                Kernel::FingerprintSum,
+                bytes.div_ceil(16),
+                s,
+                &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
+            )
+        }
+    }
+
+    unsafe fn convert_fingerprint(
+        &self,
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        acc: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        let k = Kernel::convert_fingerprint(op)?;
+        let (mut a, mut b, mut c, mut d) = (src.0, dst.0, n, acc.0);
+        // SAFETY: the kernel takes (const u16*, u32*, u64 n, u64* acc); the
+        // caller guarantees the ranges.
+        unsafe {
+            self.launch(
+                k,
+                n.div_ceil(8),
+                s,
+                &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
+            )
+        }
+    }
+
+    unsafe fn nonfinite(
+        &self,
+        dtype: DType,
+        ptr: DevicePtr,
+        n: u64,
+        clamp: bool,
+        counts: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        let k = Kernel::nonfinite(dtype)?;
+        let (mut a, mut b, mut c, mut d) = (ptr.0, n, u32::from(clamp), counts.0);
+        // SAFETY: the kernel takes (T*, u64 n, u32 clamp, u64* counts); the
+        // caller guarantees the ranges.
+        unsafe {
+            self.launch(
+                k,
+                n,
+                s,
+                &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
+            )
+        }
+    }
+}

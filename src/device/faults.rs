@@ -1,0 +1,451 @@
+//! Fault injection: a [`Backend`] that wraps another and injects the failure
+//! modes seen on ROCm (DESIGN.md), so every detection and fallback path can
+//! be exercised on any backend, the host one included.
+//!
+//! | [`FaultKind`] | where | what happens |
+//! | --- | --- | --- |
+//! | `CopyLandsZeros` | host-to-device copies | the destination is zeroed instead of written |
+//! | `CopyLandsStale` | host-to-device copies | the copy is dropped: the destination keeps its old contents |
+//! | `InvalidValueOnCopy` | host-to-device copies | the copy fails ([`Error::InjectedFault`]), like `hipErrorInvalidValue` |
+//! | `ConvertWritesZeros` | conversion kernels | the output is zeros (the fused kernel's fingerprint is of those zeros, as a kernel that computed zeros would give) |
+//! | `OutOfMemoryOnAlloc` | device allocations | [`Error::OutOfMemory`] |
+//! | `LaunchFailure` | every kernel | the launch fails ([`Error::InjectedFault`]) |
+//! | `TeardownFailure` | frees, stream and event destruction | fails ([`Error::InjectedFault`]); the resource is leaked, as after a sticky device error |
+//!
+//! Which operations are hit is decided by each rule's [`When`], counting
+//! the operations a kind applies to; [`When::Random`] draws from a
+//! generator seeded by [`FaultPlan::seed`], so a run is reproducible. The
+//! [`FaultHandle`] returned with the backend reads the log of injected faults
+//! and switches injection on and off.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::{Backend, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// A failure mode to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum FaultKind {
+    /// A host-to-device copy lands zeros.
+    CopyLandsZeros,
+    /// A host-to-device copy is lost; the destination keeps stale data.
+    CopyLandsStale,
+    /// A host-to-device copy fails with "invalid value".
+    InvalidValueOnCopy,
+    /// A conversion kernel writes zeros.
+    ConvertWritesZeros,
+    /// A device allocation runs out of memory.
+    OutOfMemoryOnAlloc,
+    /// A kernel launch fails.
+    LaunchFailure,
+    /// Freeing memory or destroying a stream or event fails (and leaks).
+    TeardownFailure,
+}
+
+impl FaultKind {
+    const ALL: [FaultKind; 7] = [
+        FaultKind::CopyLandsZeros,
+        FaultKind::CopyLandsStale,
+        FaultKind::InvalidValueOnCopy,
+        FaultKind::ConvertWritesZeros,
+        FaultKind::OutOfMemoryOnAlloc,
+        FaultKind::LaunchFailure,
+        FaultKind::TeardownFailure,
+    ];
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|k| *k == self).unwrap_or(0)
+    }
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            FaultKind::CopyLandsZeros => "copy lands zeros",
+            FaultKind::CopyLandsStale => "copy lands stale data",
+            FaultKind::InvalidValueOnCopy => "invalid value on copy",
+            FaultKind::ConvertWritesZeros => "conversion writes zeros",
+            FaultKind::OutOfMemoryOnAlloc => "out of memory on allocation",
+            FaultKind::LaunchFailure => "kernel launch failure",
+            FaultKind::TeardownFailure => "teardown failure",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Which of the operations a rule applies to are hit.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub enum When {
+    /// Every one.
+    Always,
+    /// Only the `n`-th (0-based).
+    Nth(u64),
+    /// Every `n`-th (the `n-1`-th, `2n-1`-th, ...); `0` never.
+    EveryNth(u64),
+    /// Each independently with probability `per_million / 1e6`, from the
+    /// plan's seed.
+    Random {
+        /// Probability in millionths.
+        per_million: u32,
+    },
+}
+
+/// One injection rule.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct FaultRule {
+    /// What to inject.
+    pub kind: FaultKind,
+    /// When.
+    pub when: When,
+}
+
+/// The rules of a [`Faults`] backend.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
+pub struct FaultPlan {
+    /// Seed of [`When::Random`].
+    pub seed: u64,
+    /// The rules (several may name the same kind; any that fires injects).
+    pub rules: Vec<FaultRule>,
+}
+
+impl FaultPlan {
+    /// A plan of one rule.
+    pub fn one(kind: FaultKind, when: When) -> FaultPlan {
+        FaultPlan {
+            seed: 0,
+            rules: vec![FaultRule { kind, when }],
+        }
+    }
+}
+
+/// One injected fault, as logged.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct InjectedFault {
+    /// What was injected.
+    pub kind: FaultKind,
+    /// The backend operation hit (`"copy_htod"`, `"convert"`, ...).
+    pub op: &'static str,
+    /// The operation's index among those the kind applies to.
+    pub index: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    counts: [u64; 7],
+    rng: u64,
+    log: Vec<InjectedFault>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    plan: FaultPlan,
+    enabled: AtomicBool,
+    state: Mutex<State>,
+}
+
+/// Reads the log of a [`Faults`] backend and switches it on and off (the
+/// backend itself is owned by its [`Device`](super::Device)).
+#[derive(Debug, Clone)]
+pub struct FaultHandle(Arc<Shared>);
+
+impl FaultHandle {
+    /// The faults injected so far, in order.
+    pub fn injected(&self) -> Vec<InjectedFault> {
+        match self.0.state.lock() {
+            Ok(s) => s.log.clone(),
+            Err(p) => p.into_inner().log.clone(),
+        }
+    }
+
+    /// Turns injection on or off (operations are still counted only while on).
+    pub fn set_enabled(&self, on: bool) {
+        self.0.enabled.store(on, Ordering::SeqCst);
+    }
+}
+
+/// A backend that injects faults into another (see the module docs).
+#[derive(Debug)]
+pub struct Faults<B> {
+    inner: B,
+    shared: Arc<Shared>,
+}
+
+fn splitmix(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    crate::convert::fingerprint::mix64(*x)
+}
+
+impl<B: Backend> Faults<B> {
+    /// Wraps `inner` with `plan`; the handle reads the log.
+    pub fn new(inner: B, plan: FaultPlan) -> (Faults<B>, FaultHandle) {
+        let shared = Arc::new(Shared {
+            enabled: AtomicBool::new(true),
+            state: Mutex::new(State {
+                counts: [0; 7],
+                rng: plan.seed,
+                log: Vec::new(),
+            }),
+            plan,
+        });
+        (
+            Faults {
+                inner,
+                shared: Arc::clone(&shared),
+            },
+            FaultHandle(shared),
+        )
+    }
+
+    /// Counts one operation that `kind` applies to and says whether a rule
+    /// fires for it (logging it).
+    fn fires(&self, kind: FaultKind, op: &'static str) -> bool {
+        let sh = &self.shared;
+        if !sh.enabled.load(Ordering::SeqCst) || !sh.plan.rules.iter().any(|r| r.kind == kind) {
+            return false;
+        }
+        let mut st = match sh.state.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        let i = kind.index();
+        let index = st.counts[i];
+        st.counts[i] += 1;
+        let mut hit = false;
+        for r in sh.plan.rules.iter().filter(|r| r.kind == kind) {
+            hit |= match r.when {
+                When::Always => true,
+                When::Nth(n) => index == n,
+                When::EveryNth(n) => n != 0 && (index + 1) % n == 0,
+                When::Random { per_million } => {
+                    splitmix(&mut st.rng) % 1_000_000 < u64::from(per_million)
+                }
+            };
+        }
+        if hit {
+            st.log.push(InjectedFault { kind, op, index });
+        }
+        hit
+    }
+
+    fn injected(kind: FaultKind, op: &'static str) -> Error {
+        Error::InjectedFault { fault: kind, op }
+    }
+
+    fn teardown(&self, op: &'static str) -> Result<()> {
+        if self.fires(FaultKind::TeardownFailure, op) {
+            return Err(Self::injected(FaultKind::TeardownFailure, op));
+        }
+        Ok(())
+    }
+
+    fn launch(&self, op: &'static str) -> Result<()> {
+        if self.fires(FaultKind::LaunchFailure, op) {
+            return Err(Self::injected(FaultKind::LaunchFailure, op));
+        }
+        Ok(())
+    }
+}
+
+// SAFETY: every operation forwards to `inner` (a correct backend) or is
+// replaced by another operation of `inner` on the same range (memset_zero,
+// fingerprint_sum) or by nothing; allocations are `inner`'s.
+unsafe impl<B: Backend> Backend for Faults<B> {
+    fn info(&self) -> &DeviceInfo {
+        self.inner.info()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        if self.fires(FaultKind::OutOfMemoryOnAlloc, "alloc") {
+            return Err(Error::OutOfMemory {
+                backend: self.inner.info().kind.name(),
+                op: "alloc (injected)",
+                bytes: bytes as u64,
+            });
+        }
+        self.inner.alloc(bytes)
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        self.teardown("free")?;
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.free(ptr, bytes) }
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        self.inner.alloc_pinned(bytes)
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        self.teardown("free_pinned")?;
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.free_pinned(ptr, bytes) }
+    }
+
+    fn stream_create(&self) -> Result<RawStream> {
+        self.inner.stream_create()
+    }
+
+    unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
+        self.teardown("stream_destroy")?;
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.stream_destroy(s) }
+    }
+
+    unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.stream_synchronize(s) }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
+    }
+
+    fn event_create(&self) -> Result<RawEvent> {
+        self.inner.event_create()
+    }
+
+    unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
+        self.teardown("event_destroy")?;
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.event_destroy(e) }
+    }
+
+    unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.event_record(e, s) }
+    }
+
+    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.event_synchronize(e) }
+    }
+
+    unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.stream_wait_event(s, e) }
+    }
+
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.event_elapsed_ms(start, end) }
+    }
+
+    unsafe fn copy_htod(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        if self.fires(FaultKind::InvalidValueOnCopy, "copy_htod") {
+            return Err(Self::injected(FaultKind::InvalidValueOnCopy, "copy_htod"));
+        }
+        if self.fires(FaultKind::CopyLandsStale, "copy_htod") {
+            return Ok(());
+        }
+        if self.fires(FaultKind::CopyLandsZeros, "copy_htod") {
+            // SAFETY: the destination range is valid for `bytes` (caller).
+            return unsafe { self.inner.memset_zero(dst, bytes, s) };
+        }
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.copy_htod(dst, src, bytes, s) }
+    }
+
+    unsafe fn copy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.copy_dtoh(dst, src, bytes, s) }
+    }
+
+    unsafe fn copy_dtod(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.copy_dtod(dst, src, bytes, s) }
+    }
+
+    unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.memset_zero(dst, bytes, s) }
+    }
+
+    unsafe fn convert(
+        &self,
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        s: RawStream,
+    ) -> Result<()> {
+        self.launch("convert")?;
+        let bytes = n * op.to.size().unwrap_or(1) as u64;
+        if self.fires(FaultKind::ConvertWritesZeros, "convert") {
+            // SAFETY: the output range is valid for `n` elements of `op.to`.
+            return unsafe { self.inner.memset_zero(dst, bytes as usize, s) };
+        }
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.convert(op, src, dst, n, s) }
+    }
+
+    unsafe fn fingerprint_sum(
+        &self,
+        src: DevicePtr,
+        bytes: u64,
+        first_word: u64,
+        acc: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        self.launch("fingerprint_sum")?;
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.fingerprint_sum(src, bytes, first_word, acc, s) }
+    }
+
+    unsafe fn convert_fingerprint(
+        &self,
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        acc: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        self.launch("convert_fingerprint")?;
+        let bytes = n * op.to.size().unwrap_or(1) as u64;
+        if self.fires(FaultKind::ConvertWritesZeros, "convert_fingerprint") {
+            // SAFETY: the output range is valid for `bytes` and `acc` is the
+            // caller's accumulator; the zeros are summed as a kernel that
+            // computed zeros would sum them.
+            return unsafe {
+                self.inner.memset_zero(dst, bytes as usize, s)?;
+                self.inner.fingerprint_sum(dst, bytes, 0, acc, s)
+            };
+        }
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.convert_fingerprint(op, src, dst, n, acc, s) }
+    }
+
+    unsafe fn nonfinite(
+        &self,
+        dtype: DType,
+        ptr: DevicePtr,
+        n: u64,
+        clamp: bool,
+        counts: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        self.launch("nonfinite")?;
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.nonfinite(dtype, ptr, n, clamp, counts, s) }
+    }
+}

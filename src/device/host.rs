@@ -1,0 +1,376 @@
+//! The host backend: device memory is host memory (256-aligned, zeroed
+//! allocations), streams run every operation at once, kernels are the CPU
+//! implementations of `crate::convert`. Always available, so every pipeline
+//! also runs in CI.
+
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::{Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream};
+use crate::convert::fingerprint::term;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+const ALIGN: usize = 256;
+
+/// The host backend.
+#[derive(Debug)]
+pub struct HostBackend {
+    info: DeviceInfo,
+    next: AtomicU64,
+    events: Mutex<HashMap<u64, Option<Instant>>>,
+}
+
+impl Default for HostBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HostBackend {
+    /// A new host "device".
+    pub fn new() -> HostBackend {
+        HostBackend {
+            info: DeviceInfo {
+                kind: BackendKind::Host,
+                ordinal: 0,
+                name: "host".into(),
+                arch: "host".into(),
+                total_memory: 0,
+                multiprocessors: u32::try_from(rayon::current_num_threads()).unwrap_or(1),
+                visible: super::VisibleDevices::none(),
+            },
+            next: AtomicU64::new(1),
+            events: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn layout(op: &'static str, bytes: usize) -> Result<Layout> {
+        Layout::from_size_align(bytes, ALIGN).map_err(|_| Error::OutOfMemory {
+            backend: "host",
+            op,
+            bytes: bytes as u64,
+        })
+    }
+
+    fn raw_alloc(op: &'static str, bytes: usize) -> Result<*mut u8> {
+        let layout = Self::layout(op, bytes)?;
+        // SAFETY: `bytes > 0` (the trait's contract), so the layout is not
+        // zero-sized.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(Error::OutOfMemory {
+                backend: "host",
+                op,
+                bytes: bytes as u64,
+            });
+        }
+        Ok(p)
+    }
+
+    /// # Safety
+    /// `p` came from `raw_alloc(_, bytes)` and is freed once.
+    unsafe fn raw_free(op: &'static str, p: *mut u8, bytes: usize) -> Result<()> {
+        let layout = Self::layout(op, bytes)?;
+        // SAFETY: same pointer and layout as the allocation (caller).
+        unsafe { std::alloc::dealloc(p, layout) };
+        Ok(())
+    }
+
+    fn event_state(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<Instant>>> {
+        match self.events.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+/// Host-side fingerprint sum of `bytes` whose first byte is word `first_word`.
+pub(crate) fn sum_bytes(first_word: u64, bytes: &[u8]) -> u64 {
+    const CHUNK: usize = 1 << 20; // bytes per rayon task (a multiple of 4)
+    let full = bytes.len() / 4 * 4;
+    let (body, rest) = bytes.split_at(full);
+    let mut s = body
+        .par_chunks(CHUNK)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let base = first_word + (c * CHUNK / 4) as u64;
+            chunk.chunks_exact(4).enumerate().fold(0u64, |acc, (k, w)| {
+                let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                acc.wrapping_add(term(base + k as u64, w))
+            })
+        })
+        .reduce(|| 0u64, u64::wrapping_add);
+    if !rest.is_empty() {
+        let mut last = [0u8; 4];
+        last[..rest.len()].copy_from_slice(rest);
+        s = s.wrapping_add(term(
+            first_word + (full / 4) as u64,
+            u32::from_le_bytes(last),
+        ));
+    }
+    s
+}
+
+/// # Safety
+/// `p` points to `len` readable bytes that nothing writes meanwhile.
+unsafe fn bytes<'a>(p: DevicePtr, len: u64) -> &'a [u8] {
+    // SAFETY: guaranteed by the caller; host "device" addresses are host
+    // addresses.
+    unsafe { std::slice::from_raw_parts(p.0 as usize as *const u8, len as usize) }
+}
+
+/// # Safety
+/// `p` points to `len` writable bytes that nothing else accesses meanwhile.
+unsafe fn bytes_mut<'a>(p: DevicePtr, len: u64) -> &'a mut [u8] {
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts_mut(p.0 as usize as *mut u8, len as usize) }
+}
+
+/// # Safety
+/// `p` is an 8-aligned u64 that nothing else accesses meanwhile.
+unsafe fn add_u64(p: DevicePtr, v: u64) {
+    let q = p.0 as usize as *mut u64;
+    // SAFETY: guaranteed by the caller.
+    unsafe { *q = (*q).wrapping_add(v) };
+}
+
+fn elem_size(t: DType) -> u64 {
+    t.size().unwrap_or(1) as u64
+}
+
+// SAFETY: allocations come from the global allocator with the requested size
+// and 256-byte alignment (Layout align 256), and every operation is the documented runtime
+// call (or CPU routine) on exactly the ranges given.
+unsafe impl Backend for HostBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        Ok(DevicePtr(Self::raw_alloc("alloc", bytes)? as usize as u64))
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: the caller passes an allocation of ours with its size.
+        unsafe { Self::raw_free("free", ptr.0 as usize as *mut u8, bytes) }
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        Self::raw_alloc("alloc_pinned", bytes)
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        // SAFETY: the caller passes an allocation of ours with its size.
+        unsafe { Self::raw_free("free_pinned", ptr, bytes) }
+    }
+
+    fn stream_create(&self) -> Result<RawStream> {
+        Ok(RawStream(self.next.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    unsafe fn stream_destroy(&self, _s: RawStream) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn stream_synchronize(&self, _s: RawStream) -> Result<()> {
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn event_create(&self) -> Result<RawEvent> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.event_state().insert(id, None);
+        Ok(RawEvent(id))
+    }
+
+    unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
+        self.event_state().remove(&e.0);
+        Ok(())
+    }
+
+    unsafe fn event_record(&self, e: RawEvent, _s: RawStream) -> Result<()> {
+        self.event_state().insert(e.0, Some(Instant::now()));
+        Ok(())
+    }
+
+    unsafe fn event_synchronize(&self, _e: RawEvent) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn stream_wait_event(&self, _s: RawStream, _e: RawEvent) -> Result<()> {
+        Ok(())
+    }
+
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        let st = self.event_state();
+        match (st.get(&start.0), st.get(&end.0)) {
+            (Some(Some(a)), Some(Some(b))) => {
+                Ok(b.saturating_duration_since(*a).as_secs_f32() * 1e3)
+            }
+            _ => Err(Error::EventNotRecorded { op: "elapsed_ms" }),
+        }
+    }
+
+    unsafe fn copy_htod(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        _s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges are valid for `bytes`.
+        unsafe { std::ptr::copy(src, dst.0 as usize as *mut u8, bytes) };
+        Ok(())
+    }
+
+    unsafe fn copy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        bytes: usize,
+        _s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges are valid for `bytes`.
+        unsafe { std::ptr::copy(src.0 as usize as *const u8, dst, bytes) };
+        Ok(())
+    }
+
+    unsafe fn copy_dtod(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        _s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges are valid for `bytes`.
+        unsafe {
+            std::ptr::copy(
+                src.0 as usize as *const u8,
+                dst.0 as usize as *mut u8,
+                bytes,
+            )
+        };
+        Ok(())
+    }
+
+    unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, _s: RawStream) -> Result<()> {
+        // SAFETY: the caller guarantees the range is valid for `bytes`.
+        unsafe { std::ptr::write_bytes(dst.0 as usize as *mut u8, 0, bytes) };
+        Ok(())
+    }
+
+    unsafe fn convert(
+        &self,
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        _s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees `n` elements of each dtype are valid
+        // at `src` (read) and `dst` (written, exclusive).
+        let (s, d) = unsafe {
+            (
+                bytes(src, n * elem_size(op.from)),
+                bytes_mut(dst, n * elem_size(op.to)),
+            )
+        };
+        crate::convert::convert_bytes(op.from, s, op.to, d)
+    }
+
+    unsafe fn fingerprint_sum(
+        &self,
+        src: DevicePtr,
+        nbytes: u64,
+        first_word: u64,
+        acc: DevicePtr,
+        _s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller guarantees `nbytes` readable bytes at `src` and
+        // an exclusive u64 at `acc`.
+        unsafe {
+            let sum = sum_bytes(first_word, bytes(src, nbytes));
+            add_u64(acc, sum);
+        }
+        Ok(())
+    }
+
+    unsafe fn convert_fingerprint(
+        &self,
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        acc: DevicePtr,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: forwarded caller guarantees; the output is read back only
+        // after the conversion wrote it.
+        unsafe {
+            self.convert(op, src, dst, n, s)?;
+            self.fingerprint_sum(dst, n * elem_size(op.to), 0, acc, s)
+        }
+    }
+
+    unsafe fn nonfinite(
+        &self,
+        dtype: DType,
+        ptr: DevicePtr,
+        n: u64,
+        clamp: bool,
+        counts: DevicePtr,
+        _s: RawStream,
+    ) -> Result<()> {
+        // (exponent mask, mantissa mask, max finite, sign, size)
+        let (em, mm, maxf, sign, size): (u32, u32, u32, u32, u64) = match dtype {
+            DType::F32 => (0x7f80_0000, 0x007f_ffff, 0x7f7f_ffff, 0x8000_0000, 4),
+            DType::BF16 => (0x7f80, 0x007f, 0x7f7f, 0x8000, 2),
+            DType::F16 => (0x7c00, 0x03ff, 0x7bff, 0x8000, 2),
+            other => {
+                return Err(Error::UnsupportedConversion {
+                    op: "nonfinite",
+                    from: other,
+                    to: other,
+                })
+            }
+        };
+        // SAFETY: the caller guarantees `n` exclusive elements at `ptr`.
+        let buf = unsafe { bytes_mut(ptr, n * size) };
+        let (mut nan, mut inf) = (0u64, 0u64);
+        for e in buf.chunks_exact_mut(size as usize) {
+            let x = if size == 4 {
+                u32::from_le_bytes([e[0], e[1], e[2], e[3]])
+            } else {
+                u32::from(u16::from_le_bytes([e[0], e[1]]))
+            };
+            if x & em != em {
+                continue;
+            }
+            let y = if x & mm != 0 {
+                nan += 1;
+                0
+            } else {
+                inf += 1;
+                (x & sign) | maxf
+            };
+            if clamp {
+                e.copy_from_slice(&y.to_le_bytes()[..size as usize]);
+            }
+        }
+        // SAFETY: the caller guarantees two exclusive u64s at `counts`.
+        unsafe {
+            add_u64(counts, nan);
+            add_u64(counts.offset(8), inf);
+        }
+        Ok(())
+    }
+}

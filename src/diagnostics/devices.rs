@@ -1,0 +1,170 @@
+//! Which GPU backends this build has, which devices they see, and whether
+//! each device's conversion kernels pass the exhaustive self-test.
+
+use std::time::Instant;
+
+use super::selftest::{SelfTest, Verdict};
+use crate::device::{BackendKind, Device};
+use crate::verify;
+
+/// One backend as this build and machine see it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BackendReport {
+    /// `"host"`, `"hip"` or `"cuda"`.
+    pub backend: String,
+    /// Whether this build contains the backend (its cargo feature is on).
+    pub built: bool,
+    /// The devices it sees (empty when none, or not built).
+    pub devices: Vec<DeviceReport>,
+    /// Why there are no devices (`"not built: ..."`, the runtime's typed
+    /// error such as "no device"), if so.
+    pub error: Option<String>,
+}
+
+/// One device and its self-test.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceReport {
+    /// Ordinal after `HIP_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES`.
+    pub ordinal: usize,
+    /// The runtime's name for the device.
+    pub name: String,
+    /// `gfx1151`, `sm_90`, `host`, ...
+    pub arch: String,
+    /// Total device memory in bytes (0 where unknown).
+    pub total_memory_bytes: u64,
+    /// Compute units / streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// The exhaustive conversion-kernel self-test on this device.
+    pub self_test: SelfTest,
+}
+
+/// Every backend kind, in report order.
+const KINDS: [BackendKind; 3] = [BackendKind::Host, BackendKind::Hip, BackendKind::Cuda];
+
+/// Lists each backend's devices and self-tests their kernels. Never fails:
+/// what cannot be done is reported in the fields.
+pub fn probe_backends() -> Vec<BackendReport> {
+    KINDS.iter().map(|&k| probe(k)).collect()
+}
+
+fn probe(kind: BackendKind) -> BackendReport {
+    let backend = kind.name().to_owned();
+    if !kind.is_built() {
+        return BackendReport {
+            backend,
+            built: false,
+            devices: Vec::new(),
+            error: Some(format!(
+                "not built (cargo feature `{}` is off)",
+                kind.name()
+            )),
+        };
+    }
+    match Device::list(kind) {
+        Ok(infos) => BackendReport {
+            backend,
+            built: true,
+            devices: infos
+                .into_iter()
+                .map(|i| DeviceReport {
+                    self_test: kernel_self_test(kind, i.ordinal),
+                    ordinal: i.ordinal,
+                    name: i.name,
+                    arch: i.arch,
+                    total_memory_bytes: i.total_memory,
+                    multiprocessors: i.multiprocessors,
+                })
+                .collect(),
+            error: None,
+        },
+        Err(e) => BackendReport {
+            backend,
+            built: true,
+            devices: Vec::new(),
+            error: Some(e.to_string()),
+        },
+    }
+}
+
+fn kernel_self_test(kind: BackendKind, ordinal: usize) -> SelfTest {
+    let name = format!("{}:{ordinal}.conversion_kernels", kind.name());
+    let t = Instant::now();
+    let r = Device::open(kind, ordinal)
+        .and_then(|d| d.stream())
+        .and_then(|s| verify::self_test_uncached(&s));
+    let millis = t.elapsed().as_secs_f64() * 1e3;
+    let (verdict, detail) = match r {
+        Ok(rep) if rep.all_passed() => {
+            let patterns: u64 = rep.kernels.iter().map(|k| k.tested).sum();
+            (
+                Verdict::Pass,
+                format!(
+                    "{} kernels, {patterns} patterns bit-exact",
+                    rep.kernels.len()
+                ),
+            )
+        }
+        Ok(rep) => {
+            let bad: Vec<String> = rep
+                .kernels
+                .iter()
+                .filter(|k| k.mismatches > 0)
+                .map(|k| match k.first_mismatch {
+                    Some((i, want, got)) => format!(
+                        "{}: {} mismatches, first {i:#x} -> {got:#x} (expected {want:#x})",
+                        k.kernel, k.mismatches
+                    ),
+                    None => format!("{}: {} mismatches", k.kernel, k.mismatches),
+                })
+                .collect();
+            (
+                Verdict::Fail,
+                format!(
+                    "untrusted, conversions fall back to the CPU: {}",
+                    bad.join("; ")
+                ),
+            )
+        }
+        Err(e) => (Verdict::Fail, format!("self-test could not run: {e}")),
+    };
+    SelfTest {
+        name,
+        verdict,
+        detail,
+        millis,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_backend_is_probed_and_passes() {
+        let reports = probe_backends();
+        assert_eq!(reports.len(), 3);
+        let host = &reports[0];
+        assert_eq!(host.backend, "host");
+        assert!(host.built && host.error.is_none());
+        assert_eq!(host.devices.len(), 1);
+        let t = &host.devices[0].self_test;
+        assert_eq!(t.verdict, Verdict::Pass, "{}", t.detail);
+        assert!(t.detail.contains("bit-exact"), "{}", t.detail);
+    }
+
+    #[test]
+    fn unbuilt_or_absent_gpu_backends_report_why() {
+        for r in &probe_backends()[1..] {
+            if !r.built {
+                assert!(r.devices.is_empty());
+                assert!(
+                    r.error.as_deref().unwrap_or("").contains("not built"),
+                    "{r:?}"
+                );
+            } else if r.devices.is_empty() {
+                // Built but no GPU here (CI): the typed error is reported, not swallowed.
+                assert!(r.error.is_some(), "{r:?}");
+            }
+        }
+    }
+}
