@@ -80,12 +80,19 @@ fn data() -> (conv3d_common::Case, Data) {
     (case, data)
 }
 
+/// The default chain's order; without a GPU tier in the build (default
+/// features) every GPU tier is skipped as unavailable and the CPU serves.
+/// With `cuda`, tests/conv3d_tiers.rs covers the GPU serving.
 #[test]
 fn default_chain_order_and_cpu_serves_without_gpu() {
     let (case, data) = data();
-    let chain = Conv3dChain::new();
+    let mut chain = Conv3dChain::new();
     let kinds: Vec<TierKind> = chain.tiers().into_iter().map(|(k, _)| k).collect();
     assert_eq!(kinds, TierKind::ALL);
+    if cfg!(feature = "cuda") {
+        // Behave as a machine without a GPU would: GPU kinds forbidden.
+        chain.options_mut().forbid = vec![TierKind::Vendor, TierKind::Tiled, TierKind::Naive];
+    }
     let p = data.problem(&case, false);
     let (out, report) = chain.run(&p).unwrap();
     conv3d_common::assert_close("chain", &p, &out, 1e-5);
@@ -93,7 +100,7 @@ fn default_chain_order_and_cpu_serves_without_gpu() {
     assert_eq!(report.attempts.len(), 4);
     for a in &report.attempts[..3] {
         assert!(
-            matches!(&a.outcome, Outcome::Skipped(why) if why.starts_with("unavailable")),
+            matches!(&a.outcome, Outcome::Skipped(why) if why.starts_with("unavailable") || why.starts_with("forbidden")),
             "{:?}",
             a.outcome
         );
@@ -105,7 +112,7 @@ fn default_chain_order_and_cpu_serves_without_gpu() {
     assert_eq!((stats[3].attempts, stats[3].successes), (1, 1));
     let text = report.to_string();
     assert!(
-        text.contains(": skipped (unavailable") && text.contains("cpu: served"),
+        text.contains(": skipped (") && text.contains("cpu: served"),
         "{text}"
     );
 }
@@ -254,7 +261,9 @@ fn forbid_skips_kinds_and_no_tier_left_is_a_typed_error() {
     let (case, data) = data();
     let p = data.problem(&case, true);
     let mut chain = Conv3dChain::new();
-    chain.options_mut().forbid = vec![TierKind::Cpu];
+    // Every kind forbidden (on a default build the GPU tiers would be
+    // skipped as unavailable anyway).
+    chain.options_mut().forbid = TierKind::ALL.to_vec();
     let e = chain.run(&p).unwrap_err();
     let Error::Conv3dNoTier { report } = &e else {
         panic!("{e}")
