@@ -12,6 +12,8 @@
 //! AVX-512 (8 x 32 tile), chosen at run time; elsewhere a portable
 //! instantiation (4 x 16, separate multiply and add) runs.
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use super::params::{Conv3dGeometry, Conv3dProblem};
@@ -184,7 +186,7 @@ pub fn conv3d_cpu_with(p: &Conv3dProblem<'_>, out: &mut [f32], kernel: CpuKernel
     let (ocb, owb) = isa.tile();
     let [d, h, w] = g.input;
     let kw = g.kernel[2];
-    let [od_n, oh_n, ow_n] = g.output;
+    let ow_n = g.output[2];
     let pr = g.params;
     let tiles = ow_n.div_ceil(owb);
     let wp_needed = ((tiles * owb - 1) * pr.stride[2])
@@ -208,18 +210,40 @@ pub fn conv3d_cpu_with(p: &Conv3dProblem<'_>, out: &mut [f32], kernel: CpuKernel
     let bias: Vec<f32> = (0..g.out_channels).map(|k| p.bias_f32(k)).collect();
     let blocks = g.out_per_group().div_ceil(ocb);
 
-    let mut x = vec![0f32; padded_len];
+    let mut x = take_scratch(padded_len);
+    let result = run_items(
+        p, out, pad, plane, &mut x, isa, ocb, &w_packed, &bias, blocks,
+    );
+    return_scratch(x);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_items(
+    p: &Conv3dProblem<'_>,
+    out: &mut [f32],
+    pad: Padded,
+    plane: usize,
+    x: &mut [f32],
+    isa: Isa,
+    ocb: usize,
+    w_packed: &[f32],
+    bias: &[f32],
+    blocks: usize,
+) -> Result<()> {
+    let g = p.geometry;
+    let [od_n, oh_n, ow_n] = g.output;
     let out_item = g.out_channels * od_n * oh_n * ow_n;
     for (n, out_n) in out.chunks_mut(out_item).enumerate() {
-        fill_padded(p, n, pad, plane, &mut x)?;
+        fill_padded(p, n, pad, plane, x)?;
         let ctx = Ctx {
             isa,
             ocb,
             g,
             pad,
-            x: &x,
-            w: &w_packed,
-            bias: &bias,
+            x,
+            w: w_packed,
+            bias,
             blocks,
         };
         let tasks = make_tasks(&g, blocks, ocb, out_n);
@@ -270,31 +294,73 @@ fn fill_padded(
 }
 
 /// Weights as `[group][block][C/groups][KD][KH][KW][ocb]`, zero for the
-/// channels past the end of a group's last block.
+/// channels past the end of a group's last block. Parallel over blocks.
 fn pack_weights(p: &Conv3dProblem<'_>, ocb: usize) -> Result<Vec<f32>> {
     let g = &p.geometry;
     let cg = g.in_per_group();
     let kg = g.out_per_group();
     let taps: usize = g.kernel.iter().product();
     let blocks = kg.div_ceil(ocb);
-    let len = g.params.groups * blocks * cg * taps * ocb;
-    let mut packed = vec![0f32; len];
-    for (i, v) in packed.iter_mut().enumerate() {
-        let o = i % ocb;
-        let tap = i / ocb % taps;
-        let ci = i / (ocb * taps) % cg;
-        let b = i / (ocb * taps * cg) % blocks;
-        let grp = i / (ocb * taps * cg * blocks);
-        let kl = b * ocb + o;
-        if kl < kg {
-            let k = grp * kg + kl;
-            *v = p
-                .weight
-                .get_f32((k * cg + ci) * taps + tap)
-                .ok_or_else(|| internal("weight index out of bounds"))?;
-        }
+    let per_block = cg * taps * ocb;
+    let mut packed = vec![0f32; g.params.groups * blocks * per_block];
+    if per_block == 0 {
+        return Ok(packed);
     }
-    Ok(packed)
+    let ok = packed
+        .par_chunks_mut(per_block)
+        .enumerate()
+        .all(|(gb, dst)| {
+            let (grp, b) = (gb / blocks, gb % blocks);
+            for o in 0..ocb {
+                let kl = b * ocb + o;
+                if kl >= kg {
+                    break;
+                }
+                let src = (grp * kg + kl) * cg * taps;
+                for (i, chunk) in dst.chunks_exact_mut(ocb).enumerate() {
+                    match (p.weight.get_f32(src + i), chunk.get_mut(o)) {
+                        (Some(v), Some(d)) => *d = v,
+                        _ => return false,
+                    }
+                }
+            }
+            true
+        });
+    if ok {
+        Ok(packed)
+    } else {
+        Err(internal("weight index out of bounds"))
+    }
+}
+
+/// Reusable padded-input buffers: the padded copy of one batch item is
+/// large (the input's size), and allocating it per call costs page faults.
+/// At most one buffer is kept (the largest returned);
+/// [`release_cpu_scratch`] frees it.
+static SCRATCH: Mutex<Vec<f32>> = Mutex::new(Vec::new());
+
+fn take_scratch(len: usize) -> Vec<f32> {
+    let mut kept = SCRATCH.lock().unwrap_or_else(|p| p.into_inner());
+    let mut v = std::mem::take(&mut *kept);
+    drop(kept);
+    if v.len() < len {
+        v = vec![0f32; len];
+    }
+    v.truncate(len);
+    v
+}
+
+fn return_scratch(v: Vec<f32>) {
+    let mut kept = SCRATCH.lock().unwrap_or_else(|p| p.into_inner());
+    if v.capacity() > kept.capacity() {
+        *kept = v;
+    }
+}
+
+/// Frees the padded-input buffer the CPU tier keeps between calls.
+pub fn release_cpu_scratch() {
+    let mut kept = SCRATCH.lock().unwrap_or_else(|p| p.into_inner());
+    *kept = Vec::new();
 }
 
 fn make_tasks<'a>(

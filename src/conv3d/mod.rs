@@ -31,7 +31,7 @@ pub use chain::{
     sample_points, Attempt, Conv3dChain, Conv3dOptions, Conv3dReport, Conv3dTier, CpuTier, Failure,
     Outcome, Support, TierKind, TierStats, UnavailableTier,
 };
-pub use cpu::{conv3d_cpu, conv3d_cpu_with, CpuKernel};
+pub use cpu::{conv3d_cpu, conv3d_cpu_with, release_cpu_scratch, CpuKernel};
 pub use params::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem};
 pub use reference::{reference, reference_point, RefPoint};
 
