@@ -30,6 +30,21 @@ RS_DEVICE float rs_ld(const rs_u16* p, rs_u64 i) {
     return __uint_as_float(((rs_u32)p[i]) << 16);
 }
 
+// First and one-past-last tap k with 0 <= o + k * dil < size (o may be
+// negative): the taps of a kernel axis that land inside the input.
+RS_DEVICE void rs_tap_range(long long o, rs_u64 dil, rs_u64 taps, long long size, rs_u64* lo,
+                            rs_u64* hi) {
+    const long long d = (long long)dil;
+    long long l = 0;
+    if (o < 0) l = (-o + d - 1) / d;
+    long long h = 0;
+    if (size - 1 - o >= 0) h = (size - 1 - o) / d + 1;
+    if (h > (long long)taps) h = (long long)taps;
+    if (l > h) l = h;
+    *lo = (rs_u64)l;
+    *hi = (rs_u64)h;
+}
+
 template <typename T>
 static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
                                                        const T* __restrict__ wt,
@@ -38,7 +53,8 @@ static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
                                                        const rs_conv3d_args a) {
     const rs_u64 total = a.n * a.k * a.od * a.oh * a.ow;
     const rs_u64 cg = a.c / a.groups, kg = a.k / a.groups;
-    const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
+    const rs_u64 hw = a.h * a.w, dhw = a.d * hw;
+    const rs_u64 khw = a.kh * a.kw, kvol = a.kd * khw;
     for (rs_u64 i = rs_tid(); i < total; i += rs_nthreads()) {
         rs_u64 t = i;
         const rs_u64 ow = t % a.ow;
@@ -50,25 +66,28 @@ static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
         const rs_u64 k = t % a.k;
         const rs_u64 n = t / a.k;
         const rs_u64 g = k / kg;
-        float acc = a.has_bias ? bias[k] : 0.0f;
         const long long z0 = (long long)(od * a.sd) - (long long)a.pd;
         const long long y0 = (long long)(oh * a.sh) - (long long)a.ph;
         const long long x0 = (long long)(ow * a.sw) - (long long)a.pw;
-        for (rs_u64 ci = 0; ci < cg; ++ci) {
-            const rs_u64 xc = (n * a.c + g * cg + ci) * a.d;
-            const rs_u64 wc = (k * cg + ci) * a.kd * a.kh * a.kw;
-            for (rs_u64 kd = 0; kd < a.kd; ++kd) {
-                const long long z = z0 + (long long)(kd * a.dd);
-                if (z < 0 || z >= D) continue;
-                for (rs_u64 kh = 0; kh < a.kh; ++kh) {
-                    const long long yy = y0 + (long long)(kh * a.dh);
-                    if (yy < 0 || yy >= H) continue;
-                    const rs_u64 xrow = ((xc + (rs_u64)z) * a.h + (rs_u64)yy) * a.w;
-                    const rs_u64 wrow = wc + (kd * a.kh + kh) * a.kw;
-                    for (rs_u64 kw = 0; kw < a.kw; ++kw) {
-                        const long long xx = x0 + (long long)(kw * a.dw);
-                        if (xx < 0 || xx >= W) continue;
-                        acc = fmaf(rs_ld(x, xrow + (rs_u64)xx), rs_ld(wt, wrow + kw), acc);
+        rs_u64 d_lo, d_hi, h_lo, h_hi, w_lo, w_hi;
+        rs_tap_range(z0, a.dd, a.kd, (long long)a.d, &d_lo, &d_hi);
+        rs_tap_range(y0, a.dh, a.kh, (long long)a.h, &h_lo, &h_hi);
+        rs_tap_range(x0, a.dw, a.kw, (long long)a.w, &w_lo, &w_hi);
+        float acc = a.has_bias ? bias[k] : 0.0f;
+        // Every index below is inside its tensor: the tap ranges keep the
+        // input coordinates in [0, size).
+        const T* xc = x + (n * a.c + g * cg) * dhw;
+        const T* wc = wt + k * cg * kvol;
+        for (rs_u64 ci = 0; ci < cg; ++ci, xc += dhw, wc += kvol) {
+            for (rs_u64 kd = d_lo; kd < d_hi; ++kd) {
+                const T* xz = xc + (rs_u64)(z0 + (long long)(kd * a.dd)) * hw;
+                const T* wz = wc + kd * khw;
+                for (rs_u64 kh = h_lo; kh < h_hi; ++kh) {
+                    const T* xy = xz + (rs_u64)(y0 + (long long)(kh * a.dh)) * a.w;
+                    const T* wy = wz + kh * a.kw;
+                    for (rs_u64 kw = w_lo; kw < w_hi; ++kw) {
+                        acc = fmaf(rs_ld(xy, (rs_u64)(x0 + (long long)(kw * a.dw))),
+                                   rs_ld(wy, kw), acc);
                     }
                 }
             }
@@ -101,8 +120,8 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
                                                        const float* __restrict__ bias,
                                                        float* __restrict__ y,
                                                        const rs_conv3d_args a) {
-    __shared__ __align__(16) float As[RS_TBK][RS_TBM];
-    __shared__ __align__(16) float Bs[RS_TBK][RS_TBN];
+    __shared__ __align__(16) float As[2][RS_TBK][RS_TBM];
+    __shared__ __align__(16) float Bs[2][RS_TBK][RS_TBN];
     // Per kernel tap t: its dilated offsets along d, h, w.
     __shared__ int tap_d[RS_MAX_TAPS], tap_h[RS_MAX_TAPS], tap_w[RS_MAX_TAPS];
     const rs_u32 tid = threadIdx.x;
@@ -166,7 +185,9 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     __syncthreads();
 
     // Compute: 8 x 8 per thread; rows ty * 4 + {0..3} and + 64, columns
-    // tx * 4 + {0..3} and + 64 (16-byte reads of shared memory).
+    // tx * 4 + {0..3} and + 64 (16-byte reads of shared memory). Two
+    // shared-memory stages: the next slice is loaded into registers while
+    // the current one is multiplied, then stored into the other stage.
     const rs_u32 tx = tid & 15u, ty = tid >> 4;
     float acc[8][8];
 #pragma unroll
@@ -174,41 +195,57 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
 
-    for (rs_u64 k0 = 0; k0 < R; k0 += RS_TBK) {
-#pragma unroll
-        for (rs_u32 q = 0; q < 4; ++q) {
-            const rs_u64 r = k0 + ar + q;
-            As[ar + q][am] = (a_ok && r < R) ? rs_ld(wt, a_row + r) : 0.0f;
-        }
-#pragma unroll
-        for (rs_u32 q = 0; q < 4; ++q) {
-            float v = 0.0f;
-            if (b_ok && bci[q] < cg) {
-                const rs_u32 t = btap[q];
-                const long long z = bz + tap_d[t];
-                const long long yy = by + tap_h[t];
-                const long long xx = bx + tap_w[t];
-                if (z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W) {
-                    v = rs_ld(x, b_base + bci[q] * dhw + (rs_u64)z * hw + (rs_u64)yy * a.w +
-                                     (rs_u64)xx);
-                }
-            }
-            Bs[br + q][bp] = v;
-            // Advance this row by RS_TBK.
-            rs_u32 t = btap[q] + RS_TBK;
-            while (t >= kvol) {
-                t -= kvol;
-                ++bci[q];
-            }
-            btap[q] = t;
-        }
-        __syncthreads();
+    float ra[4], rb[4];
+    rs_u64 k0 = 0;
+    // Loads slice k0 into ra / rb and advances the B row trackers.
+#define RS_TILED_LOAD()                                                                     \
+    {                                                                                        \
+        _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) {                                   \
+            const rs_u64 r = k0 + ar + q;                                                    \
+            ra[q] = (a_ok && r < R) ? rs_ld(wt, a_row + r) : 0.0f;                            \
+        }                                                                                    \
+        _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) {                                   \
+            float v = 0.0f;                                                                  \
+            if (b_ok && bci[q] < cg) {                                                       \
+                const rs_u32 t = btap[q];                                                    \
+                const long long z = bz + tap_d[t];                                           \
+                const long long yy = by + tap_h[t];                                          \
+                const long long xx = bx + tap_w[t];                                          \
+                if (z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W) {             \
+                    v = rs_ld(x, b_base + bci[q] * dhw + (rs_u64)z * hw + (rs_u64)yy * a.w + \
+                                     (rs_u64)xx);                                            \
+                }                                                                            \
+            }                                                                                \
+            rb[q] = v;                                                                       \
+            rs_u32 t = btap[q] + RS_TBK;                                                     \
+            while (t >= kvol) {                                                              \
+                t -= kvol;                                                                   \
+                ++bci[q];                                                                    \
+            }                                                                                \
+            btap[q] = t;                                                                     \
+        }                                                                                    \
+    }
+#define RS_TILED_STORE(stage)                                                               \
+    {                                                                                        \
+        _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) {                                   \
+            As[stage][ar + q][am] = ra[q];                                                   \
+            Bs[stage][br + q][bp] = rb[q];                                                   \
+        }                                                                                    \
+    }
+    RS_TILED_LOAD();
+    RS_TILED_STORE(0);
+    __syncthreads();
+    rs_u32 cur = 0;
+    for (; k0 < R;) {
+        const bool more = k0 + RS_TBK < R;
+        k0 += RS_TBK;
+        if (more) RS_TILED_LOAD();
 #pragma unroll
         for (int kk = 0; kk < RS_TBK; ++kk) {
-            const float4 a0 = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
-            const float4 a1 = *reinterpret_cast<const float4*>(&As[kk][ty * 4 + 64]);
-            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[kk][tx * 4]);
-            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[kk][tx * 4 + 64]);
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[cur][kk][ty * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[cur][kk][ty * 4 + 64]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][kk][tx * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][kk][tx * 4 + 64]);
             const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
             const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
@@ -216,8 +253,12 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
 #pragma unroll
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
         }
+        if (more) RS_TILED_STORE(cur ^ 1u);
         __syncthreads();
+        cur ^= 1u;
     }
+#undef RS_TILED_LOAD
+#undef RS_TILED_STORE
 
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
