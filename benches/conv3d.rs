@@ -58,7 +58,7 @@ fn cpu(c: &mut Criterion) {
 
 #[cfg(feature = "cuda")]
 fn gpu(c: &mut Criterion) {
-    use rocm_safe::conv3d::cuda::{CudaConv3d, CudnnConv, GpuKernel};
+    use rocm_safe::conv3d::cuda::{kernel_resources, CudaConv3d, CudnnConv, GpuKernel};
     let engine = match CudaConv3d::open(0) {
         Ok(e) => e,
         Err(e) => {
@@ -66,6 +66,9 @@ fn gpu(c: &mut Criterion) {
             return;
         }
     };
+    for (name, regs, local) in kernel_resources(&engine) {
+        eprintln!("{name}: {regs} registers, {local} local bytes per thread");
+    }
     let input = [1usize, 128, 9, 128, 128];
     let weight = [128usize, 128, 3, 3, 3];
     let x = values(input.iter().product(), 1);

@@ -112,11 +112,14 @@ KERNEL void conv3d_naive_bf16(const rs_u16* x, const rs_u16* w, const float* bia
 #define RS_MAX_TAPS 1024
 
 // Grid: x = ceil(P / 128) point tiles, y = ceil((K / G) / 128) channel
-// tiles, z = groups. Exactly 256 threads per block. The host checks that
-// KD * KH * KW <= RS_MAX_TAPS and that every (tap * dilation) fits an int.
+// tiles, z = groups. Exactly 256 threads per block. The weights come
+// transposed per group, wt_t[g][r][m] = w[g * K/G + m][r], so that a tile's
+// weight loads are coalesced. The host checks that KD * KH * KW <=
+// RS_MAX_TAPS, that C / G fits 32 bits and that every (tap * dilation) fits
+// an int.
 template <typename T>
 static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
-                                                       const T* __restrict__ wt,
+                                                       const T* __restrict__ wt_t,
                                                        const float* __restrict__ bias,
                                                        float* __restrict__ y,
                                                        const rs_conv3d_args a) {
@@ -144,11 +147,12 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
         tap_w[t] = (int)(kw * a.dw);
     }
 
-    // A (weight) loads: row m = tid / 2, 4 consecutive r from (tid % 2) * 4.
-    const rs_u32 am = tid >> 1;
-    const rs_u32 ar = (tid & 1u) * 4u;
+    // A (weight) loads from the transposed weights wt_t [G][R][K/G]:
+    // column m = tid % 128 (coalesced), rows (tid / 128) * 4 + q.
+    const rs_u32 am = tid & 127u;
+    const rs_u32 ar = (tid >> 7) * 4u;
     const bool a_ok = m0 + am < kg;
-    const rs_u64 a_row = (g * kg + m0 + am) * R;
+    const rs_u64 a_col = g * R * kg + m0 + am;
 
     // B (input column) loads: column p = tid % 128, rows (tid / 128) * 4 + q.
     // Row r = ci * kvol + t is tracked incrementally as (ci, t): no division
@@ -172,12 +176,12 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
         bx = (long long)(ow * a.sw) - (long long)a.pw;
         b_base = (n * a.c + g * cg) * a.d * a.h * a.w;
     }
-    rs_u64 bci[4];
+    rs_u32 bci[4];
     rs_u32 btap[4];
 #pragma unroll
     for (rs_u32 q = 0; q < 4; ++q) {
         bci[q] = (br + q) / kvol;
-        btap[q] = (br + q) - (rs_u32)bci[q] * kvol;
+        btap[q] = (br + q) - bci[q] * kvol;
     }
     const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
     const rs_u64 dhw = a.d * a.h * a.w;
@@ -202,7 +206,7 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     {                                                                                        \
         _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) {                                   \
             const rs_u64 r = k0 + ar + q;                                                    \
-            ra[q] = (a_ok && r < R) ? rs_ld(wt, a_row + r) : 0.0f;                            \
+            ra[q] = (a_ok && r < R) ? rs_ld(wt_t, a_col + r * kg) : 0.0f;                     \
         }                                                                                    \
         _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) {                                   \
             float v = 0.0f;                                                                  \
@@ -212,7 +216,7 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
                 const long long yy = by + tap_h[t];                                          \
                 const long long xx = bx + tap_w[t];                                          \
                 if (z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W) {             \
-                    v = rs_ld(x, b_base + bci[q] * dhw + (rs_u64)z * hw + (rs_u64)yy * a.w + \
+                    v = rs_ld(x, b_base + (rs_u64)bci[q] * dhw + (rs_u64)z * hw + (rs_u64)yy * a.w + \
                                      (rs_u64)xx);                                            \
                 }                                                                            \
             }                                                                                \
@@ -277,13 +281,13 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     }
 }
 
-KERNEL void conv3d_tiled_f32(const float* x, const float* w, const float* bias, float* y,
+KERNEL void conv3d_tiled_f32(const float* x, const float* w_t, const float* bias, float* y,
                              rs_conv3d_args a) {
-    rs_conv3d_tiled<float>(x, w, bias, y, a);
+    rs_conv3d_tiled<float>(x, w_t, bias, y, a);
 }
-KERNEL void conv3d_tiled_bf16(const rs_u16* x, const rs_u16* w, const float* bias, float* y,
+KERNEL void conv3d_tiled_bf16(const rs_u16* x, const rs_u16* w_t, const float* bias, float* y,
                               rs_conv3d_args a) {
-    rs_conv3d_tiled<rs_u16>(x, w, bias, y, a);
+    rs_conv3d_tiled<rs_u16>(x, w_t, bias, y, a);
 }
 
 // y[i] += bias[(i / spatial) % k] over `total` elements.

@@ -26,6 +26,8 @@ const TILE_AVX2: (usize, usize) = (4, 16);
 const TILE_AVX512: (usize, usize) = (8, 32);
 /// Output rows per rayon task.
 const ROWS_PER_TASK: usize = 4;
+/// Bytes of packed weights a task keeps hot per input-channel chunk.
+const L1_WEIGHT_BYTES: usize = 16 * 1024;
 
 fn internal(reason: &'static str) -> Error {
     Error::Conv3dTier {
@@ -450,24 +452,46 @@ fn task<const FMA: bool, const OCB: usize, const OWB: usize>(
     let [_, _, ow_n] = ctx.g.output;
     let unit_stride = ctx.g.params.stride[2] == 1;
     let rows = t.rows.first().map_or(0, |r| r.len() / ow_n.max(1));
-    for r in 0..rows {
-        let oh = t.oh0 + r;
-        for ow0 in (0..ow_n).step_by(OWB) {
-            let acc = if unit_stride {
-                tile::<FMA, true, OCB, OWB>(ctx, t.group, t.block, t.od, oh, ow0)?
-            } else {
-                tile::<FMA, false, OCB, OWB>(ctx, t.group, t.block, t.od, oh, ow0)?
-            };
-            let valid = OWB.min(ow_n - ow0);
-            for (o, (row, a)) in t.rows.iter_mut().zip(&acc).enumerate() {
-                let b = *ctx.bias.get(t.first + o)?;
+    // Input channels in chunks whose packed weights (OCB channels) stay in
+    // L1 while every tile of the task uses them; partial sums go through
+    // the output rows between chunks.
+    let cg = ctx.g.in_per_group();
+    let taps: usize = ctx.g.kernel.iter().product();
+    let chunk = (L1_WEIGHT_BYTES / (taps * OCB * 4)).clamp(1, cg.max(1));
+    let mut c0 = 0;
+    loop {
+        let c1 = (c0 + chunk).min(cg);
+        for r in 0..rows {
+            let oh = t.oh0 + r;
+            for ow0 in (0..ow_n).step_by(OWB) {
+                let valid = OWB.min(ow_n - ow0);
                 let at = r * ow_n + ow0;
-                let dst = row.get_mut(at..at + valid)?;
-                for (d, v) in dst.iter_mut().zip(a) {
-                    *d = v + b;
+                let sum = if unit_stride {
+                    tile::<FMA, true, OCB, OWB>(ctx, t, oh, ow0, c0..c1)?
+                } else {
+                    tile::<FMA, false, OCB, OWB>(ctx, t, oh, ow0, c0..c1)?
+                };
+                // The first chunk starts from the bias, later ones from the
+                // partial sums already in the output.
+                for (o, (row, a)) in t.rows.iter_mut().zip(&sum).enumerate() {
+                    let dst = row.get_mut(at..at + valid)?;
+                    if c0 == 0 {
+                        let b = *ctx.bias.get(t.first + o)?;
+                        for (d, v) in dst.iter_mut().zip(a) {
+                            *d = b + v;
+                        }
+                    } else {
+                        for (d, v) in dst.iter_mut().zip(a) {
+                            *d += v;
+                        }
+                    }
                 }
             }
         }
+        if c1 >= cg {
+            break;
+        }
+        c0 = c1;
     }
     Some(())
 }
@@ -481,17 +505,17 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// Accumulates the `OCB x OWB` tile of output points `(block channels, od,
-/// oh, ow0..ow0 + OWB)`. `UNIT` is `stride[2] == 1` (contiguous loads).
+/// The contributions of input channels `channels` (within the group) to the `OCB x OWB` tile of output points `(the task's channels,
+/// od, oh, ow0..ow0 + OWB)`. `UNIT` is `stride[2] == 1` (contiguous loads).
 #[inline(always)]
 fn tile<const FMA: bool, const UNIT: bool, const OCB: usize, const OWB: usize>(
     ctx: &Ctx<'_>,
-    group: usize,
-    block: usize,
-    od: usize,
+    t: &Task<'_>,
     oh: usize,
     ow0: usize,
+    channels: std::ops::Range<usize>,
 ) -> Option<[[f32; OWB]; OCB]> {
+    let (group, block, od) = (t.group, t.block, t.od);
     let g = &ctx.g;
     let [kd_n, kh_n, kw_n] = g.kernel;
     let [sd, sh, sw] = g.params.stride;
@@ -499,12 +523,12 @@ fn tile<const FMA: bool, const UNIT: bool, const OCB: usize, const OWB: usize>(
     let cg = g.in_per_group();
     let Padded { dp, hp, wp } = ctx.pad;
     let taps = kd_n * kh_n * kw_n;
-    let wbase = (group * ctx.blocks + block) * cg * taps * OCB;
+    let wbase = ((group * ctx.blocks + block) * cg + channels.start) * taps * OCB;
     let mut acc = [[0f32; OWB]; OCB];
     let mut wi = wbase;
     let x0 = ow0 * sw;
     let span = (kw_n - 1) * dw + (OWB - 1) * sw + 1;
-    for ci in 0..cg {
+    for ci in channels {
         let c = group * cg + ci;
         for kd in 0..kd_n {
             let z = od * sd + kd * dd;

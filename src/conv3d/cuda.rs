@@ -131,6 +131,9 @@ pub struct DeviceProblem {
     geometry: Conv3dGeometry,
     x: DeviceData,
     w: DeviceData,
+    /// The weights transposed per group, `[G][C/G * KD * KH * KW][K/G]`
+    /// (what the tiled kernel reads, coalesced).
+    w_t: DeviceData,
     /// The bias, or one zero when there is none (kernels get a valid pointer).
     bias: CudaSlice<f32>,
     has_bias: bool,
@@ -272,6 +275,14 @@ impl CudaConv3d {
                 ),
             })
         };
+        let w_t = match &p.weight {
+            Conv3dData::F32(s) => self.upload_f32(&transpose_groups(&p.geometry, s))?,
+            Conv3dData::BF16(s) => DeviceData::BF16(
+                self.stream
+                    .clone_htod(&transpose_groups(&p.geometry, s))
+                    .map_err(cuda_err("cuMemcpyHtoD"))?,
+            ),
+        };
         let bias: Vec<f32> = match p.bias {
             Some(_) => (0..p.geometry.out_channels)
                 .map(|k| p.bias_f32(k))
@@ -282,12 +293,21 @@ impl CudaConv3d {
             geometry: p.geometry,
             x: up(&p.input)?,
             w: up(&p.weight)?,
+            w_t,
             bias: self
                 .stream
                 .clone_htod(&bias)
                 .map_err(cuda_err("cuMemcpyHtoD"))?,
             has_bias: p.bias.is_some(),
         })
+    }
+
+    fn upload_f32(&self, v: &[f32]) -> Result<DeviceData> {
+        Ok(DeviceData::F32(
+            self.stream
+                .clone_htod(v)
+                .map_err(cuda_err("cuMemcpyHtoD"))?,
+        ))
     }
 
     /// A device buffer for the output of `dp`.
@@ -317,6 +337,9 @@ impl CudaConv3d {
         });
         if !fits {
             return Some("a dilated kernel offset does not fit 32 bits");
+        }
+        if u32::try_from(g.in_per_group()).is_err() {
+            return Some("more than 2^32 input channels per group");
         }
         if g.out_per_group() < 8 {
             return Some("fewer than 8 output channels per group (depthwise-like): the naive kernel fits better");
@@ -380,7 +403,11 @@ impl CudaConv3d {
             (GpuKernel::Tiled, DeviceData::BF16(_)) => &self.f.tiled_bf16,
         };
         let mut b = self.stream.launch_builder(f);
-        match (&dp.x, &dp.w) {
+        let w = match kernel {
+            GpuKernel::Naive => &dp.w,
+            GpuKernel::Tiled => &dp.w_t,
+        };
+        match (&dp.x, w) {
             (DeviceData::F32(x), DeviceData::F32(w)) => {
                 b.arg(x).arg(w);
             }
@@ -433,6 +460,49 @@ impl CudaConv3d {
             .map_err(cuda_err("cuMemcpyDtoH"))?;
         self.synchronize()
     }
+}
+
+/// `w` `[G * K/G][R]` transposed per group into `[G][R][K/G]`.
+fn transpose_groups<T: Copy + Default + Send + Sync>(g: &Conv3dGeometry, w: &[T]) -> Vec<T> {
+    use rayon::prelude::*;
+    let kg = g.out_per_group();
+    let r_len = g.in_per_group() * g.kernel.iter().product::<usize>();
+    let mut out = vec![T::default(); w.len()];
+    if kg == 0 || r_len == 0 {
+        return out;
+    }
+    // Each output row (group, r) gathers one column of the group's block.
+    out.par_chunks_mut(kg).enumerate().for_each(|(row, dst)| {
+        let (grp, r) = (row / r_len, row % r_len);
+        for (m, d) in dst.iter_mut().enumerate() {
+            if let Some(v) = w.get((grp * kg + m) * r_len + r) {
+                *d = *v;
+            }
+        }
+    });
+    out
+}
+
+/// Registers per thread and local (spill) bytes of the kernels, for
+/// diagnosis: `[(name, registers, local bytes)]`.
+pub fn kernel_resources(engine: &CudaConv3d) -> Vec<(&'static str, i32, i32)> {
+    use cudarc::driver::sys::CUfunction_attribute_enum as A;
+    let f = &engine.f;
+    [
+        ("conv3d_naive_f32", &f.naive_f32),
+        ("conv3d_tiled_f32", &f.tiled_f32),
+        ("conv3d_tiled_bf16", &f.tiled_bf16),
+    ]
+    .into_iter()
+    .map(|(n, func)| {
+        (
+            n,
+            func.num_regs().unwrap_or(-1),
+            func.get_attribute(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+                .unwrap_or(-1),
+        )
+    })
+    .collect()
 }
 
 // ----- cuDNN ---------------------------------------------------------------
