@@ -127,8 +127,6 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     __shared__ __align__(16) float Bs[2][RS_TBK][RS_TBN];
     // Per kernel tap t: its dilated offsets along d, h, w.
     __shared__ int tap_d[RS_MAX_TAPS], tap_h[RS_MAX_TAPS], tap_w[RS_MAX_TAPS];
-    // ... and its offset in the input when every tap is inside (interior).
-    __shared__ long long tap_off[RS_MAX_TAPS];
     const rs_u32 tid = threadIdx.x;
     const rs_u64 cg = a.c / a.groups, kg = a.k / a.groups;
     const rs_u32 khw = (rs_u32)(a.kh * a.kw);
@@ -147,7 +145,6 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
         tap_d[t] = (int)(kd * a.dd);
         tap_h[t] = (int)(kh * a.dh);
         tap_w[t] = (int)(kw * a.dw);
-        tap_off[t] = (long long)((kd * a.dd * a.h + kh * a.dh) * a.w + kw * a.dw);
     }
 
     // A (weight) loads from the transposed weights wt_t [G][R][K/G]:
@@ -189,14 +186,6 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
     const rs_u64 dhw = a.d * a.h * a.w;
     const rs_u64 hw = a.h * a.w;
-    // Interior points (every tap inside the input) take a path without
-    // bounds checks: base address plus the tap's offset.
-    const bool interior = b_ok && bz >= 0 && by >= 0 && bx >= 0 &&
-                          bz + (long long)((a.kd - 1) * a.dd) < D &&
-                          by + (long long)((a.kh - 1) * a.dh) < H &&
-                          bx + (long long)((a.kw - 1) * a.dw) < W;
-    const rs_u64 p_base =
-        interior ? b_base + ((rs_u64)bz * a.h + (rs_u64)by) * a.w + (rs_u64)bx : 0;
     __syncthreads();
 
     // Compute: 8 x 8 per thread; rows ty * 4 + {0..3} and + 64, columns
@@ -221,10 +210,7 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
         }                                                                                    \
         _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) {                                   \
             float v = 0.0f;                                                                  \
-            if (interior) {                                                                  \
-                if (bci[q] < cg)                                                             \
-                    v = rs_ld(x, p_base + (rs_u64)bci[q] * dhw + (rs_u64)tap_off[btap[q]]);   \
-            } else if (b_ok && bci[q] < cg) {                                                \
+            if (b_ok && bci[q] < cg) {                                                       \
                 const rs_u32 t = btap[q];                                                    \
                 const long long z = bz + tap_d[t];                                           \
                 const long long yy = by + tap_h[t];                                          \
