@@ -14,8 +14,8 @@
 //!   failures by kind and time per tier.
 //! - Every tier accumulates in f32; bf16 inputs are widened exactly.
 //!
-//! With the `cuda` feature the GPU tiers are [`cuda::CudnnTier`],
-//! [`cuda::CudaTiledTier`] and [`cuda::CudaNaiveTier`] on device 0 (each
+//! With the `cuda` feature the GPU tiers are `cuda::CudnnTier`,
+//! `cuda::CudaTiledTier` and `cuda::CudaNaiveTier` on device 0 (each
 //! skipped as unavailable where its library or device is missing). In a
 //! build without it (default, or `hip` alone for now) the GPU tiers are
 //! [`UnavailableTier`]s and every call is served by [`CpuTier`].
