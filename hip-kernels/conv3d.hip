@@ -186,6 +186,8 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
     const rs_u64 dhw = a.d * a.h * a.w;
     const rs_u64 hw = a.h * a.w;
+    // Inputs of fewer than 2^31 elements: 32-bit address arithmetic.
+    const bool b_small = a.n * a.c * dhw < (1ull << 31);
     __syncthreads();
 
     // Compute: 8 x 8 per thread; rows ty * 4 + {0..3} and + 64, columns
@@ -216,8 +218,14 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
                 const long long yy = by + tap_h[t];                                          \
                 const long long xx = bx + tap_w[t];                                          \
                 if (z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W) {             \
-                    v = rs_ld(x, b_base + (rs_u64)bci[q] * dhw + (rs_u64)z * hw + (rs_u64)yy * a.w + \
-                                     (rs_u64)xx);                                            \
+                    if (b_small) {                                                           \
+                        v = rs_ld(x, (rs_u64)((rs_u32)b_base + bci[q] * (rs_u32)dhw +          \
+                                              (rs_u32)z * (rs_u32)hw +                       \
+                                              (rs_u32)yy * (rs_u32)a.w + (rs_u32)xx));       \
+                    } else {                                                                 \
+                        v = rs_ld(x, b_base + (rs_u64)bci[q] * dhw + (rs_u64)z * hw +          \
+                                         (rs_u64)yy * a.w + (rs_u64)xx);                     \
+                    }                                                                        \
                 }                                                                            \
             }                                                                                \
             rb[q] = v;                                                                       \
@@ -231,10 +239,8 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     }
 #define RS_TILED_STORE(stage)                                                               \
     {                                                                                        \
-        _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) {                                   \
-            As[stage][ar + q][am] = ra[q];                                                   \
-            Bs[stage][br + q][bp] = rb[q];                                                   \
-        }                                                                                    \
+        _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) As[stage][ar + q][am] = ra[q];      \
+        _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) Bs[stage][br + q][bp] = rb[q];      \
     }
     RS_TILED_LOAD();
     RS_TILED_STORE(0);
