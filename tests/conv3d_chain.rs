@@ -115,6 +115,15 @@ fn default_chain_order_and_cpu_serves_without_gpu() {
         text.contains(": skipped (") && text.contains("cpu: served"),
         "{text}"
     );
+    if cfg!(feature = "hip") && !cfg!(feature = "cuda") {
+        // The hip build says why its GPU tiers are missing.
+        assert!(text.contains("not built for hip yet"), "{text}");
+    } else if !cfg!(feature = "cuda") {
+        assert!(
+            text.contains("built without the `hip` and `cuda` features"),
+            "{text}"
+        );
+    }
 }
 
 #[test]

@@ -152,6 +152,66 @@ mod cuda {
 
     #[test]
     #[ignore = "needs a GPU"]
+    fn device_length_and_size_errors_are_typed() {
+        use rocm_safe::conv3d::cuda::{CudaConv3d, GpuKernel};
+        let engine = CudaConv3d::open(0).unwrap();
+        let case = &cases()[0];
+        let data = Data::new(case);
+        let p = data.problem(case, false);
+        let dp = engine.upload(&p).unwrap();
+        let mut short = engine.stream().alloc_zeros::<f32>(3).unwrap();
+        let e = engine
+            .forward(GpuKernel::Naive, &dp, &mut short)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                rocm_safe::Error::LengthMismatch {
+                    op: "conv3d cuda output",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let y = engine.alloc_output(&dp).unwrap();
+        let e = engine.download(&y, &mut [0f32; 2]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                rocm_safe::Error::LengthMismatch {
+                    op: "conv3d cuda download",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // The tiled kernel refuses what its grid or tile layout cannot take.
+        let dw = cases().into_iter().find(|c| c.name == "depthwise").unwrap();
+        let dwd = Data::new(&dw);
+        let dwp = engine.upload(&dwd.problem(&dw, false)).unwrap();
+        let mut out = engine.alloc_output(&dwp).unwrap();
+        let e = engine
+            .forward(GpuKernel::Tiled, &dwp, &mut out)
+            .unwrap_err();
+        assert!(
+            matches!(e, rocm_safe::Error::Conv3dTier { tier: "tiled", .. }),
+            "{e}"
+        );
+        // Zero-size problems are not sent to the device.
+        let empty = cases()
+            .into_iter()
+            .find(|c| c.name == "empty batch")
+            .unwrap();
+        let ed = Data::new(&empty);
+        let e = engine.upload(&ed.problem(&empty, false)).unwrap_err();
+        assert!(
+            matches!(e, rocm_safe::Error::Conv3dTier { tier: "cuda", .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    #[ignore = "needs a GPU"]
     fn default_chain_is_served_on_the_gpu() {
         let case = &cases()[0];
         let data = Data::new(case);
