@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// Bytes of source data converted per step of a converting read. The
 /// source chunk lives in a reused per-thread buffer, so a converting read
 /// needs the output plus this much.
-pub const CHUNK_BYTES: usize = 8 << 20;
+pub const CHUNK_BYTES: usize = 1 << 20;
 
 thread_local! {
     /// Per-thread staging buffer of converting reads (at most CHUNK_BYTES).
