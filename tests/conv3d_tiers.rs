@@ -237,3 +237,29 @@ mod cuda {
         assert_eq!(report.served_by(), Some(TierKind::Naive), "{report}");
     }
 }
+
+#[test]
+fn cpu_takes_extreme_strides_without_overflow() {
+    // One output column per row; a width stride near usize::MAX must not
+    // overflow any index (debug builds check arithmetic).
+    let case = conv3d_common::Case {
+        name: "huge width stride",
+        input: [1, 2, 3, 2, 7],
+        weight: [3, 2, 2, 1, 2],
+        params: rocm_safe::conv3d::Conv3dParams::default()
+            .with_stride([1, 1, usize::MAX / 4])
+            .with_dilation([1, 1, 3])
+            .with_padding([0, 0, 1]),
+        bias: true,
+    };
+    let data = Data::new(&case);
+    for kernel in CpuKernel::available() {
+        for bf16 in [false, true] {
+            let p = data.problem(&case, bf16);
+            assert_eq!(p.geometry.output, [2, 2, 1]);
+            let mut out = vec![f32::NAN; p.geometry.output_len()];
+            conv3d_cpu_with(&p, &mut out, kernel).unwrap();
+            assert_close(&format!("{kernel:?} huge stride"), &p, &out, 1e-5);
+        }
+    }
+}

@@ -190,10 +190,15 @@ pub fn conv3d_cpu_with(p: &Conv3dProblem<'_>, out: &mut [f32], kernel: CpuKernel
     let kw = g.kernel[2];
     let ow_n = g.output[2];
     let pr = g.params;
+    // With a unit width stride the last tile reads whole OWB-wide windows:
+    // the padded rows get room for them (at most OWB - 1 more columns).
+    // Other strides gather lane by lane and read nothing past the row.
     let tiles = ow_n.div_ceil(owb);
-    let wp_needed = ((tiles * owb - 1) * pr.stride[2])
-        .checked_add((kw - 1) * pr.dilation[2] + 1)
-        .ok_or_else(|| internal("padded width overflows"))?;
+    let wp_needed = if pr.stride[2] == 1 {
+        tiles * owb + (kw - 1) * pr.dilation[2]
+    } else {
+        0
+    };
     let pad = Padded {
         dp: d + 2 * pr.padding[0],
         hp: h + 2 * pr.padding[1],
@@ -527,7 +532,14 @@ fn tile<const FMA: bool, const UNIT: bool, const OCB: usize, const OWB: usize>(
     let mut acc = [[0f32; OWB]; OCB];
     let mut wi = wbase;
     let x0 = ow0 * sw;
-    let span = (kw_n - 1) * dw + (OWB - 1) * sw + 1;
+    // What a row segment must hold: the OWB-wide windows of every tap
+    // (unit stride), or up to the row's end (other strides; lanes past the
+    // last output point may fall beyond it and read as zero).
+    let span = if UNIT {
+        (kw_n - 1) * dw + OWB
+    } else {
+        wp.checked_sub(x0)?
+    };
     for ci in channels {
         let c = group * cg + ci;
         for kd in 0..kd_n {
@@ -560,7 +572,13 @@ fn tile<const FMA: bool, const UNIT: bool, const OCB: usize, const OWB: usize>(
                         let wv: &[f32; OCB] = wv.first_chunk()?;
                         let mut xs = [0f32; OWB];
                         for (j, e) in xs.iter_mut().enumerate() {
-                            *e = *seg.get(kw * dw + j * sw)?;
+                            // Valid lanes are inside the row by construction.
+                            *e = j
+                                .checked_mul(sw)
+                                .and_then(|v| v.checked_add(kw * dw))
+                                .and_then(|i| seg.get(i))
+                                .copied()
+                                .unwrap_or(0.0);
                         }
                         for o in 0..OCB {
                             for j in 0..OWB {
