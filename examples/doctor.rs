@@ -66,6 +66,45 @@ fn print_table(r: &Report) {
     for (k, v) in rows {
         println!("  {k:<12} {v}");
     }
+    for m in &r.amdgpu_memory {
+        println!(
+            "  {:<12} VRAM {}, GTT {}{}",
+            format!("amdgpu {}", m.card),
+            gib(m.vram_total_bytes),
+            gib(m.gtt_total_bytes),
+            m.pci
+                .as_ref()
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default()
+        );
+        if let Some(w) = &m.warning {
+            println!("  {:<12} WARNING: {w}", "");
+        }
+    }
+    println!();
+    println!("Environment");
+    for e in &r.environment {
+        println!(
+            "  {:<30} {}",
+            e.name,
+            e.value.as_deref().unwrap_or("(unset)")
+        );
+    }
+    if !r.advice.is_empty() {
+        println!();
+        println!("Advice");
+        for a in &r.advice {
+            let mark = if a.ok { "ok    " } else { "CHANGE" };
+            println!(
+                "  {mark} [{}] {} = {}: {}",
+                a.arch,
+                a.variable,
+                a.current.as_deref().unwrap_or("(unset)"),
+                a.recommendation
+            );
+            println!("         because {}", a.reason);
+        }
+    }
     println!();
     println!("Self-tests");
     for t in &r.self_tests {
@@ -110,21 +149,37 @@ fn print_table(r: &Report) {
 }
 
 fn main() -> ExitCode {
+    const USAGE: &str = "usage: doctor [--json] [--arch GFX]  (--arch: advice for a gfx target even without a visible device)";
     let mut json = false;
-    for a in std::env::args().skip(1) {
+    let mut archs = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
         match a.as_str() {
             "--json" => json = true,
+            "--arch" => match args.next() {
+                Some(v) if v.starts_with("gfx") => archs.push(v),
+                _ => {
+                    eprintln!("doctor: --arch needs a gfx target such as gfx1151\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
             "-h" | "--help" => {
-                println!("usage: doctor [--json]");
+                println!("{USAGE}");
                 return ExitCode::SUCCESS;
             }
             other => {
-                eprintln!("doctor: unknown argument {other:?} (usage: doctor [--json])");
+                eprintln!("doctor: unknown argument {other:?}\n{USAGE}");
                 return ExitCode::from(2);
             }
         }
     }
-    let report = Report::collect();
+    let mut report = Report::collect();
+    for arch in &archs {
+        if !report.advice.iter().any(|a| &a.arch == arch) {
+            let more = rocm_safe::diagnostics::advise(arch, &report.environment);
+            report.advice.extend(more);
+        }
+    }
     if json {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => println!("{s}"),

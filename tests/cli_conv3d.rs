@@ -3,6 +3,8 @@
 //! statistics on stdout, and for bad shapes, names or parameters a one-line
 //! error, a non-zero exit and no output file.
 
+mod example_bin;
+
 mod conv3d_common;
 
 use std::path::{Path, PathBuf};
@@ -13,26 +15,8 @@ use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
 use rocm_safe::safetensors::{SafeTensors, SafeTensorsWriter, TensorSpec};
 use rocm_safe::DType;
 
-/// target/<profile>/examples/conv3d, built on demand when `cargo test` was
-/// asked for this test alone.
 fn exe() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir.join("examples").join("conv3d");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--example", "conv3d"]);
-        if profile_dir.file_name().unwrap() == "release" {
-            cmd.arg("--release");
-        }
-        assert!(
-            cmd.status().unwrap().success(),
-            "building the conv3d example failed"
-        );
-    }
-    assert!(bin.exists(), "{} missing", bin.display());
-    bin
+    example_bin::example("conv3d")
 }
 
 fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {

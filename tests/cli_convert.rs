@@ -2,6 +2,8 @@
 //! exit codes, one-line errors naming the file and tensor, no output file on
 //! failure, bit-exact conversion, untouched integer tensors, kept metadata.
 
+mod example_bin;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -10,26 +12,8 @@ use rocm_safe::convert::convert_bytes;
 use rocm_safe::safetensors::{Checkpoint, SafeTensors, SafeTensorsWriter, TensorSpec};
 use rocm_safe::DType;
 
-/// target/<profile>/examples/convert, built on demand when `cargo test` was
-/// asked for this test alone (a plain `cargo test` builds examples anyway).
 fn convert_exe() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir.join("examples").join("convert");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--example", "convert"]);
-        if profile_dir.file_name().unwrap() == "release" {
-            cmd.arg("--release");
-        }
-        assert!(
-            cmd.status().unwrap().success(),
-            "building the convert example failed"
-        );
-    }
-    assert!(bin.exists(), "{} missing", bin.display());
-    bin
+    example_bin::example("convert")
 }
 
 fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {

@@ -2,11 +2,15 @@
 //! `doctor` example. Everything is plain data that serialises to JSON with
 //! stable field names.
 
+pub mod amdgpu;
 pub mod devices;
+pub mod env;
 pub mod platform;
 pub mod selftest;
 
+pub use amdgpu::{amdgpu_memory, AmdgpuMemory};
 pub use devices::{probe_backends, BackendReport, DeviceReport};
+pub use env::{advise, read_env, Advice, EnvVar};
 pub use platform::{Library, Platform};
 pub use selftest::{cpu_self_tests, SelfTest, Verdict};
 
@@ -21,6 +25,12 @@ pub struct Report {
     pub features: Vec<String>,
     /// Platform facts.
     pub platform: Platform,
+    /// amdgpu memory pools from sysfs (VRAM carve-out and GTT), one per card.
+    pub amdgpu_memory: Vec<AmdgpuMemory>,
+    /// The environment variables that matter, with their values.
+    pub environment: Vec<EnvVar>,
+    /// Advice for each HIP device's architecture (empty without one).
+    pub advice: Vec<Advice>,
     /// Self-test results of the CPU paths.
     pub self_tests: Vec<SelfTest>,
     /// Each backend (host, hip, cuda): built or not, its devices, and each
@@ -38,13 +48,26 @@ impl Report {
         if cfg!(feature = "cuda") {
             features.push("cuda".to_owned());
         }
+        let environment = read_env();
+        let backends = probe_backends();
+        let mut archs: Vec<&str> = backends
+            .iter()
+            .filter(|b| b.backend == "hip")
+            .flat_map(|b| b.devices.iter().map(|d| d.arch.as_str()))
+            .collect();
+        archs.sort_unstable();
+        archs.dedup();
+        let advice = archs.iter().flat_map(|a| advise(a, &environment)).collect();
         Report {
             schema_version: 1,
             crate_version: env!("CARGO_PKG_VERSION").to_owned(),
             features,
             platform: Platform::detect(),
+            amdgpu_memory: amdgpu_memory(),
+            environment,
+            advice,
             self_tests: cpu_self_tests(),
-            backends: probe_backends(),
+            backends,
         }
     }
 
