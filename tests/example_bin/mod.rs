@@ -29,9 +29,14 @@ pub fn example(name: &str) -> PathBuf {
     if !features.is_empty() {
         cmd.args(["--features", &features.join(",")]);
     }
-    let status = cmd.status().expect("run cargo");
-    assert!(status.success(), "building the {name} example failed");
     let bin = profile_dir.join("examples").join(name);
+    match cmd.status() {
+        Ok(status) => assert!(status.success(), "building the {name} example failed"),
+        // No cargo here (test binaries staged to a GPU machine): use the
+        // staged example if there is one; the assert below fails otherwise.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("cannot run cargo to build the {name} example: {e}"),
+    }
     assert!(bin.exists(), "{} missing", bin.display());
     bin
 }
