@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
-use rocm_safe::device::{host::HostBackend, ConvertOp, Device};
+use rocm_safe::device::{host::HostBackend, Backend, ConvertOp, Device};
 use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
 use rocm_safe::transfer::{Failure, Fallback, LoadOptions, Loaded, Loader, Request, Rung, Stage};
 use rocm_safe::verify::{self, Policy};
@@ -242,9 +242,14 @@ fn bad_requests_and_options_are_errors() {
 /// One fault kind, hitting one operation after the self-test: the pinned
 /// ring sees it and the next rung serves, exactly.
 fn one_fault(kind: FaultKind, when: When, stage: Option<Stage>) {
+    one_fault_on(Box::new(HostBackend::new()), kind, when, stage)
+}
+
+fn one_fault_on(inner: Box<dyn Backend>, kind: FaultKind, when: When, stage: Option<Stage>) {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
-    let (dev, h) = faulty(FaultPlan::one(kind, when));
+    let (f, h) = Faults::new(inner, FaultPlan::one(kind, when));
+    let dev = Device::from_backend(Box::new(f));
     h.set_enabled(false);
     assert!(verify::self_test(&dev.stream().unwrap())
         .unwrap()
@@ -722,4 +727,73 @@ fn campaign_of_seeded_trials_has_no_undetected_corruption() {
         fell_back > 300,
         "tensors that went down the ladder: {fell_back}"
     );
+}
+
+/// The same on a GPU: a clean load, and each copy/conversion fault caught.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use rocm_safe::device::{open_backend, BackendKind};
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn clean_load_is_exact_on_cuda() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+        let dev = Device::open(BackendKind::Cuda, 0).unwrap();
+        for dtype in [None, Some(DType::F32), Some(DType::BF16)] {
+            for policy in [
+                Policy::Fingerprint,
+                Policy::FusedFingerprint,
+                Policy::ReadBack,
+            ] {
+                let mut l = Loader::new(
+                    &dev,
+                    LoadOptions {
+                        policy,
+                        ..small(dtype)
+                    },
+                )
+                .unwrap();
+                let loaded = l.load_all(&ckpt).unwrap();
+                assert_exact(&ckpt, &loaded);
+                assert!(loaded
+                    .report
+                    .tensors
+                    .iter()
+                    .all(|t| t.attempts.is_empty() || t.rung == Rung::CpuConvert));
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn faults_are_caught_on_cuda() {
+        let open = || open_backend(BackendKind::Cuda, 0).unwrap();
+        one_fault_on(
+            open(),
+            FaultKind::CopyLandsZeros,
+            When::Nth(1),
+            Some(Stage::Copy),
+        );
+        one_fault_on(
+            open(),
+            FaultKind::CopyLandsStale,
+            When::Nth(0),
+            Some(Stage::Copy),
+        );
+        one_fault_on(
+            open(),
+            FaultKind::CopyLandsGarbage,
+            When::Nth(2),
+            Some(Stage::Copy),
+        );
+        one_fault_on(
+            open(),
+            FaultKind::ConvertWritesZeros,
+            When::Nth(0),
+            Some(Stage::Output),
+        );
+        one_fault_on(open(), FaultKind::InvalidValueOnCopy, When::Nth(1), None);
+    }
 }
