@@ -7,7 +7,7 @@
 //!   the whole checkpoint `TRANSFER_REPEAT` times (default 3) onto
 //!   `TRANSFER_BACKEND` (`cuda`, `hip` or `host`; default cuda when built)
 //!   converting to f32 with `TRANSFER_POLICY` (`fingerprint`, `fused`,
-//!   `off`), and prints file bytes/s and the peak RSS growth of each load
+//!   `off`), `TRANSFER_RING` x `TRANSFER_BUFFER_MIB`, `TRANSFER_READAHEAD=0|1`, and prints file bytes/s and the peak RSS growth of each load
 //!   (`/proc/self/status` VmHWM after resetting it through
 //!   `/proc/self/clear_refs`, minus VmRSS before the load).
 
@@ -55,12 +55,13 @@ fn figures(path: &str) {
         _ => Policy::Fingerprint,
     };
     let repeat: usize = env_or("TRANSFER_REPEAT", "3").parse().unwrap_or(3);
-    let ring: usize = env_or("TRANSFER_RING", "3").parse().unwrap_or(3);
+    let ring: usize = env_or("TRANSFER_RING", "4").parse().unwrap_or(4);
+    let readahead = env_or("TRANSFER_READAHEAD", "1") != "0";
     let mib: usize = env_or("TRANSFER_BUFFER_MIB", "32").parse().unwrap_or(32);
     let dev = Device::open(backend, 0).expect("open device");
     let st = verify::self_test(&dev.stream().expect("stream")).expect("self-test");
     println!(
-        "device {} ({}), self-test passed: {}, threads {}",
+        "device {} ({}), self-test passed: {}, threads {}, policy {policy:?}, ring {ring} x {mib} MiB, readahead {readahead}",
         dev.info().name,
         dev.info().arch,
         st.all_passed(),
@@ -71,6 +72,7 @@ fn figures(path: &str) {
         policy,
         ring_buffers: ring,
         buffer_bytes: mib << 20,
+        readahead,
         ..LoadOptions::to_dtype(DType::F32)
     };
     let mut loader = Loader::new(&dev, opts).expect("loader");

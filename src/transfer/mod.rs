@@ -119,6 +119,10 @@ pub struct LoadOptions {
     pub small_chunk_bytes: usize,
     /// How far down the ladder a tensor may go.
     pub fallback: Fallback,
+    /// Ask the kernel to read the next jobs' file ranges ahead
+    /// (`posix_fadvise(WILLNEED)`): keeps the disk busy when the page cache
+    /// is cold; a page-cache walk when it is warm.
+    pub readahead: bool,
     /// Device bytes the loaded tensors may take; the tensors (in request
     /// order) that do not fit stay on the host (offloading).
     pub memory_budget: Option<u64>,
@@ -130,8 +134,9 @@ impl Default for LoadOptions {
             dtype: None,
             policy: Policy::Fingerprint,
             self_test: true,
-            ring_buffers: 3,
+            ring_buffers: 4,
             buffer_bytes: 32 * MIB,
+            readahead: true,
             small_chunk_bytes: MIB,
             fallback: Fallback::Ladder,
             memory_budget: None,
@@ -448,6 +453,13 @@ impl Loader {
             device: label(&self.device),
             ..LoadReport::default()
         };
+        // Empty tensors need no copy: served as soon as allocated.
+        for (item, st) in items.iter().zip(states.iter_mut()) {
+            if item.src_bytes == 0 && st.start == Rung::PinnedRing && st.failed.is_none() {
+                st.served = Some(Rung::PinnedRing);
+                prog.done_tensors += 1;
+            }
+        }
         let ring_items: Vec<usize> = (0..items.len())
             .filter(|&i| {
                 states.get(i).is_some_and(|s| {
@@ -864,36 +876,61 @@ impl Loader {
         progress: &mut dyn FnMut(&Progress),
     ) -> Result<()> {
         let n = ring.slots.len();
-        std::thread::scope(|scope| -> Result<()> {
-            let (to_filler, filler_rx) = mpsc::channel::<(usize, PinnedBuffer<u8>)>();
-            let (filler_tx, from_filler) =
-                mpsc::channel::<(usize, PinnedBuffer<u8>, Result<Vec<Sums>>)>();
-            scope.spawn(move || {
-                for (j, mut buf) in filler_rx {
+        type Done = (usize, usize, PinnedBuffer<u8>, Result<Vec<Sums>>);
+        let (tx, rx) = mpsc::channel::<Done>();
+        let readahead = self.opts.readahead;
+        // Fills run as tasks on the rayon pool (each also split into
+        // sub-pieces), several jobs at once, so no job's tail leaves the
+        // pool idle; this thread only queues device work and checks.
+        rayon::in_place_scope(|scope| -> Result<()> {
+            let spawn = |j: usize, s: usize, mut buf: PinnedBuffer<u8>| {
+                let tx = tx.clone();
+                scope.spawn(move |_| {
+                    if readahead {
+                        if let Some(ahead) = jobs.get(j + n) {
+                            advise(sources, items, ahead);
+                        }
+                    }
                     let r = match jobs.get(j) {
                         Some(job) => fill(sources, items, job, &mut buf),
                         None => Ok(Vec::new()),
                     };
-                    if filler_tx.send((j, buf, r)).is_err() {
-                        break;
-                    }
+                    let _ = tx.send((j, s, buf, r));
+                });
+            };
+            let mut next = 0usize;
+            let mut outstanding = 0usize;
+            if readahead {
+                for job in jobs.iter().take(n) {
+                    advise(sources, items, job);
                 }
-            });
-            for j in 0..jobs.len().min(n) {
-                if let Some(buf) = ring.pinned.get_mut(j).and_then(Option::take) {
-                    let _ = to_filler.send((j, buf));
+            }
+            for s in 0..n {
+                if next < jobs.len() {
+                    if let Some(buf) = ring.pinned.get_mut(s).and_then(Option::take) {
+                        spawn(next, s, buf);
+                        next += 1;
+                        outstanding += 1;
+                    }
                 }
             }
             let mut in_flight: Vec<Option<(usize, Vec<Sums>)>> = (0..n).map(|_| None).collect();
             let mut result = Ok(());
-            for j in 0..jobs.len() {
-                let Ok((jj, mut buf, filled)) = from_filler.recv() else {
+            while outstanding > 0 {
+                let Ok((j, s, mut buf, filled)) = rx.recv() else {
                     break;
                 };
-                let s = jj % n;
-                let (Some(job), Some(slot)) = (jobs.get(jj), ring.slots.get_mut(s)) else {
-                    break;
+                outstanding -= 1;
+                let (Some(job), Some(slot)) = (jobs.get(j), ring.slots.get_mut(s)) else {
+                    continue;
                 };
+                if result.is_err() {
+                    // Aborting: collect the buffers of the fills still running.
+                    if let Some(p) = ring.pinned.get_mut(s) {
+                        *p = Some(buf);
+                    }
+                    continue;
+                }
                 // The job that used this slot before is done with it.
                 if let Some((pj, sums)) = in_flight.get_mut(s).and_then(Option::take) {
                     if let Some(pjob) = jobs.get(pj) {
@@ -903,14 +940,14 @@ impl Loader {
                     }
                 }
                 let sums = match filled {
-                    Ok(s) => s,
+                    Ok(v) => v,
                     Err(e) => {
                         // The file cannot be read: no rung can help.
                         result = Err(e);
                         if let Some(p) = ring.pinned.get_mut(s) {
                             *p = Some(buf);
                         }
-                        break;
+                        continue;
                     }
                 };
                 let t = Instant::now();
@@ -920,26 +957,19 @@ impl Loader {
                     }
                 }
                 if let Err(e) = self.submit_job(slot, &mut buf, job, items, states, policy) {
-                    tracing::warn!(job = jj, error = %e, "pinned ring: job failed");
+                    tracing::warn!(job = j, error = %e, "pinned ring: job failed");
                     fail_shared(states, job.pieces.iter().map(|p| p.item), items, e);
                     // Leave the slot consumed so later jobs may use it.
                     let _ = self.compute.record(&slot.consumed);
                 }
                 if let Some(f) = in_flight.get_mut(s) {
-                    *f = Some((jj, sums));
+                    *f = Some((j, sums));
                 }
-                let next = jj + n;
                 if next < jobs.len() {
-                    let _ = to_filler.send((next, buf));
+                    spawn(next, s, buf);
+                    next += 1;
+                    outstanding += 1;
                 } else if let Some(p) = ring.pinned.get_mut(s) {
-                    *p = Some(buf);
-                }
-                let _ = j;
-            }
-            drop(to_filler);
-            // Buffers still with the filler come back (or the thread ends).
-            while let Ok((j, buf, _)) = from_filler.recv() {
-                if let Some(p) = ring.pinned.get_mut(j % n) {
                     *p = Some(buf);
                 }
             }
@@ -1514,6 +1544,17 @@ fn device_convert(
             from,
             to,
         }),
+    }
+}
+
+/// Asks the kernel to read a job's file ranges ahead (a cold page cache).
+fn advise(sources: &[Source], items: &[Item], job: &Job) {
+    for p in &job.pieces {
+        if let Some(item) = items.get(p.item) {
+            if let Some(src) = sources.get(item.source) {
+                src.advise_willneed(item.file_off + p.src_off, p.len as u64);
+            }
+        }
     }
 }
 

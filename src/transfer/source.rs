@@ -31,6 +31,19 @@ impl Source {
         Ok(Source { path, file, len })
     }
 
+    /// Hints that bytes `off..off + len` will be read soon (asynchronous
+    /// readahead); failures are ignored (it is only a hint).
+    pub fn advise_willneed(&self, off: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        let (Ok(o), Ok(l)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
+            return;
+        };
+        // SAFETY: `posix_fadvise` only reads its integer arguments; the
+        // descriptor is owned by `self.file` and open for this call.
+        let _ =
+            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), o, l, libc::POSIX_FADV_WILLNEED) };
+    }
+
     /// Reads exactly `dst.len()` bytes at `off`; a short read is
     /// [`Error::FileShrunk`] naming `tensor`.
     pub fn pread(&self, tensor: &str, dst: &mut [u8], off: u64) -> Result<()> {
