@@ -34,6 +34,42 @@ fn env_or(key: &str, default: &str) -> String {
     std::env::var(key).unwrap_or_else(|_| default.to_owned())
 }
 
+/// The page-cache read ceiling: every shard read with positioned reads of
+/// `TRANSFER_READ_KIB` on the rayon pool into per-task buffers, no device.
+fn read_only(path: &str) {
+    use rayon::prelude::*;
+    use std::os::unix::fs::FileExt;
+    let read_kib: usize = env_or("TRANSFER_READ_KIB", "1024").parse().unwrap_or(1024);
+    let ckpt = Checkpoint::open(path).expect("open checkpoint");
+    let chunk = read_kib << 10;
+    for run in 0..3 {
+        let t = Instant::now();
+        let mut total = 0u64;
+        for shard in ckpt.shards() {
+            let f = std::fs::File::open(shard.path()).expect("open");
+            let len = shard.file_len();
+            let n = len.div_ceil(chunk as u64);
+            (0..n).into_par_iter().for_each_init(
+                || vec![0u8; chunk],
+                |buf, k| {
+                    let off = k * chunk as u64;
+                    let l = (len - off).min(chunk as u64) as usize;
+                    f.read_exact_at(&mut buf[..l], off).expect("read");
+                    black_box(&buf[..l]);
+                },
+            );
+            total += len;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "read only {run}: {:.3} GiB with {} threads, reads of {read_kib} KiB: {:.2} GB/s",
+            total as f64 / (1u64 << 30) as f64,
+            rayon::current_num_threads(),
+            total as f64 / secs / 1e9
+        );
+    }
+}
+
 fn figures(path: &str) {
     let backend = match env_or(
         "TRANSFER_BACKEND",
@@ -57,11 +93,12 @@ fn figures(path: &str) {
     let repeat: usize = env_or("TRANSFER_REPEAT", "3").parse().unwrap_or(3);
     let ring: usize = env_or("TRANSFER_RING", "4").parse().unwrap_or(4);
     let readahead = env_or("TRANSFER_READAHEAD", "1") != "0";
+    let read_kib: usize = env_or("TRANSFER_READ_KIB", "1024").parse().unwrap_or(1024);
     let mib: usize = env_or("TRANSFER_BUFFER_MIB", "32").parse().unwrap_or(32);
     let dev = Device::open(backend, 0).expect("open device");
     let st = verify::self_test(&dev.stream().expect("stream")).expect("self-test");
     println!(
-        "device {} ({}), self-test passed: {}, threads {}, policy {policy:?}, ring {ring} x {mib} MiB, readahead {readahead}",
+        "device {} ({}), self-test passed: {}, threads {}, policy {policy:?}, ring {ring} x {mib} MiB, reads of {read_kib} KiB, readahead {readahead}",
         dev.info().name,
         dev.info().arch,
         st.all_passed(),
@@ -73,6 +110,7 @@ fn figures(path: &str) {
         ring_buffers: ring,
         buffer_bytes: mib << 20,
         readahead,
+        read_bytes: read_kib << 10,
         ..LoadOptions::to_dtype(DType::F32)
     };
     let mut loader = Loader::new(&dev, opts).expect("loader");
@@ -163,6 +201,10 @@ criterion_group!(benches, host_load);
 
 fn main() {
     if let Ok(p) = std::env::var("TRANSFER_CKPT") {
+        if std::env::var("TRANSFER_READ_ONLY").is_ok() {
+            read_only(&p);
+            return;
+        }
         figures(&p);
         return;
     }

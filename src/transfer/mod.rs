@@ -119,6 +119,10 @@ pub struct LoadOptions {
     pub small_chunk_bytes: usize,
     /// How far down the ladder a tensor may go.
     pub fallback: Fallback,
+    /// Bytes of each positioned read (and CPU task that reads and sums
+    /// them): a multiple of 64 KiB (capped at `buffer_bytes`). Small enough to
+    /// stay in the CPU cache between the read and the two sums.
+    pub read_bytes: usize,
     /// Ask the kernel to read the next jobs' file ranges ahead
     /// (`posix_fadvise(WILLNEED)`): keeps the disk busy when the page cache
     /// is cold; a page-cache walk when it is warm.
@@ -137,6 +141,7 @@ impl Default for LoadOptions {
             ring_buffers: 4,
             buffer_bytes: 32 * MIB,
             readahead: true,
+            read_bytes: MIB,
             small_chunk_bytes: MIB,
             fallback: Fallback::Ladder,
             memory_budget: None,
@@ -173,6 +178,9 @@ impl LoadOptions {
                 "small_chunk_bytes",
                 "must be a multiple of 4 KiB between 4 KiB and buffer_bytes",
             );
+        }
+        if self.read_bytes < SPLIT_ALIGN || !self.read_bytes.is_multiple_of(SPLIT_ALIGN) {
+            return bad("read_bytes", "must be a multiple of 64 KiB");
         }
         if let Some(d) = self.dtype {
             if !matches!(d, DType::F32 | DType::F16 | DType::BF16) {
@@ -376,6 +384,10 @@ impl Loader {
     /// Errors: [`Error::InvalidLoadOptions`], stream creation errors.
     pub fn new(device: &Device, opts: LoadOptions) -> Result<Loader> {
         opts.validate()?;
+        let opts = LoadOptions {
+            read_bytes: opts.read_bytes.min(opts.buffer_bytes),
+            ..opts
+        };
         Ok(Loader {
             device: device.clone(),
             copy: device.stream()?,
@@ -879,6 +891,7 @@ impl Loader {
         type Done = (usize, usize, PinnedBuffer<u8>, Result<Vec<Sums>>);
         let (tx, rx) = mpsc::channel::<Done>();
         let readahead = self.opts.readahead;
+        let read_bytes = self.opts.read_bytes;
         // Fills run as tasks on the rayon pool (each also split into
         // sub-pieces), several jobs at once, so no job's tail leaves the
         // pool idle; this thread only queues device work and checks.
@@ -892,7 +905,7 @@ impl Loader {
                         }
                     }
                     let r = match jobs.get(j) {
-                        Some(job) => fill(sources, items, job, &mut buf),
+                        Some(job) => fill(sources, items, job, &mut buf, read_bytes),
                         None => Ok(Vec::new()),
                     };
                     let _ = tx.send((j, s, buf, r));
@@ -1250,14 +1263,16 @@ impl Loader {
                         end: len,
                         len: have,
                     })?;
-                    let sums = source::read_piece(sources, item, off, region)?;
+                    let sums =
+                        source::read_piece(sources, item, off, region, self.opts.read_bytes)?;
                     stage.copy_htod_async_range(&self.copy, buf, 0)?;
                     self.copy.synchronize()?;
                     sums
                 }
                 None => {
                     host.resize(len, 0);
-                    let sums = source::read_piece(sources, item, off, &mut host)?;
+                    let sums =
+                        source::read_piece(sources, item, off, &mut host, self.opts.read_bytes)?;
                     // Synchronous copy from pageable memory.
                     stage.copy_htod(&self.copy, &host)?;
                     sums
@@ -1564,6 +1579,7 @@ fn fill(
     items: &[Item],
     job: &Job,
     buf: &mut PinnedBuffer<u8>,
+    read_bytes: usize,
 ) -> Result<Vec<Sums>> {
     use rayon::prelude::*;
     let mut rest: &mut [u8] = buf.as_mut_slice()?;
@@ -1590,7 +1606,7 @@ fn fill(
     regions
         .into_par_iter()
         .map(|(p, region)| match items.get(p.item) {
-            Some(item) => source::read_piece(sources, item, p.src_off, region),
+            Some(item) => source::read_piece(sources, item, p.src_off, region, read_bytes),
             None => Ok(Sums::default()),
         })
         .collect()

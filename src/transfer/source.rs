@@ -172,17 +172,16 @@ pub(crate) fn converted_sum(from: DType, to: DType, off: usize, src: &[u8]) -> R
     Ok(sum)
 }
 
-/// Sub-piece of parallel reads and sums (a multiple of `CONV_PIECE * 8`).
-pub(crate) const SUB_BYTES: usize = 1 << 20;
-
 /// Reads `dst.len()` bytes of `item` starting at source byte `src_off`
 /// into `dst` and returns their sums (`dst` is the piece: sums are
-/// relative to its start). Parallel over sub-pieces.
+/// relative to its start). Parallel over sub-pieces of `sub` bytes (a
+/// multiple of 64 KiB, so words and conversion blocks line up).
 pub(crate) fn read_piece(
     sources: &[Source],
     item: &Item,
     src_off: u64,
     dst: &mut [u8],
+    sub: usize,
 ) -> Result<Sums> {
     use rayon::prelude::*;
     let src = sources.get(item.source).ok_or(Error::OutOfBounds {
@@ -192,15 +191,16 @@ pub(crate) fn read_piece(
         len: sources.len(),
     })?;
     let base = item.file_off + src_off;
-    let work = |(k, sub): (usize, &mut [u8])| -> Result<Sums> {
-        let off = k * SUB_BYTES;
-        src.pread(&item.name, sub, base + off as u64)?;
-        sums(item.op, off, sub)
+    let sub = sub.max(1);
+    let work = |(k, part): (usize, &mut [u8])| -> Result<Sums> {
+        let off = k * sub;
+        src.pread(&item.name, part, base + off as u64)?;
+        sums(item.op, off, part)
     };
-    if dst.len() <= SUB_BYTES {
+    if dst.len() <= sub {
         return work((0, dst));
     }
-    dst.par_chunks_mut(SUB_BYTES)
+    dst.par_chunks_mut(sub)
         .enumerate()
         .map(work)
         .try_reduce(Sums::default, |mut a, b| {
