@@ -892,6 +892,8 @@ impl Loader {
         let (tx, rx) = mpsc::channel::<Done>();
         let readahead = self.opts.readahead;
         let read_bytes = self.opts.read_bytes;
+        // Host sums only where fingerprints are compared.
+        let check = matches!(policy, Policy::Fingerprint | Policy::FusedFingerprint);
         // Fills run as tasks on the rayon pool (each also split into
         // sub-pieces), several jobs at once, so no job's tail leaves the
         // pool idle; this thread only queues device work and checks.
@@ -905,7 +907,7 @@ impl Loader {
                         }
                     }
                     let r = match jobs.get(j) {
-                        Some(job) => fill(sources, items, job, &mut buf, read_bytes),
+                        Some(job) => fill(sources, items, job, &mut buf, read_bytes, check),
                         None => Ok(Vec::new()),
                     };
                     let _ = tx.send((j, s, buf, r));
@@ -1264,15 +1266,21 @@ impl Loader {
                         len: have,
                     })?;
                     let sums =
-                        source::read_piece(sources, item, off, region, self.opts.read_bytes)?;
+                        source::read_piece(sources, item, off, region, self.opts.read_bytes, fp)?;
                     stage.copy_htod_async_range(&self.copy, buf, 0)?;
                     self.copy.synchronize()?;
                     sums
                 }
                 None => {
                     host.resize(len, 0);
-                    let sums =
-                        source::read_piece(sources, item, off, &mut host, self.opts.read_bytes)?;
+                    let sums = source::read_piece(
+                        sources,
+                        item,
+                        off,
+                        &mut host,
+                        self.opts.read_bytes,
+                        fp,
+                    )?;
                     // Synchronous copy from pageable memory.
                     stage.copy_htod(&self.copy, &host)?;
                     sums
@@ -1580,6 +1588,7 @@ fn fill(
     job: &Job,
     buf: &mut PinnedBuffer<u8>,
     read_bytes: usize,
+    check: bool,
 ) -> Result<Vec<Sums>> {
     use rayon::prelude::*;
     let mut rest: &mut [u8] = buf.as_mut_slice()?;
@@ -1606,7 +1615,7 @@ fn fill(
     regions
         .into_par_iter()
         .map(|(p, region)| match items.get(p.item) {
-            Some(item) => source::read_piece(sources, item, p.src_off, region, read_bytes),
+            Some(item) => source::read_piece(sources, item, p.src_off, region, read_bytes, check),
             None => Ok(Sums::default()),
         })
         .collect()
