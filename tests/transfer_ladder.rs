@@ -797,3 +797,75 @@ mod cuda {
         one_fault_on(open(), FaultKind::InvalidValueOnCopy, When::Nth(1), None);
     }
 }
+
+/// A subscriber that records the `rung` field of every span.
+#[derive(Default, Clone)]
+struct Rungs(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>);
+
+struct Field<'a>(&'a mut Option<String>);
+impl tracing::field::Visit for Field<'_> {
+    fn record_str(&mut self, f: &tracing::field::Field, v: &str) {
+        if f.name() == "rung" {
+            *self.0 = Some(v.to_owned());
+        }
+    }
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        if f.name() == "rung" {
+            *self.0 = Some(format!("{v:?}").trim_matches('"').to_owned());
+        }
+    }
+}
+
+impl tracing::Subscriber for Rungs {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, a: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut rung = None;
+        a.record(&mut Field(&mut rung));
+        let mut v = self.0.lock().unwrap();
+        if let Some(r) = rung {
+            v.push((a.metadata().name().to_owned(), r));
+        }
+        tracing::span::Id::from_u64(v.len() as u64 + 1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn tracing_spans_name_each_rung_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let (dev, _h) = faulty(FaultPlan::one(FaultKind::CopyLandsZeros, When::Always));
+    let rec = Rungs::default();
+    let loaded = tracing::subscriber::with_default(rec.clone(), || {
+        let opts = LoadOptions {
+            self_test: false,
+            ..small(Some(DType::F32))
+        };
+        Loader::new(&dev, opts)
+            .unwrap()
+            .load_names(&ckpt, &["a.bf16"])
+            .unwrap()
+    });
+    assert_exact(&ckpt, &loaded);
+    let spans = rec.0.lock().unwrap().clone();
+    let rungs: Vec<&str> = spans.iter().map(|(_, r)| r.as_str()).collect();
+    assert_eq!(
+        rungs,
+        [
+            "pinned ring",
+            "small chunks",
+            "pageable",
+            "cpu convert",
+            "host"
+        ],
+        "{spans:?}"
+    );
+    assert_eq!(spans[0].0, "transfer.ring");
+    assert!(spans[1..].iter().all(|(n, _)| n == "transfer.rung"));
+}

@@ -1,15 +1,17 @@
 //! Staged, verified uploads of checkpoint tensors to a [`Device`], with an
 //! explicit fallback ladder and a report (DESIGN.md contracts 2, 3, 6).
 //!
-//! A [`Loader`] owns a ring of 2-4 reusable pinned buffers (16-64 MiB each,
-//! allocated once) and, on the device, one staging buffer per ring slot.
-//! A CPU thread fills the next slot from the file with positioned reads
-//! (`pread`, split over the rayon pool) while the previous slot is copied
-//! to the device on a copy stream; an event orders the conversion (bf16
-//! crosses the bus as bf16 and is widened on a compute stream) after each
-//! copy, and another event orders the next copy into a slot after the
-//! conversion that read it. Small tensors share one slot: one copy for all
-//! of them. The fast path never copies from mapped or pageable memory.
+//! A [`Loader`] owns a ring of 2-4 reusable pinned buffers (16-64 MiB each;
+//! 4 x 32 MiB by default, allocated once per loader) and, on the device,
+//! one staging buffer per ring slot. Tasks on the rayon pool fill the free
+//! slots from the file with positioned reads (`pread` of
+//! [`LoadOptions::read_bytes`], never a memory map) while the slots filled
+//! before are copied to the device on a copy stream; an event orders the
+//! conversion (bf16 crosses the bus as bf16 and is widened on a compute
+//! stream) after each copy, and another event orders the next copy into a
+//! slot after the conversion that read it. Small tensors share one slot:
+//! one copy for all of them. The fast path never copies from mapped or
+//! pageable memory.
 //!
 //! Every piece is checked (policy [`Policy::Fingerprint`] by default): the
 //! fingerprint of the staged host bytes, computed while they are in cache,
