@@ -869,3 +869,26 @@ fn tracing_spans_name_each_rung_taken() {
     assert_eq!(spans[0].0, "transfer.ring");
     assert!(spans[1..].iter().all(|(n, _)| n == "transfer.rung"));
 }
+
+#[test]
+fn a_shard_gone_before_the_load_is_an_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = mixed(dir.path());
+    let ckpt = Checkpoint::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let dev = Device::host();
+    let e = Loader::new(&dev, small(None))
+        .unwrap()
+        .load_all(&ckpt)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Io {
+                op: "open for loading",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}

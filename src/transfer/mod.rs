@@ -130,7 +130,9 @@ pub struct LoadOptions {
     /// is cold; a page-cache walk when it is warm.
     pub readahead: bool,
     /// Device bytes the loaded tensors may take; the tensors (in request
-    /// order) that do not fit stay on the host (offloading).
+    /// order) that do not fit stay on the host (offloading). The loader's
+    /// own staging (`ring_buffers * buffer_bytes` on the device, plus one
+    /// buffer for the lower rungs when they run) is not counted.
     pub memory_budget: Option<u64>,
 }
 
