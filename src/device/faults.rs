@@ -537,7 +537,11 @@ mod tests {
             let got = s.clone_htod(&src).unwrap().to_vec().unwrap();
             let diff: Vec<usize> = (0..src.len()).filter(|&i| got[i] != src[i]).collect();
             assert_eq!(diff.len(), 4096);
-            assert_eq!(diff.last().unwrap() - diff[0] + 1, 4096, "one contiguous chunk");
+            assert_eq!(
+                diff.last().unwrap() - diff[0] + 1,
+                4096,
+                "one contiguous chunk"
+            );
             assert_eq!(h.injected()[0].kind, FaultKind::CopyLandsGarbage);
             places.push(diff[0]);
         }
