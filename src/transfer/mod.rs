@@ -902,126 +902,109 @@ impl Loader {
         // sub-pieces), several jobs at once, so no job's tail leaves the
         // pool idle; this thread only queues device work and checks.
         rayon::in_place_scope(|scope| -> Result<()> {
-            std::thread::scope(|threads| -> Result<()> {
-                // A buffer goes back to the pool only once the copy that read it
-                // is done: this thread waits for that, so no pool thread ever
-                // blocks on the device.
-                let (to_waiter, waiter_rx) = mpsc::channel::<(usize, usize, PinnedBuffer<u8>)>();
-                let done_tx = tx.clone();
-                threads.spawn(move || {
-                    for (j, s, mut buf) in waiter_rx {
-                        if let Err(e) = buf.wait() {
-                            let _ = done_tx.send((j, s, buf, Err(e)));
-                            continue;
+            let spawn = |j: usize, s: usize, mut buf: PinnedBuffer<u8>| {
+                let tx = tx.clone();
+                scope.spawn(move |_| {
+                    if readahead {
+                        if let Some(ahead) = jobs.get(j + n) {
+                            advise(sources, items, ahead);
                         }
-                        let tx = done_tx.clone();
-                        scope.spawn(move |_| {
-                            if readahead {
-                                if let Some(ahead) = jobs.get(j + n) {
-                                    advise(sources, items, ahead);
-                                }
-                            }
-                            let r = match jobs.get(j) {
-                                Some(job) => fill(sources, items, job, &mut buf, read_bytes, check),
-                                None => Ok(Vec::new()),
-                            };
-                            let _ = tx.send((j, s, buf, r));
-                        });
                     }
+                    let r = match jobs.get(j) {
+                        Some(job) => fill(sources, items, job, &mut buf, read_bytes, check),
+                        None => Ok(Vec::new()),
+                    };
+                    let _ = tx.send((j, s, buf, r));
                 });
-                let spawn = |j: usize, s: usize, buf: PinnedBuffer<u8>| {
-                    let _ = to_waiter.send((j, s, buf));
+            };
+            let mut next = 0usize;
+            let mut outstanding = 0usize;
+            if readahead {
+                for job in jobs.iter().take(n) {
+                    advise(sources, items, job);
+                }
+            }
+            for s in 0..n {
+                if next < jobs.len() {
+                    if let Some(buf) = ring.pinned.get_mut(s).and_then(Option::take) {
+                        spawn(next, s, buf);
+                        next += 1;
+                        outstanding += 1;
+                    }
+                }
+            }
+            let mut in_flight: Vec<Option<(usize, Vec<Sums>)>> = (0..n).map(|_| None).collect();
+            let mut result = Ok(());
+            while outstanding > 0 {
+                let Ok((j, s, mut buf, filled)) = rx.recv() else {
+                    break;
                 };
-                let mut next = 0usize;
-                let mut outstanding = 0usize;
-                if readahead {
-                    for job in jobs.iter().take(n) {
-                        advise(sources, items, job);
+                outstanding -= 1;
+                let (Some(job), Some(slot)) = (jobs.get(j), ring.slots.get_mut(s)) else {
+                    continue;
+                };
+                if result.is_err() {
+                    // Aborting: collect the buffers of the fills still running.
+                    if let Some(p) = ring.pinned.get_mut(s) {
+                        *p = Some(buf);
+                    }
+                    continue;
+                }
+                // The job that used this slot before is done with it.
+                if let Some((pj, sums)) = in_flight.get_mut(s).and_then(Option::take) {
+                    if let Some(pjob) = jobs.get(pj) {
+                        self.check_job(
+                            sources, slot, pjob, &sums, items, states, policy, prog, progress,
+                        )?;
                     }
                 }
-                for s in 0..n {
-                    if next < jobs.len() {
-                        if let Some(buf) = ring.pinned.get_mut(s).and_then(Option::take) {
-                            spawn(next, s, buf);
-                            next += 1;
-                            outstanding += 1;
-                        }
-                    }
-                }
-                let mut in_flight: Vec<Option<(usize, Vec<Sums>)>> = (0..n).map(|_| None).collect();
-                let mut result = Ok(());
-                while outstanding > 0 {
-                    let Ok((j, s, mut buf, filled)) = rx.recv() else {
-                        break;
-                    };
-                    outstanding -= 1;
-                    let (Some(job), Some(slot)) = (jobs.get(j), ring.slots.get_mut(s)) else {
-                        continue;
-                    };
-                    if result.is_err() {
-                        // Aborting: collect the buffers of the fills still running.
+                let sums = match filled {
+                    Ok(v) => v,
+                    Err(e) => {
+                        // The file cannot be read: no rung can help.
+                        result = Err(e);
                         if let Some(p) = ring.pinned.get_mut(s) {
                             *p = Some(buf);
                         }
                         continue;
                     }
-                    // The job that used this slot before is done with it.
-                    if let Some((pj, sums)) = in_flight.get_mut(s).and_then(Option::take) {
-                        if let Some(pjob) = jobs.get(pj) {
-                            self.check_job(
-                                sources, slot, pjob, &sums, items, states, policy, prog, progress,
-                            )?;
-                        }
-                    }
-                    let sums = match filled {
-                        Ok(v) => v,
-                        Err(e) => {
-                            // The file cannot be read: no rung can help.
-                            result = Err(e);
-                            if let Some(p) = ring.pinned.get_mut(s) {
-                                *p = Some(buf);
-                            }
-                            continue;
-                        }
-                    };
-                    let t = Instant::now();
-                    for p in &job.pieces {
-                        if let Some(st) = states.get_mut(p.item) {
-                            st.t0.get_or_insert(t);
-                        }
-                    }
-                    if let Err(e) = self.submit_job(slot, &mut buf, job, items, states, policy) {
-                        tracing::warn!(job = j, error = %e, "pinned ring: job failed");
-                        fail_shared(states, job.pieces.iter().map(|p| p.item), items, e);
-                        // Leave the slot consumed so later jobs may use it.
-                        let _ = self.compute.record(&slot.consumed);
-                    }
-                    if let Some(f) = in_flight.get_mut(s) {
-                        *f = Some((j, sums));
-                    }
-                    if next < jobs.len() {
-                        spawn(next, s, buf);
-                        next += 1;
-                        outstanding += 1;
-                    } else if let Some(p) = ring.pinned.get_mut(s) {
-                        *p = Some(buf);
+                };
+                let t = Instant::now();
+                for p in &job.pieces {
+                    if let Some(st) = states.get_mut(p.item) {
+                        st.t0.get_or_insert(t);
                     }
                 }
-                for s in 0..n {
-                    if let (Some(Some((pj, sums))), Some(slot)) = (
-                        in_flight.get_mut(s).map(Option::take),
-                        ring.slots.get_mut(s),
-                    ) {
-                        if let Some(pjob) = jobs.get(pj) {
-                            self.check_job(
-                                sources, slot, pjob, &sums, items, states, policy, prog, progress,
-                            )?;
-                        }
+                if let Err(e) = self.submit_job(slot, &mut buf, job, items, states, policy) {
+                    tracing::warn!(job = j, error = %e, "pinned ring: job failed");
+                    fail_shared(states, job.pieces.iter().map(|p| p.item), items, e);
+                    // Leave the slot consumed so later jobs may use it.
+                    let _ = self.compute.record(&slot.consumed);
+                }
+                if let Some(f) = in_flight.get_mut(s) {
+                    *f = Some((j, sums));
+                }
+                if next < jobs.len() {
+                    spawn(next, s, buf);
+                    next += 1;
+                    outstanding += 1;
+                } else if let Some(p) = ring.pinned.get_mut(s) {
+                    *p = Some(buf);
+                }
+            }
+            for s in 0..n {
+                if let (Some(Some((pj, sums))), Some(slot)) = (
+                    in_flight.get_mut(s).map(Option::take),
+                    ring.slots.get_mut(s),
+                ) {
+                    if let Some(pjob) = jobs.get(pj) {
+                        self.check_job(
+                            sources, slot, pjob, &sums, items, states, policy, prog, progress,
+                        )?;
                     }
                 }
-                drop(to_waiter);
-                result
-            })
+            }
+            result
         })
     }
 
