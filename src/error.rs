@@ -636,4 +636,29 @@ pub enum Error {
         #[source]
         source: cudarc::cudnn::CudnnError,
     },
+
+    // ----- transfer (src/transfer) ----------------------------------------
+    /// Loading a tensor failed on a rung of the transfer ladder and no
+    /// further rung was allowed (fallback forbidden or a rung forced).
+    #[error("load {tensor:?}: rung {rung} failed and fallback is off: {failure}")]
+    TransferFailed {
+        /// The tensor.
+        tensor: String,
+        /// The rung that failed (`"pinned ring"`, ...).
+        rung: &'static str,
+        /// What failed (the rung's `transfer::Failure`, displayed).
+        failure: String,
+        /// The error, when the failure was one.
+        #[source]
+        source: Option<Box<Error>>,
+    },
+
+    /// A transfer option is out of its range.
+    #[error("load options: {field}: {reason}")]
+    InvalidLoadOptions {
+        /// The option.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }

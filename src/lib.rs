@@ -10,6 +10,7 @@ pub mod diagnostics;
 pub mod dtype;
 pub mod error;
 pub mod safetensors;
+pub mod transfer;
 pub mod verify;
 
 pub use crate::dtype::DType;

@@ -6,6 +6,7 @@
 //! | --- | --- | --- |
 //! | `CopyLandsZeros` | host-to-device copies | the destination is zeroed instead of written |
 //! | `CopyLandsStale` | host-to-device copies | the copy is dropped: the destination keeps its old contents |
+//! | `CopyLandsGarbage` | host-to-device copies | the copy lands, then a chunk of it (at most 4 KiB, at a seeded place) is overwritten with bytes that all differ from the source's |
 //! | `InvalidValueOnCopy` | host-to-device copies | the copy fails ([`Error::InjectedFault`]), like `hipErrorInvalidValue` |
 //! | `ConvertWritesZeros` | conversion kernels | the output is zeros (the fused kernel's fingerprint is of those zeros, as a kernel that computed zeros would give) |
 //! | `OutOfMemoryOnAlloc` | device allocations | [`Error::OutOfMemory`] |
@@ -34,6 +35,8 @@ pub enum FaultKind {
     CopyLandsStale,
     /// A host-to-device copy fails with "invalid value".
     InvalidValueOnCopy,
+    /// A host-to-device copy lands, but a chunk of it is garbage.
+    CopyLandsGarbage,
     /// A conversion kernel writes zeros.
     ConvertWritesZeros,
     /// A device allocation runs out of memory.
@@ -45,8 +48,9 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 7] = [
+    const ALL: [FaultKind; 8] = [
         FaultKind::CopyLandsZeros,
+        FaultKind::CopyLandsGarbage,
         FaultKind::CopyLandsStale,
         FaultKind::InvalidValueOnCopy,
         FaultKind::ConvertWritesZeros,
@@ -66,6 +70,7 @@ impl std::fmt::Display for FaultKind {
             FaultKind::CopyLandsZeros => "copy lands zeros",
             FaultKind::CopyLandsStale => "copy lands stale data",
             FaultKind::InvalidValueOnCopy => "invalid value on copy",
+            FaultKind::CopyLandsGarbage => "copy lands a garbage chunk",
             FaultKind::ConvertWritesZeros => "conversion writes zeros",
             FaultKind::OutOfMemoryOnAlloc => "out of memory on allocation",
             FaultKind::LaunchFailure => "kernel launch failure",
@@ -133,7 +138,7 @@ pub struct InjectedFault {
 
 #[derive(Debug)]
 struct State {
-    counts: [u64; 7],
+    counts: [u64; 8],
     rng: u64,
     log: Vec<InjectedFault>,
 }
@@ -172,6 +177,10 @@ pub struct Faults<B> {
     shared: Arc<Shared>,
 }
 
+fn mix64_step(x: u64) -> u64 {
+    crate::convert::fingerprint::mix64(x.wrapping_add(0x9E37_79B9_7F4A_7C15))
+}
+
 fn splitmix(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     crate::convert::fingerprint::mix64(*x)
@@ -183,7 +192,7 @@ impl<B: Backend> Faults<B> {
         let shared = Arc::new(Shared {
             enabled: AtomicBool::new(true),
             state: Mutex::new(State {
-                counts: [0; 7],
+                counts: [0; 8],
                 rng: plan.seed,
                 log: Vec::new(),
             }),
@@ -227,6 +236,49 @@ impl<B: Backend> Faults<B> {
             st.log.push(InjectedFault { kind, op, index });
         }
         hit
+    }
+
+    /// Overwrites a chunk of the copy `src -> dst` of `bytes` bytes (just
+    /// queued on `s`) with bytes that each differ from the source's, then
+    /// waits for `s` so the garbage can be freed.
+    ///
+    /// # Safety
+    /// As [`Backend::copy_htod`] for `dst`, `src`, `bytes`, `s`.
+    unsafe fn garbage(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        bytes: usize,
+        s: RawStream,
+    ) -> Result<()> {
+        let (r1, r2) = {
+            let mut st = match self.shared.state.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            (splitmix(&mut st.rng), splitmix(&mut st.rng))
+        };
+        let len = bytes.min(4096);
+        let start = (r1 % (bytes - len + 1) as u64) as usize;
+        // SAFETY: `src` is readable for `bytes` bytes (caller) and
+        // `start + len <= bytes`.
+        let source = unsafe { std::slice::from_raw_parts(src.add(start), len) };
+        let mut x = r2;
+        let chunk: Vec<u8> = source
+            .iter()
+            .map(|&b| {
+                x = mix64_step(x);
+                // A non-zero xor changes every byte.
+                b ^ ((x as u8) | 1)
+            })
+            .collect();
+        // SAFETY: `dst + start .. + len` lies inside the caller's
+        // destination; `chunk` stays alive until the synchronize below.
+        unsafe {
+            self.inner
+                .copy_htod(dst.offset(start as u64), chunk.as_ptr(), len, s)?;
+            self.inner.stream_synchronize(s)
+        }
     }
 
     fn injected(kind: FaultKind, op: &'static str) -> Error {
@@ -349,6 +401,15 @@ unsafe impl<B: Backend> Backend for Faults<B> {
             // SAFETY: the destination range is valid for `bytes` (caller).
             return unsafe { self.inner.memset_zero(dst, bytes, s) };
         }
+        if self.fires(FaultKind::CopyLandsGarbage, "copy_htod") {
+            // SAFETY: the caller's guarantees (live `dst` and `src` for
+            // `bytes`, live `s`) are exactly what both the forwarded copy and
+            // `garbage` need; `garbage` writes only inside `dst..dst + bytes`.
+            return unsafe {
+                self.inner.copy_htod(dst, src, bytes, s)?;
+                self.garbage(dst, src, bytes, s)
+            };
+        }
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.copy_htod(dst, src, bytes, s) }
     }
@@ -447,5 +508,43 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         self.launch("nonfinite")?;
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.nonfinite(dtype, ptr, n, clamp, counts, s) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{host::HostBackend, Device};
+
+    /// A garbage chunk: the copy lands, then at most 4 KiB of it, at a
+    /// seeded place, differ from the source in every byte; the rest is
+    /// intact; the same seed hits the same place.
+    #[test]
+    fn copy_lands_garbage_changes_one_chunk() {
+        let src: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut places = Vec::new();
+        for _ in 0..2 {
+            let plan = FaultPlan {
+                seed: 11,
+                rules: vec![FaultRule {
+                    kind: FaultKind::CopyLandsGarbage,
+                    when: When::Always,
+                }],
+            };
+            let (f, h) = Faults::new(HostBackend::new(), plan);
+            let dev = Device::from_backend(Box::new(f));
+            let s = dev.stream().unwrap();
+            let got = s.clone_htod(&src).unwrap().to_vec().unwrap();
+            let diff: Vec<usize> = (0..src.len()).filter(|&i| got[i] != src[i]).collect();
+            assert_eq!(diff.len(), 4096);
+            assert_eq!(
+                diff.last().unwrap() - diff[0] + 1,
+                4096,
+                "one contiguous chunk"
+            );
+            assert_eq!(h.injected()[0].kind, FaultKind::CopyLandsGarbage);
+            places.push(diff[0]);
+        }
+        assert_eq!(places[0], places[1]);
     }
 }

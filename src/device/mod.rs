@@ -1480,6 +1480,50 @@ impl<'a, T: bytemuck::Pod> DeviceViewMut<'a, T> {
         src.mark_pending(stream)
     }
 
+    /// Queues an asynchronous copy of `self.len()` elements of `src`,
+    /// starting at element `src_start`, into the view on `stream` (a partly
+    /// filled staging buffer copies only what it holds). The pinned buffer
+    /// remembers the copy as [`DeviceViewMut::copy_htod_async`] does.
+    ///
+    /// Errors: [`Error::OutOfBounds`] when the range passes the end of `src`.
+    pub fn copy_htod_async_range(
+        &mut self,
+        stream: &Stream,
+        src: &mut PinnedBuffer<T>,
+        src_start: usize,
+    ) -> Result<()> {
+        stream.check_device("copy_htod_async_range", self.device)?;
+        stream.check_device("copy_htod_async_range", &src.device)?;
+        let end = src_start.checked_add(self.len).filter(|&e| e <= src.len);
+        let Some(_) = end else {
+            return Err(Error::OutOfBounds {
+                op: "copy_htod_async_range",
+                start: src_start,
+                end: src_start.saturating_add(self.len),
+                len: src.len,
+            });
+        };
+        if self.num_bytes() == 0 {
+            return Ok(());
+        }
+        src.wait()?;
+        let off = src_start * std::mem::size_of::<T>();
+        // SAFETY: the destination is a live, mutably borrowed device range;
+        // `src_start + len <= src.len` (checked above), so the source range
+        // lies inside the live pinned allocation, which stays alive and
+        // unwritten until the event recorded below completes (PinnedBuffer
+        // waits for it before any host access or free).
+        unsafe {
+            stream.backend().copy_htod(
+                self.ptr,
+                src.ptr.add(off).cast_const(),
+                self.num_bytes(),
+                stream.raw(),
+            )?
+        };
+        src.mark_pending(stream)
+    }
+
     /// Queues an asynchronous copy of this view into pinned memory.
     pub fn copy_dtoh_async(&self, stream: &Stream, dst: &mut PinnedBuffer<T>) -> Result<()> {
         stream.check_device("copy_dtoh_async", self.device)?;

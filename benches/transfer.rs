@@ -1,0 +1,213 @@
+//! Transfer pipeline benchmarks.
+//!
+//! * Without `TRANSFER_CKPT`: criterion, on the host backend, a synthetic
+//!   16 MiB bf16 checkpoint loaded to f32 (pinned ring, fingerprint checks)
+//!   against the plain CPU reader (`Checkpoint::read_as_bytes`) as baseline.
+//! * With `TRANSFER_CKPT=path` (a `.safetensors` file or an index): loads
+//!   the whole checkpoint `TRANSFER_REPEAT` times (default 3) onto
+//!   `TRANSFER_BACKEND` (`cuda`, `hip` or `host`; default cuda when built)
+//!   converting to f32 with `TRANSFER_POLICY` (`fingerprint`, `fused`,
+//!   `off`), `TRANSFER_RING` x `TRANSFER_BUFFER_MIB`, `TRANSFER_READAHEAD=0|1`, and prints file bytes/s and the peak RSS growth of each load
+//!   (`/proc/self/status` VmHWM after resetting it through
+//!   `/proc/self/clear_refs`, minus VmRSS before the load).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use criterion::{criterion_group, Criterion, Throughput};
+use rocm_safe::device::{BackendKind, Device};
+use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
+use rocm_safe::transfer::{LoadOptions, Loader, Rung};
+use rocm_safe::verify::{self, Policy};
+use rocm_safe::DType;
+
+fn status_kib(key: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn env_or(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_owned())
+}
+
+/// The page-cache read ceiling: every shard read with positioned reads of
+/// `TRANSFER_READ_KIB` on the rayon pool into per-task buffers, no device.
+fn read_only(path: &str) {
+    use rayon::prelude::*;
+    use std::os::unix::fs::FileExt;
+    let read_kib: usize = env_or("TRANSFER_READ_KIB", "1024").parse().unwrap_or(1024);
+    let ckpt = Checkpoint::open(path).expect("open checkpoint");
+    let chunk = read_kib << 10;
+    for run in 0..3 {
+        let t = Instant::now();
+        let mut total = 0u64;
+        for shard in ckpt.shards() {
+            let f = std::fs::File::open(shard.path()).expect("open");
+            let len = shard.file_len();
+            let n = len.div_ceil(chunk as u64);
+            (0..n).into_par_iter().for_each_init(
+                || vec![0u8; chunk],
+                |buf, k| {
+                    let off = k * chunk as u64;
+                    let l = (len - off).min(chunk as u64) as usize;
+                    f.read_exact_at(&mut buf[..l], off).expect("read");
+                    black_box(&buf[..l]);
+                },
+            );
+            total += len;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "read only {run}: {:.3} GiB with {} threads, reads of {read_kib} KiB: {:.2} GB/s",
+            total as f64 / (1u64 << 30) as f64,
+            rayon::current_num_threads(),
+            total as f64 / secs / 1e9
+        );
+    }
+}
+
+fn figures(path: &str) {
+    let backend = match env_or(
+        "TRANSFER_BACKEND",
+        if cfg!(feature = "cuda") {
+            "cuda"
+        } else {
+            "host"
+        },
+    )
+    .as_str()
+    {
+        "cuda" => BackendKind::Cuda,
+        "hip" => BackendKind::Hip,
+        _ => BackendKind::Host,
+    };
+    let policy = match env_or("TRANSFER_POLICY", "fingerprint").as_str() {
+        "off" => Policy::Off,
+        "fused" => Policy::FusedFingerprint,
+        _ => Policy::Fingerprint,
+    };
+    let repeat: usize = env_or("TRANSFER_REPEAT", "3").parse().unwrap_or(3);
+    let ring: usize = env_or("TRANSFER_RING", "4").parse().unwrap_or(4);
+    let readahead = env_or("TRANSFER_READAHEAD", "1") != "0";
+    let read_kib: usize = env_or("TRANSFER_READ_KIB", "1024").parse().unwrap_or(1024);
+    let mib: usize = env_or("TRANSFER_BUFFER_MIB", "32").parse().unwrap_or(32);
+    let dev = Device::open(backend, 0).expect("open device");
+    let st = verify::self_test(&dev.stream().expect("stream")).expect("self-test");
+    println!(
+        "device {} ({}), self-test passed: {}, threads {}, policy {policy:?}, ring {ring} x {mib} MiB, reads of {read_kib} KiB, readahead {readahead}",
+        dev.info().name,
+        dev.info().arch,
+        st.all_passed(),
+        rayon::current_num_threads()
+    );
+    let ckpt = Checkpoint::open(path).expect("open checkpoint");
+    let opts = LoadOptions {
+        policy,
+        ring_buffers: ring,
+        buffer_bytes: mib << 20,
+        readahead,
+        read_bytes: read_kib << 10,
+        ..LoadOptions::to_dtype(DType::F32)
+    };
+    let mut loader = Loader::new(&dev, opts).expect("loader");
+    for run in 0..repeat {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        let rss0 = status_kib("VmRSS:");
+        let t = Instant::now();
+        let loaded = loader.load_all(&ckpt).expect("load");
+        let secs = t.elapsed().as_secs_f64();
+        let hwm = status_kib("VmHWM:");
+        let r = &loaded.report;
+        let fell: usize = r.tensors.iter().filter(|t| !t.attempts.is_empty()).count();
+        let by: Vec<String> = r
+            .by_rung()
+            .into_iter()
+            .filter(|(_, n, _)| *n > 0)
+            .map(|(rung, n, b)| {
+                format!(
+                    "{rung}: {n} tensors {:.2} GiB",
+                    b as f64 / (1u64 << 30) as f64
+                )
+            })
+            .collect();
+        println!(
+            "load {run}: {:.3} GiB file -> {:.3} GiB f32 in {:.3} s = {:.2} GB/s of file bytes; ring {:.3} s, {} jobs; \
+             peak RSS growth {:.1} MiB (VmRSS before {:.1} MiB, VmHWM {:.1} MiB); fell back: {fell}; {}",
+            r.file_bytes as f64 / (1u64 << 30) as f64,
+            r.out_bytes as f64 / (1u64 << 30) as f64,
+            secs,
+            r.file_bytes as f64 / secs / 1e9,
+            r.ring_ms / 1e3,
+            r.ring_jobs,
+            hwm.saturating_sub(rss0) as f64 / 1024.0,
+            rss0 as f64 / 1024.0,
+            hwm as f64 / 1024.0,
+            by.join(", ")
+        );
+        assert!(r.tensors.iter().all(|t| t.rung == Rung::PinnedRing));
+        drop(loaded);
+    }
+}
+
+fn host_load(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("b.safetensors");
+    let specs: Vec<TensorSpec> = (0..8)
+        .map(|i| TensorSpec::new(format!("t{i}"), DType::BF16, [1024u64, 1024]))
+        .collect();
+    let mut w = SafeTensorsWriter::create(&path, specs, None).expect("create");
+    let data: Vec<u8> = (0..2u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    for i in 0..8 {
+        w.write_tensor(&format!("t{i}"), &data).expect("write");
+    }
+    w.finish().expect("finish");
+    let ckpt = Checkpoint::open(&path).expect("open");
+    let mut g = c.benchmark_group("transfer_host_16MiB_bf16_to_f32");
+    g.throughput(Throughput::Bytes(16 << 20));
+    g.sample_size(20);
+    let dev = Device::host();
+    let mut loader = Loader::new(&dev, LoadOptions::to_dtype(DType::F32)).expect("loader");
+    g.bench_function("loader_pinned_ring_fingerprint", |b| {
+        b.iter(|| black_box(loader.load_all(&ckpt).expect("load")))
+    });
+    let mut off = Loader::new(
+        &dev,
+        LoadOptions {
+            policy: Policy::Off,
+            ..LoadOptions::to_dtype(DType::F32)
+        },
+    )
+    .expect("loader");
+    g.bench_function("loader_pinned_ring_unchecked", |b| {
+        b.iter(|| black_box(off.load_all(&ckpt).expect("load")))
+    });
+    g.bench_function("baseline_cpu_reader_read_as_f32", |b| {
+        b.iter(|| {
+            for (_, t) in ckpt.tensors() {
+                black_box(ckpt.read_as_bytes(&t.name, DType::F32).expect("read"));
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, host_load);
+
+fn main() {
+    if let Ok(p) = std::env::var("TRANSFER_CKPT") {
+        if std::env::var("TRANSFER_READ_ONLY").is_ok() {
+            read_only(&p);
+            return;
+        }
+        figures(&p);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

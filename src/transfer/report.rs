@@ -1,0 +1,218 @@
+//! What a load did: [`LoadReport`], per tensor [`TensorReport`].
+
+use crate::convert::Fingerprint;
+use crate::dtype::DType;
+use crate::error::Error;
+
+/// A rung of the transfer ladder (DESIGN.md), fastest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum Rung {
+    /// Reusable pinned buffers filled by CPU threads, asynchronous copies on
+    /// a copy stream, conversion on a compute stream, fingerprint checks.
+    PinnedRing,
+    /// The same steps in small chunks, with a synchronize after each.
+    SmallChunks,
+    /// A synchronous copy from pageable (ordinary) host memory, then the
+    /// conversion on the device.
+    Pageable,
+    /// Conversion on the CPU, then a synchronous copy of the result.
+    CpuConvert,
+    /// The tensor stays in host memory.
+    Host,
+}
+
+impl Rung {
+    /// Every rung, in ladder order.
+    pub const ALL: [Rung; 5] = [
+        Rung::PinnedRing,
+        Rung::SmallChunks,
+        Rung::Pageable,
+        Rung::CpuConvert,
+        Rung::Host,
+    ];
+
+    /// The rung's name (`"pinned ring"`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Rung::PinnedRing => "pinned ring",
+            Rung::SmallChunks => "small chunks",
+            Rung::Pageable => "pageable",
+            Rung::CpuConvert => "cpu convert",
+            Rung::Host => "host",
+        }
+    }
+
+    /// Whether the rung converts on the device (needs a trusted kernel).
+    pub const fn converts_on_device(self) -> bool {
+        matches!(self, Rung::PinnedRing | Rung::SmallChunks | Rung::Pageable)
+    }
+
+    /// The next rung down, if any.
+    pub fn next(self) -> Option<Rung> {
+        let i = Rung::ALL.iter().position(|r| *r == self)?;
+        Rung::ALL.get(i + 1).copied()
+    }
+}
+
+impl std::fmt::Display for Rung {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which check caught a bad result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Stage {
+    /// The copied bytes on the device against the staged host bytes.
+    Copy,
+    /// The tensor's final bytes on the device (after the conversion, or the
+    /// device-side copy) against what the host computed from the source.
+    Output,
+}
+
+/// Why a rung did not serve a tensor.
+#[derive(Debug)]
+pub enum Failure {
+    /// An operation failed (device error, out of memory, injected fault).
+    Error(Error),
+    /// A check found different data (DESIGN.md contract 2).
+    Mismatch {
+        /// Which check.
+        stage: Stage,
+        /// Fingerprint the host computed.
+        expected: Fingerprint,
+        /// Fingerprint of the device's data.
+        actual: Fingerprint,
+    },
+    /// The job this tensor shared a pinned buffer with failed; the error
+    /// is recorded on tensor `with` (the job's first).
+    JobFailed {
+        /// The tensor whose report holds the error.
+        with: String,
+    },
+    /// The rung cannot do this tensor's conversion on the device: no device
+    /// kernel for the pair (`f64 -> f32`), or the kernel failed the device's
+    /// self-test.
+    NoTrustedKernel {
+        /// Source dtype.
+        from: DType,
+        /// Target dtype.
+        to: DType,
+    },
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Error(e) => write!(f, "{e}"),
+            Failure::Mismatch {
+                stage,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "{stage:?} fingerprint mismatch: expected {expected}, device gave {actual}"
+            ),
+            Failure::JobFailed { with } => {
+                write!(
+                    f,
+                    "its pinned-buffer job failed (error recorded on {with:?})"
+                )
+            }
+            Failure::NoTrustedKernel { from, to } => {
+                write!(f, "no trusted device kernel for {from}->{to}")
+            }
+        }
+    }
+}
+
+/// One failed rung.
+#[derive(Debug)]
+pub struct Attempt {
+    /// The rung.
+    pub rung: Rung,
+    /// What went wrong.
+    pub failure: Failure,
+}
+
+/// What happened to one tensor.
+#[derive(Debug)]
+pub struct TensorReport {
+    /// The tensor's name.
+    pub name: String,
+    /// Stored dtype.
+    pub dtype: DType,
+    /// Dtype of the loaded data.
+    pub out_dtype: DType,
+    /// Shape of the loaded data (rows of a slice).
+    pub shape: Vec<u64>,
+    /// Bytes read from the file.
+    pub file_bytes: u64,
+    /// Bytes of the loaded data.
+    pub out_bytes: u64,
+    /// The rung that served it.
+    pub rung: Rung,
+    /// Rungs that failed before, in order.
+    pub attempts: Vec<Attempt>,
+    /// Whether an allocation ran out of memory once and succeeded after the
+    /// loader released its cached device memory.
+    pub oom_retried: bool,
+    /// Whether the tensor stayed on the host because the device memory
+    /// budget was spent (offloading), not because of a failure.
+    pub offloaded: bool,
+    /// Wall time from the tensor's first operation to its last check
+    /// (pinned-ring tensors overlap with each other).
+    pub ms: f32,
+}
+
+/// What a whole load did.
+#[derive(Debug, Default)]
+pub struct LoadReport {
+    /// The device (`"cuda:0 sm_90"`).
+    pub device: String,
+    /// Per tensor, in request order.
+    pub tensors: Vec<TensorReport>,
+    /// Bytes read from the files.
+    pub file_bytes: u64,
+    /// Bytes of loaded data.
+    pub out_bytes: u64,
+    /// Wall time of the load.
+    pub ms: f32,
+    /// Of which: the pinned-ring pass.
+    pub ring_ms: f32,
+    /// Jobs (pinned-buffer fills) of the pinned-ring pass.
+    pub ring_jobs: u64,
+}
+
+impl LoadReport {
+    /// The report of tensor `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorReport> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Tensors and file bytes served by each rung.
+    pub fn by_rung(&self) -> Vec<(Rung, usize, u64)> {
+        Rung::ALL
+            .iter()
+            .map(|&r| {
+                let it = self.tensors.iter().filter(|t| t.rung == r);
+                (r, it.clone().count(), it.map(|t| t.file_bytes).sum())
+            })
+            .collect()
+    }
+
+    /// Whether every tensor was served by the pinned ring with no failure.
+    pub fn all_fast(&self) -> bool {
+        self.tensors
+            .iter()
+            .all(|t| t.rung == Rung::PinnedRing && t.attempts.is_empty())
+    }
+
+    /// File bytes per second of wall time.
+    pub fn bytes_per_s(&self) -> f64 {
+        if self.ms <= 0.0 {
+            return 0.0;
+        }
+        self.file_bytes as f64 / (f64::from(self.ms) / 1e3)
+    }
+}

@@ -1,0 +1,225 @@
+//! The load plan: which bytes of which file become which tensor, the
+//! positioned reads, and the host's expected fingerprint sums.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use crate::convert::fingerprint::{self, sum_bytes};
+use crate::convert::{self, Fingerprint};
+use crate::device::ConvertOp;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// One shard file, opened again by the loader for positioned reads straight
+/// into its staging buffers (never mapped).
+#[derive(Debug)]
+pub(crate) struct Source {
+    pub path: PathBuf,
+    pub file: File,
+    /// The length the checkpoint was opened with.
+    pub len: u64,
+}
+
+impl Source {
+    pub fn open(path: PathBuf, len: u64) -> Result<Source> {
+        let file = File::open(&path).map_err(|e| Error::Io {
+            path: path.clone(),
+            op: "open for loading",
+            source: e,
+        })?;
+        Ok(Source { path, file, len })
+    }
+
+    /// Hints that bytes `off..off + len` will be read soon (asynchronous
+    /// readahead); failures are ignored (it is only a hint).
+    pub fn advise_willneed(&self, off: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        let (Ok(o), Ok(l)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
+            return;
+        };
+        // SAFETY: `posix_fadvise` only reads its integer arguments; the
+        // descriptor is owned by `self.file` and open for this call.
+        let _ =
+            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), o, l, libc::POSIX_FADV_WILLNEED) };
+    }
+
+    /// Reads exactly `dst.len()` bytes at `off`; a short read is
+    /// [`Error::FileShrunk`] naming `tensor`.
+    pub fn pread(&self, tensor: &str, dst: &mut [u8], off: u64) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.file.read_exact_at(dst, off).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::FileShrunk {
+                    path: self.path.clone(),
+                    tensor: tensor.to_owned(),
+                    expected: self.len,
+                    actual: self.file.metadata().map_or(0, |m| m.len()),
+                }
+            } else {
+                Error::Io {
+                    path: self.path.clone(),
+                    op: "read tensor data",
+                    source: e,
+                }
+            }
+        })
+    }
+}
+
+/// One tensor (or row slice) to load.
+#[derive(Debug, Clone)]
+pub(crate) struct Item {
+    pub name: String,
+    pub source: usize,
+    /// Absolute file offset of the first byte.
+    pub file_off: u64,
+    pub src_bytes: u64,
+    pub dtype: DType,
+    pub out_dtype: DType,
+    pub shape: Vec<u64>,
+    pub out_bytes: u64,
+    /// The conversion, when the output dtype differs.
+    pub op: Option<ConvertOp>,
+}
+
+impl Item {
+    /// Output bytes of `src` source bytes (whole source elements).
+    pub fn out_len(&self, src: usize) -> usize {
+        match self.op {
+            Some(op) => {
+                let (ss, ds) = (op.from.size().unwrap_or(1), op.to.size().unwrap_or(1));
+                src / ss * ds
+            }
+            None => src,
+        }
+    }
+
+    /// Source elements before source byte `src_off`.
+    pub fn out_off(&self, src_off: u64) -> u64 {
+        self.out_len(src_off as usize) as u64
+    }
+}
+
+/// The host's expectations of one staged piece.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Sums {
+    /// Partial fingerprint sum of the staged bytes (word 0 at the piece).
+    pub raw: u64,
+    /// Partial fingerprint sum of the converted output (word 0 at the
+    /// piece's output), when the piece is converted.
+    pub conv: u64,
+}
+
+impl Sums {
+    pub fn add(&mut self, o: Sums) {
+        self.raw = self.raw.wrapping_add(o.raw);
+        self.conv = self.conv.wrapping_add(o.conv);
+    }
+
+    pub fn copy_fp(&self, len: usize) -> Fingerprint {
+        fingerprint::finish(self.raw, len as u64)
+    }
+
+    pub fn out_fp(&self, item: &Item, len: usize) -> Fingerprint {
+        match item.op {
+            Some(_) => fingerprint::finish(self.conv, item.out_len(len) as u64),
+            None => self.copy_fp(len),
+        }
+    }
+}
+
+/// Elements converted at a time into a stack buffer.
+const CONV_PIECE: usize = 4096;
+
+/// The sums of `bytes`, which start at byte `off` of a piece (`off` a
+/// multiple of `CONV_PIECE * 8`, so every word and conversion block lines
+/// up); `op` when the piece is converted.
+pub(crate) fn sums(op: Option<ConvertOp>, off: usize, bytes: &[u8]) -> Result<Sums> {
+    let raw = sum_bytes((off / 4) as u64, bytes);
+    let conv = match op {
+        None => 0,
+        Some(op) => converted_sum(op.from, op.to, off, bytes)?,
+    };
+    Ok(Sums { raw, conv })
+}
+
+/// Fingerprint partial sum of `convert(src)` where `src` starts at byte
+/// `off` of the piece's source.
+pub(crate) fn converted_sum(from: DType, to: DType, off: usize, src: &[u8]) -> Result<u64> {
+    let ss = from.size().unwrap_or(1);
+    let ds = to.size().unwrap_or(1);
+    let first = off / ss;
+    let mut sum = 0u64;
+    let mut done = 0usize;
+    if (from, to) == (DType::BF16, DType::F32) && first.is_multiple_of(256) {
+        let (blocks, _) = src.as_chunks::<512>();
+        sum = fingerprint::sum_bf16_as_f32_blocks((first / 256) as u64, blocks);
+        done = 512 * blocks.len();
+    }
+    let mut buf = [0u8; CONV_PIECE * 4];
+    let rest = src.get(done..).unwrap_or(&[]);
+    let mut elem = first + done / ss;
+    for piece in rest.chunks(CONV_PIECE * ss) {
+        let len = piece.len() / ss * ds;
+        let (out, _) = buf.split_at_mut(len.min(CONV_PIECE * 4));
+        convert::convert_bytes(from, piece, to, out)?;
+        sum = sum.wrapping_add(sum_bytes((elem * ds / 4) as u64, out));
+        elem += piece.len() / ss;
+    }
+    Ok(sum)
+}
+
+/// Reads `dst.len()` bytes of `item` starting at source byte `src_off`
+/// into `dst` and returns their sums (`dst` is the piece: sums are
+/// relative to its start; zero without `check`). Parallel over sub-pieces
+/// of `sub` bytes (a multiple of 64 KiB, so words and conversion blocks
+/// line up).
+pub(crate) fn read_piece(
+    sources: &[Source],
+    item: &Item,
+    src_off: u64,
+    dst: &mut [u8],
+    sub: usize,
+    check: bool,
+) -> Result<Sums> {
+    use rayon::prelude::*;
+    let src = sources.get(item.source).ok_or(Error::OutOfBounds {
+        op: "transfer source",
+        start: item.source,
+        end: item.source + 1,
+        len: sources.len(),
+    })?;
+    let base = item.file_off + src_off;
+    let sub = sub.max(1);
+    let work = |(k, part): (usize, &mut [u8])| -> Result<Sums> {
+        let off = k * sub;
+        src.pread(&item.name, part, base + off as u64)?;
+        if !check {
+            return Ok(Sums::default());
+        }
+        sums(item.op, off, part)
+    };
+    if dst.len() <= sub {
+        return work((0, dst));
+    }
+    dst.par_chunks_mut(sub)
+        .enumerate()
+        .map(work)
+        .try_reduce(Sums::default, |mut a, b| {
+            a.add(b);
+            Ok(a)
+        })
+}
+
+/// The tensor's output computed on the CPU from `src` (its staged bytes).
+pub(crate) fn cpu_output(item: &Item, src: Vec<u8>) -> Result<Vec<u8>> {
+    if item.out_dtype == item.dtype {
+        return Ok(src);
+    }
+    let mut out = vec![0u8; item.out_len(src.len())];
+    convert::convert_bytes(item.dtype, &src, item.out_dtype, &mut out)?;
+    Ok(out)
+}

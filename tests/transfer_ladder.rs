@@ -1,0 +1,894 @@
+//! The transfer pipeline on the host backend and on `Faults<host>`: every
+//! fault mode is detected and served by the next rung with bit-exact data,
+//! forced rungs, fail-fast, budget offloading, progress, concurrent loads, a
+//! file truncated during the load, and a seeded campaign of 1000 trials.
+
+use std::path::{Path, PathBuf};
+
+use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
+use rocm_safe::device::{host::HostBackend, Backend, ConvertOp, Device};
+use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
+use rocm_safe::transfer::{Failure, Fallback, LoadOptions, Loaded, Loader, Request, Rung, Stage};
+use rocm_safe::verify::{self, Policy};
+use rocm_safe::{DType, Error};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Writes a checkpoint of `(name, dtype, shape)` with random contents.
+fn write(dir: &Path, file: &str, specs: &[(&str, DType, Vec<u64>)], seed: u64) -> PathBuf {
+    let path = dir.join(file);
+    let mut rng = Rng(seed);
+    let mut w = SafeTensorsWriter::create(
+        &path,
+        specs
+            .iter()
+            .map(|(n, d, s)| TensorSpec::new(*n, *d, s.clone())),
+        None,
+    )
+    .unwrap();
+    for (n, d, s) in specs {
+        let elems: u64 = s.iter().product();
+        let bytes = rng.bytes(d.bytes_for(elems).unwrap() as usize);
+        w.write_tensor(n, &bytes).unwrap();
+    }
+    w.finish().unwrap()
+}
+
+/// A mixed checkpoint: small tensors (coalesced), tensors spanning several
+/// 64 KiB ring buffers, a scalar, integers, f64.
+fn mixed(dir: &Path) -> PathBuf {
+    write(
+        dir,
+        "mixed.safetensors",
+        &[
+            ("a.bf16", DType::BF16, vec![3, 5]),
+            ("b.big_bf16", DType::BF16, vec![300, 333]),
+            ("c.f16", DType::F16, vec![1000]),
+            ("d.f32", DType::F32, vec![70, 1001]),
+            ("e.i32", DType::I32, vec![17]),
+            ("f.f64", DType::F64, vec![33]),
+            ("g.scalar", DType::BF16, vec![]),
+            ("h.u8", DType::U8, vec![3]),
+            ("i.empty", DType::BF16, vec![0, 4]),
+        ],
+        7,
+    )
+}
+
+fn small(dtype: Option<DType>) -> LoadOptions {
+    LoadOptions {
+        dtype,
+        ring_buffers: 2,
+        buffer_bytes: 64 * 1024,
+        small_chunk_bytes: 16 * 1024,
+        ..LoadOptions::default()
+    }
+}
+
+fn faulty(plan: FaultPlan) -> (Device, FaultHandle) {
+    let (f, h) = Faults::new(HostBackend::new(), plan);
+    (Device::from_backend(Box::new(f)), h)
+}
+
+/// Every loaded tensor equals the CPU reader's result, byte for byte.
+fn assert_exact(ckpt: &Checkpoint, loaded: &Loaded) {
+    for t in &loaded.tensors {
+        let info = ckpt.info(&t.name).unwrap();
+        let want = if t.dtype == info.dtype {
+            ckpt.read_bytes(&t.name).unwrap()
+        } else {
+            ckpt.read_as_bytes(&t.name, t.dtype).unwrap()
+        };
+        assert_eq!(t.data.to_host().unwrap(), want, "tensor {}", t.name);
+        let rep = loaded.report.tensor(&t.name).unwrap();
+        assert_eq!(rep.out_bytes as usize, want.len());
+        assert_eq!(t.data.is_device(), rep.rung != Rung::Host);
+    }
+}
+
+#[test]
+fn clean_load_is_exact_and_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    for dtype in [None, Some(DType::F32), Some(DType::BF16), Some(DType::F16)] {
+        for policy in [
+            Policy::Fingerprint,
+            Policy::FusedFingerprint,
+            Policy::ReadBack,
+            Policy::Off,
+        ] {
+            let dev = Device::host();
+            let mut l = Loader::new(
+                &dev,
+                LoadOptions {
+                    policy,
+                    ..small(dtype)
+                },
+            )
+            .unwrap();
+            let loaded = l.load_all(&ckpt).unwrap();
+            assert_exact(&ckpt, &loaded);
+            // Pairs without a device kernel (f64 -> f32, f16 <-> bf16)
+            // start on the CPU rung.
+            for t in &loaded.report.tensors {
+                let on_device = t.dtype == t.out_dtype
+                    || ConvertOp {
+                        from: t.dtype,
+                        to: t.out_dtype,
+                    }
+                    .on_device();
+                if on_device {
+                    assert_eq!(t.rung, Rung::PinnedRing, "{} {dtype:?}", t.name);
+                    assert!(t.attempts.is_empty());
+                } else {
+                    assert_eq!(t.rung, Rung::CpuConvert, "{} {dtype:?}", t.name);
+                    assert!(matches!(
+                        t.attempts[0].failure,
+                        Failure::NoTrustedKernel { from, .. } if from == t.dtype
+                    ));
+                }
+            }
+            assert!(
+                loaded.report.ring_jobs >= 4,
+                "big tensors span several buffers"
+            );
+            assert_eq!(
+                loaded.report.file_bytes,
+                loaded
+                    .report
+                    .tensors
+                    .iter()
+                    .map(|t| t.file_bytes)
+                    .sum::<u64>()
+            );
+        }
+    }
+}
+
+#[test]
+fn row_slices_and_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let dev = Device::host();
+    let mut l = Loader::new(&dev, small(Some(DType::F32))).unwrap();
+    let reqs = [
+        Request::rows("b.big_bf16", 100..250),
+        Request::rows("d.f32", 3..4),
+        Request::whole("c.f16"),
+    ];
+    let loaded = l.load(&ckpt, &reqs).unwrap();
+    let b = loaded.get("b.big_bf16").unwrap();
+    assert_eq!(b.shape, vec![150, 333]);
+    assert_eq!(
+        b.data.to_host().unwrap(),
+        bytemuck::cast_slice::<f32, u8>(&ckpt.read_rows::<f32>("b.big_bf16", 100..250).unwrap())
+    );
+    let d = loaded.get("d.f32").unwrap();
+    assert_eq!(
+        d.data.to_host().unwrap(),
+        ckpt.read_rows_bytes("d.f32", 3..4).unwrap()
+    );
+    let names = l.load_names(&ckpt, &["c.f16", "a.bf16"]).unwrap();
+    assert_eq!(names.tensors.len(), 2);
+    assert_exact(&ckpt, &names);
+}
+
+#[test]
+fn bad_requests_and_options_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let dev = Device::host();
+    let mut l = Loader::new(&dev, small(None)).unwrap();
+    assert!(matches!(
+        l.load_names(&ckpt, &["nope"]),
+        Err(Error::TensorNotFound { .. })
+    ));
+    assert!(matches!(
+        l.load(&ckpt, &[Request::rows("b.big_bf16", 5..301)]),
+        Err(Error::RowRange { .. })
+    ));
+    assert!(matches!(
+        l.load(&ckpt, &[Request::rows("g.scalar", 0..1)]),
+        Err(Error::NoRows { .. })
+    ));
+    for bad in [
+        LoadOptions {
+            ring_buffers: 5,
+            ..small(None)
+        },
+        LoadOptions {
+            ring_buffers: 1,
+            ..small(None)
+        },
+        LoadOptions {
+            buffer_bytes: 65 * 1024 * 1024,
+            ..small(None)
+        },
+        LoadOptions {
+            buffer_bytes: 100_000,
+            ..small(None)
+        },
+        LoadOptions {
+            small_chunk_bytes: 128 * 1024,
+            ..small(None)
+        },
+        LoadOptions {
+            dtype: Some(DType::I32),
+            ..small(None)
+        },
+    ] {
+        assert!(matches!(
+            Loader::new(&dev, bad),
+            Err(Error::InvalidLoadOptions { .. })
+        ));
+    }
+}
+
+/// One fault kind, hitting one operation after the self-test: the pinned
+/// ring sees it and the next rung serves, exactly.
+fn one_fault(kind: FaultKind, when: When, stage: Option<Stage>) {
+    one_fault_on(Box::new(HostBackend::new()), kind, when, stage)
+}
+
+fn one_fault_on(inner: Box<dyn Backend>, kind: FaultKind, when: When, stage: Option<Stage>) {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let (f, h) = Faults::new(inner, FaultPlan::one(kind, when));
+    let dev = Device::from_backend(Box::new(f));
+    h.set_enabled(false);
+    assert!(verify::self_test(&dev.stream().unwrap())
+        .unwrap()
+        .all_passed());
+    let mut l = Loader::new(&dev, small(Some(DType::F32))).unwrap();
+    h.set_enabled(true);
+    let loaded = l.load_all(&ckpt).unwrap();
+    assert!(!h.injected().is_empty(), "{kind:?} was injected");
+    assert_exact(&ckpt, &loaded);
+    let hit: Vec<_> = loaded
+        .report
+        .tensors
+        .iter()
+        .filter(|t| {
+            t.attempts.iter().any(|a| {
+                a.rung == Rung::PinnedRing && !matches!(a.failure, Failure::NoTrustedKernel { .. })
+            })
+        })
+        .collect();
+    assert!(!hit.is_empty(), "{kind:?}: a tensor went down the ladder");
+    for t in &hit {
+        assert_eq!(t.rung, Rung::SmallChunks, "{kind:?} {}", t.name);
+        let f = &t.attempts[0].failure;
+        match stage {
+            Some(s) => assert!(
+                matches!(f, Failure::Mismatch { stage, .. } if *stage == s)
+                    || matches!(f, Failure::JobFailed { .. }),
+                "{kind:?}: {f}"
+            ),
+            None => assert!(
+                matches!(f, Failure::Error(Error::InjectedFault { fault, .. }) if *fault == kind)
+                    || matches!(f, Failure::JobFailed { .. }),
+                "{kind:?}: {f}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn copy_lands_zeros_goes_down_one_rung() {
+    one_fault(FaultKind::CopyLandsZeros, When::Nth(1), Some(Stage::Copy));
+}
+
+#[test]
+fn copy_lands_stale_goes_down_one_rung() {
+    one_fault(FaultKind::CopyLandsStale, When::Nth(0), Some(Stage::Copy));
+}
+
+#[test]
+fn copy_lands_garbage_goes_down_one_rung() {
+    one_fault(FaultKind::CopyLandsGarbage, When::Nth(2), Some(Stage::Copy));
+}
+
+#[test]
+fn conversion_writes_zeros_goes_down_one_rung() {
+    one_fault(
+        FaultKind::ConvertWritesZeros,
+        When::Nth(0),
+        Some(Stage::Output),
+    );
+}
+
+#[test]
+fn invalid_value_on_copy_goes_down_one_rung() {
+    one_fault(FaultKind::InvalidValueOnCopy, When::Nth(1), None);
+}
+
+#[test]
+fn launch_failure_goes_down_one_rung() {
+    one_fault(FaultKind::LaunchFailure, When::Nth(3), None);
+}
+
+#[test]
+fn every_device_rung_failing_ends_on_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let (dev, h) = faulty(FaultPlan::one(FaultKind::CopyLandsZeros, When::Always));
+    let opts = LoadOptions {
+        self_test: false,
+        ..small(Some(DType::F32))
+    };
+    let loaded = Loader::new(&dev, opts).unwrap().load_all(&ckpt).unwrap();
+    assert!(!h.injected().is_empty());
+    assert_exact(&ckpt, &loaded);
+    for t in &loaded.report.tensors {
+        if t.file_bytes == 0 {
+            continue; // nothing to copy, nothing to corrupt
+        }
+        assert_eq!(t.rung, Rung::Host, "{}", t.name);
+        let rungs: Vec<Rung> = t.attempts.iter().map(|a| a.rung).collect();
+        let want: &[Rung] = if t.dtype == DType::F64 {
+            &[Rung::PinnedRing, Rung::CpuConvert]
+        } else {
+            &[
+                Rung::PinnedRing,
+                Rung::SmallChunks,
+                Rung::Pageable,
+                Rung::CpuConvert,
+            ]
+        };
+        assert_eq!(rungs, want, "{}", t.name);
+    }
+}
+
+#[test]
+fn out_of_memory_is_retried_once_then_goes_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    // One failed allocation: the retry serves it on the ring.
+    let (dev, _h) = faulty(FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(0)));
+    let opts = LoadOptions {
+        self_test: false,
+        ..small(Some(DType::F32))
+    };
+    let loaded = Loader::new(&dev, opts.clone())
+        .unwrap()
+        .load_all(&ckpt)
+        .unwrap();
+    assert_exact(&ckpt, &loaded);
+    let first = &loaded.report.tensors[0];
+    assert!(first.oom_retried);
+    assert_eq!(first.rung, Rung::PinnedRing);
+    // Every allocation fails: everything stays on the host.
+    let (dev, _h) = faulty(FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Always));
+    let loaded = Loader::new(&dev, opts).unwrap().load_all(&ckpt).unwrap();
+    assert_exact(&ckpt, &loaded);
+    for t in &loaded.report.tensors {
+        if t.out_bytes > 0 {
+            assert_eq!(t.rung, Rung::Host, "{}", t.name);
+            assert!(t.oom_retried);
+            assert!(t
+                .attempts
+                .iter()
+                .any(|a| matches!(a.failure, Failure::Error(Error::OutOfMemory { .. }))));
+        }
+    }
+}
+
+#[test]
+fn forced_rungs_serve_everything_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    for rung in Rung::ALL {
+        for dtype in [None, Some(DType::F32), Some(DType::BF16)] {
+            let dev = Device::host();
+            let opts = LoadOptions {
+                fallback: Fallback::Force(rung),
+                ..small(dtype)
+            };
+            let mut l = Loader::new(&dev, opts).unwrap();
+            // Forcing a device rung on a pair without a device kernel is
+            // a failure (tested in `forbidden_fallback_fails_fast`).
+            let names: Vec<&str> = ckpt
+                .tensors()
+                .filter(|(_, t)| match dtype {
+                    Some(to) if t.dtype.is_convertible_float() && t.dtype != to => {
+                        !rung.converts_on_device() || ConvertOp { from: t.dtype, to }.on_device()
+                    }
+                    _ => true,
+                })
+                .map(|(_, t)| t.name.as_str())
+                .collect();
+            let loaded = l.load_names(&ckpt, &names).unwrap();
+            assert_exact(&ckpt, &loaded);
+            for t in &loaded.report.tensors {
+                assert_eq!(t.rung, rung, "{} {dtype:?}", t.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn forbidden_fallback_fails_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let (dev, _h) = faulty(FaultPlan::one(FaultKind::CopyLandsGarbage, When::Always));
+    let opts = LoadOptions {
+        fallback: Fallback::Forbid,
+        self_test: false,
+        ..small(None)
+    };
+    let e = Loader::new(&dev, opts)
+        .unwrap()
+        .load_all(&ckpt)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::TransferFailed {
+                rung: "pinned ring",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // A forced rung that fails is an error too (with the device error kept).
+    let (dev, _h) = faulty(FaultPlan::one(FaultKind::InvalidValueOnCopy, When::Always));
+    let opts = LoadOptions {
+        fallback: Fallback::Force(Rung::Pageable),
+        self_test: false,
+        ..small(None)
+    };
+    let e = Loader::new(&dev, opts)
+        .unwrap()
+        .load_all(&ckpt)
+        .unwrap_err();
+    match e {
+        Error::TransferFailed {
+            rung,
+            source: Some(s),
+            ..
+        } => {
+            assert_eq!(rung, "pageable");
+            assert!(matches!(
+                *s,
+                Error::InjectedFault {
+                    fault: FaultKind::InvalidValueOnCopy,
+                    ..
+                }
+            ));
+        }
+        other => panic!("{other}"),
+    }
+    // f64 -> f32 with fallback forbidden: no device kernel is a failure.
+    let dev = Device::host();
+    let opts = LoadOptions {
+        fallback: Fallback::Forbid,
+        ..small(Some(DType::F32))
+    };
+    let e = Loader::new(&dev, opts)
+        .unwrap()
+        .load_names(&ckpt, &["f.f64"])
+        .unwrap_err();
+    assert!(matches!(e, Error::TransferFailed { .. }), "{e}");
+}
+
+#[test]
+fn memory_budget_offloads_the_rest_to_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let dev = Device::host();
+    let budget = 300 * 333 * 4 + 100; // a.bf16 and b.big_bf16 fit (as f32)
+    let opts = LoadOptions {
+        memory_budget: Some(budget),
+        ..small(Some(DType::F32))
+    };
+    let loaded = Loader::new(&dev, opts).unwrap().load_all(&ckpt).unwrap();
+    assert_exact(&ckpt, &loaded);
+    let on_dev: u64 = loaded
+        .report
+        .tensors
+        .iter()
+        .filter(|t| t.rung != Rung::Host)
+        .map(|t| t.out_bytes)
+        .sum();
+    assert!(on_dev <= budget);
+    let off: Vec<&str> = loaded
+        .report
+        .tensors
+        .iter()
+        .filter(|t| t.offloaded)
+        .map(|t| t.name.as_str())
+        .collect();
+    assert!(off.contains(&"d.f32"), "{off:?}");
+    assert!(!off.contains(&"b.big_bf16"));
+    for t in loaded.report.tensors.iter().filter(|t| t.offloaded) {
+        assert_eq!(t.rung, Rung::Host);
+        assert!(t.attempts.is_empty());
+    }
+}
+
+#[test]
+fn progress_reaches_the_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let (dev, _h) = faulty(FaultPlan::one(FaultKind::CopyLandsZeros, When::Nth(2)));
+    let mut l = Loader::new(
+        &dev,
+        LoadOptions {
+            self_test: false,
+            ..small(Some(DType::F32))
+        },
+    )
+    .unwrap();
+    let reqs: Vec<Request> = ckpt
+        .tensors()
+        .map(|(_, t)| Request::whole(t.name.clone()))
+        .collect();
+    let mut seen = Vec::new();
+    let loaded = l
+        .load_with_progress(&ckpt, &reqs, &mut |p| seen.push(*p))
+        .unwrap();
+    assert!(seen.len() > 3);
+    assert!(seen.windows(2).all(|w| w[0].done_bytes <= w[1].done_bytes));
+    let last = seen.last().unwrap();
+    assert_eq!(last.done_bytes, last.total_bytes);
+    assert_eq!(last.total_bytes, loaded.report.file_bytes);
+    assert_eq!(last.done_tensors, last.total_tensors);
+}
+
+#[test]
+fn concurrent_loads_from_several_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let (dev, h) = faulty(FaultPlan {
+        seed: 3,
+        rules: vec![FaultRule {
+            kind: FaultKind::CopyLandsGarbage,
+            when: When::Random {
+                per_million: 50_000,
+            },
+        }],
+    });
+    std::thread::scope(|s| {
+        for k in 0..4 {
+            let (dev, ckpt) = (&dev, &ckpt);
+            s.spawn(move || {
+                let dtype = [None, Some(DType::F32)][k % 2];
+                let mut l = Loader::new(
+                    dev,
+                    LoadOptions {
+                        self_test: false,
+                        ..small(dtype)
+                    },
+                )
+                .unwrap();
+                for _ in 0..3 {
+                    let loaded = l.load_all(ckpt).unwrap();
+                    assert_exact(ckpt, &loaded);
+                }
+            });
+        }
+    });
+    assert!(!h.injected().is_empty());
+}
+
+#[test]
+fn a_file_truncated_during_the_load_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "t.safetensors",
+        &[("x", DType::BF16, vec![1024, 1024])],
+        9,
+    );
+    let ckpt = Checkpoint::open(&path).unwrap();
+    for fallback in [
+        Fallback::Ladder,
+        Fallback::Force(Rung::SmallChunks),
+        Fallback::Force(Rung::Host),
+    ] {
+        std::fs::write(&path, std::fs::read(&path).unwrap()).ok();
+        let ckpt2 = Checkpoint::open(&path).unwrap();
+        let dev = Device::host();
+        let mut l = Loader::new(
+            &dev,
+            LoadOptions {
+                fallback,
+                ..small(Some(DType::F32))
+            },
+        )
+        .unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let mut cut = false;
+        let r = l.load_with_progress(&ckpt2, &[Request::whole("x")], &mut |p| {
+            if !cut && (p.done_bytes > 0 || fallback != Fallback::Ladder) {
+                file.set_len(1000).unwrap();
+                cut = true;
+            }
+        });
+        match r {
+            Err(Error::FileShrunk { tensor, .. }) => assert_eq!(tensor, "x"),
+            other => panic!("{fallback:?}: {other:?}"),
+        }
+        // Restore for the next round.
+        let mut w = SafeTensorsWriter::create(
+            &path,
+            [TensorSpec::new("x", DType::BF16, [1024u64, 1024])],
+            None,
+        )
+        .unwrap();
+        w.write_tensor("x", &Rng(9).bytes(2 << 20)).unwrap();
+        w.finish().unwrap();
+    }
+    drop(ckpt);
+}
+
+/// 1000 seeded trials mixing faults, sizes, dtypes and policies: no load
+/// may return data that differs from the CPU reader's.
+#[test]
+fn campaign_of_seeded_trials_has_no_undetected_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let kinds = [
+        FaultKind::CopyLandsZeros,
+        FaultKind::CopyLandsStale,
+        FaultKind::CopyLandsGarbage,
+        FaultKind::InvalidValueOnCopy,
+        FaultKind::ConvertWritesZeros,
+        FaultKind::OutOfMemoryOnAlloc,
+        FaultKind::LaunchFailure,
+    ];
+    let dtypes = [
+        DType::BF16,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+        DType::I16,
+        DType::U8,
+    ];
+    let mut rng = Rng(2026);
+    let (mut injected, mut fell_back, mut undetected) = (0usize, 0usize, 0usize);
+    for trial in 0..1000u64 {
+        let n = 1 + rng.below(4) as usize;
+        let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+        let specs: Vec<(&str, DType, Vec<u64>)> = names
+            .iter()
+            .map(|nm| {
+                let d = dtypes[rng.below(dtypes.len() as u64) as usize];
+                let rows = rng.below(40);
+                let wide = rng.below(8) == 0;
+                let cols = 1 + rng.below(if wide { 3000 } else { 200 });
+                (nm.as_str(), d, vec![rows, cols])
+            })
+            .collect();
+        let path = write(
+            dir.path(),
+            &format!("c{}.safetensors", trial % 8),
+            &specs,
+            trial,
+        );
+        let ckpt = Checkpoint::open(&path).unwrap();
+        let rules = (0..1 + rng.below(3))
+            .map(|_| FaultRule {
+                kind: kinds[rng.below(kinds.len() as u64) as usize],
+                when: When::Random {
+                    per_million: 50_000 + rng.below(400_000) as u32,
+                },
+            })
+            .collect();
+        let (dev, h) = faulty(FaultPlan { seed: trial, rules });
+        let opts = LoadOptions {
+            dtype: [None, Some(DType::F32), Some(DType::BF16), Some(DType::F16)]
+                [rng.below(4) as usize],
+            policy: [
+                Policy::Fingerprint,
+                Policy::FusedFingerprint,
+                Policy::ReadBack,
+            ][rng.below(3) as usize],
+            self_test: false,
+            ..small(None)
+        };
+        let loaded = Loader::new(&dev, opts).unwrap().load_all(&ckpt).unwrap();
+        injected += h.injected().len();
+        for t in &loaded.tensors {
+            let info = ckpt.info(&t.name).unwrap();
+            let want = if t.dtype == info.dtype {
+                ckpt.read_bytes(&t.name).unwrap()
+            } else {
+                ckpt.read_as_bytes(&t.name, t.dtype).unwrap()
+            };
+            if t.data.to_host().unwrap() != want {
+                undetected += 1;
+            }
+        }
+        fell_back += loaded
+            .report
+            .tensors
+            .iter()
+            .filter(|t| !t.attempts.is_empty())
+            .count();
+    }
+    assert_eq!(undetected, 0);
+    assert!(injected > 1000, "faults injected: {injected}");
+    assert!(
+        fell_back > 300,
+        "tensors that went down the ladder: {fell_back}"
+    );
+}
+
+/// The same on a GPU: a clean load, and each copy/conversion fault caught.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use rocm_safe::device::{open_backend, BackendKind};
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn clean_load_is_exact_on_cuda() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+        let dev = Device::open(BackendKind::Cuda, 0).unwrap();
+        for dtype in [None, Some(DType::F32), Some(DType::BF16)] {
+            for policy in [
+                Policy::Fingerprint,
+                Policy::FusedFingerprint,
+                Policy::ReadBack,
+            ] {
+                let mut l = Loader::new(
+                    &dev,
+                    LoadOptions {
+                        policy,
+                        ..small(dtype)
+                    },
+                )
+                .unwrap();
+                let loaded = l.load_all(&ckpt).unwrap();
+                assert_exact(&ckpt, &loaded);
+                assert!(loaded
+                    .report
+                    .tensors
+                    .iter()
+                    .all(|t| t.attempts.is_empty() || t.rung == Rung::CpuConvert));
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn faults_are_caught_on_cuda() {
+        let open = || open_backend(BackendKind::Cuda, 0).unwrap();
+        one_fault_on(
+            open(),
+            FaultKind::CopyLandsZeros,
+            When::Nth(1),
+            Some(Stage::Copy),
+        );
+        one_fault_on(
+            open(),
+            FaultKind::CopyLandsStale,
+            When::Nth(0),
+            Some(Stage::Copy),
+        );
+        one_fault_on(
+            open(),
+            FaultKind::CopyLandsGarbage,
+            When::Nth(2),
+            Some(Stage::Copy),
+        );
+        one_fault_on(
+            open(),
+            FaultKind::ConvertWritesZeros,
+            When::Nth(0),
+            Some(Stage::Output),
+        );
+        one_fault_on(open(), FaultKind::InvalidValueOnCopy, When::Nth(1), None);
+    }
+}
+
+/// A subscriber that records the `rung` field of every span.
+#[derive(Default, Clone)]
+struct Rungs(std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>);
+
+struct Field<'a>(&'a mut Option<String>);
+impl tracing::field::Visit for Field<'_> {
+    fn record_str(&mut self, f: &tracing::field::Field, v: &str) {
+        if f.name() == "rung" {
+            *self.0 = Some(v.to_owned());
+        }
+    }
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        if f.name() == "rung" {
+            *self.0 = Some(format!("{v:?}").trim_matches('"').to_owned());
+        }
+    }
+}
+
+impl tracing::Subscriber for Rungs {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, a: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut rung = None;
+        a.record(&mut Field(&mut rung));
+        let mut v = self.0.lock().unwrap();
+        if let Some(r) = rung {
+            v.push((a.metadata().name().to_owned(), r));
+        }
+        tracing::span::Id::from_u64(v.len() as u64 + 1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn tracing_spans_name_each_rung_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let (dev, _h) = faulty(FaultPlan::one(FaultKind::CopyLandsZeros, When::Always));
+    let rec = Rungs::default();
+    let loaded = tracing::subscriber::with_default(rec.clone(), || {
+        let opts = LoadOptions {
+            self_test: false,
+            ..small(Some(DType::F32))
+        };
+        Loader::new(&dev, opts)
+            .unwrap()
+            .load_names(&ckpt, &["a.bf16"])
+            .unwrap()
+    });
+    assert_exact(&ckpt, &loaded);
+    let spans = rec.0.lock().unwrap().clone();
+    let rungs: Vec<&str> = spans.iter().map(|(_, r)| r.as_str()).collect();
+    assert_eq!(
+        rungs,
+        [
+            "pinned ring",
+            "small chunks",
+            "pageable",
+            "cpu convert",
+            "host"
+        ],
+        "{spans:?}"
+    );
+    assert_eq!(spans[0].0, "transfer.ring");
+    assert!(spans[1..].iter().all(|(n, _)| n == "transfer.rung"));
+}
+
+#[test]
+fn a_shard_gone_before_the_load_is_an_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = mixed(dir.path());
+    let ckpt = Checkpoint::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let dev = Device::host();
+    let e = Loader::new(&dev, small(None))
+        .unwrap()
+        .load_all(&ckpt)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Io {
+                op: "open for loading",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
