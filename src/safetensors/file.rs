@@ -403,23 +403,39 @@ impl SafeTensors {
     /// `pread` of exactly `dst.len()` bytes at file offset `off`; a short
     /// read (the file shrank since it was opened) is [`Error::FileShrunk`].
     fn pread(&self, info: &TensorInfo, dst: &mut [u8], off: u64) -> Result<()> {
-        read_exact_at(&self.file, dst, off).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::FileShrunk {
-                    path: self.path.clone(),
-                    tensor: info.name.clone(),
-                    expected: self.file_len,
-                    actual: self.file.metadata().map_or(0, |m| m.len()),
-                }
-            } else {
-                Error::Io {
-                    path: self.path.clone(),
-                    op: "read tensor data",
-                    source: e,
-                }
-            }
-        })
+        pread_tensor(&self.file, &self.path, self.file_len, &info.name, dst, off)
     }
+}
+
+/// `pread` of exactly `dst.len()` bytes at offset `off` of `file` (the file
+/// at `path`, `opened_len` bytes long when it was opened) for `tensor`. A
+/// short read means the file shrank since: [`Error::FileShrunk`]; any other
+/// failure is [`Error::Io`]. Zero-length reads issue no system call. Shared
+/// by the reader and the transfer pipeline's positioned reads.
+pub(crate) fn pread_tensor(
+    file: &File,
+    path: &Path,
+    opened_len: u64,
+    tensor: &str,
+    dst: &mut [u8],
+    off: u64,
+) -> Result<()> {
+    read_exact_at(file, dst, off).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::FileShrunk {
+                path: path.to_owned(),
+                tensor: tensor.to_owned(),
+                expected: opened_len,
+                actual: file.metadata().map_or(0, |m| m.len()),
+            }
+        } else {
+            Error::Io {
+                path: path.to_owned(),
+                op: "read tensor data",
+                source: e,
+            }
+        }
+    })
 }
 
 /// `read_exact_at` that never issues a zero-length read.

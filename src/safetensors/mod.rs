@@ -70,7 +70,7 @@
 //! order, through a temporary file renamed into place by `finish`.
 
 mod checkpoint;
-mod file;
+pub(crate) mod file;
 mod header;
 mod json;
 mod writer;

@@ -2,7 +2,6 @@
 //! positioned reads, and the host's expected fingerprint sums.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use crate::convert::fingerprint::{self, sum_bytes};
@@ -47,25 +46,7 @@ impl Source {
     /// Reads exactly `dst.len()` bytes at `off`; a short read is
     /// [`Error::FileShrunk`] naming `tensor`.
     pub fn pread(&self, tensor: &str, dst: &mut [u8], off: u64) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.file.read_exact_at(dst, off).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::FileShrunk {
-                    path: self.path.clone(),
-                    tensor: tensor.to_owned(),
-                    expected: self.len,
-                    actual: self.file.metadata().map_or(0, |m| m.len()),
-                }
-            } else {
-                Error::Io {
-                    path: self.path.clone(),
-                    op: "read tensor data",
-                    source: e,
-                }
-            }
-        })
+        crate::safetensors::file::pread_tensor(&self.file, &self.path, self.len, tensor, dst, off)
     }
 }
 
