@@ -2,12 +2,12 @@
 //!
 //! Tells you what this machine is, which GPU runtimes rocm-safe can see, and
 //! whether the CPU conversion and fingerprint paths pass their self-tests.
-//! Exit status: 0 when every self-test passed, 1 when one failed, 2 on a
-//! usage error.
+//! Exit status: 0 when everything present works or falls back as designed,
+//! 1 when a check fails with no fallback left, 2 on a usage error.
 
 use std::process::ExitCode;
 
-use rocm_safe::diagnostics::{Library, Report, Verdict};
+use rocm_safe::diagnostics::{Compat, Library, Report, Verdict};
 
 fn gib(bytes: Option<u64>) -> String {
     bytes.map_or_else(
@@ -141,10 +141,25 @@ fn print_table(r: &Report) {
         }
     }
     println!();
-    if r.all_passed() {
+    println!("Compatibility (operation x device, each checked against the CPU)");
+    for m in &r.matrix {
+        let status = match &m.compat {
+            Compat::Verified => "verified".to_owned(),
+            Compat::FallsBack { to, why } => format!("falls back to {to} ({why})"),
+            Compat::Fails { why } => format!("FAILS: {why}"),
+        };
+        println!("  {:<24} {:<8} {status}", m.operation, m.device);
+        if !m.detail.is_empty() {
+            println!("  {:<24} {:<8} {}", "", "", m.detail);
+        }
+    }
+    println!();
+    if r.all_passed() && r.usable() {
         println!("All self-tests passed.");
+    } else if r.usable() {
+        println!("A device self-test failed: its verified conversions fall back to the CPU (see above); please report this output.");
     } else {
-        println!("A self-test FAILED: do not trust conversions on this machine; please report this output.");
+        println!("FAILED with no fallback left: do not trust this machine's results; please report this output.");
     }
 }
 
@@ -191,7 +206,8 @@ fn main() -> ExitCode {
     } else {
         print_table(&report);
     }
-    if report.all_passed() {
+    // 0 when everything present works or falls back as designed.
+    if report.usable() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

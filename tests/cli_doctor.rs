@@ -29,6 +29,7 @@ fn json_report_has_the_documented_fields_and_exit_0() {
         "advice",
         "self_tests",
         "backends",
+        "matrix",
     ] {
         assert!(r.get(key).is_some(), "missing {key}");
     }
@@ -52,6 +53,18 @@ fn json_report_has_the_documented_fields_and_exit_0() {
         .collect();
     assert_eq!(names, ["host", "hip", "cuda"]);
     assert_eq!(backends[0]["devices"][0]["self_test"]["verdict"], "pass");
+    // The compatibility matrix: a staged copy on the host device and a conv3d.
+    let matrix = r["matrix"].as_array().unwrap();
+    let staged = matrix
+        .iter()
+        .find(|m| m["operation"] == "staged copy bf16->f32" && m["device"] == "host:0")
+        .expect("host staged copy");
+    assert_eq!(staged["status"], "verified", "{staged}");
+    let conv = matrix
+        .iter()
+        .find(|m| m["operation"] == "conv3d")
+        .expect("conv3d");
+    assert_ne!(conv["status"], "fails", "{conv}");
     // --arch gives advice without a device; the override is flagged.
     let advice = r["advice"].as_array().unwrap();
     let ovr = advice
@@ -76,6 +89,7 @@ fn table_output_names_every_section() {
         "Environment",
         "Self-tests",
         "Backends and devices",
+        "Compatibility",
         "All self-tests passed.",
     ] {
         assert!(s.contains(section), "missing {section:?} in\n{s}");

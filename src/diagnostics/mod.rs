@@ -5,13 +5,17 @@
 pub mod amdgpu;
 pub mod devices;
 pub mod env;
+pub mod matrix;
 pub mod platform;
 pub mod selftest;
 
 pub use amdgpu::{amdgpu_memory, AmdgpuMemory};
 pub use devices::{probe_backends, BackendReport, DeviceReport};
 pub use env::{advise, read_env, Advice, EnvVar};
+pub use matrix::{Compat, MatrixEntry};
 pub use platform::{Library, Platform};
+
+use crate::device::BackendKind;
 pub use selftest::{cpu_self_tests, SelfTest, Verdict};
 
 /// The complete doctor report.
@@ -36,6 +40,9 @@ pub struct Report {
     /// Each backend (host, hip, cuda): built or not, its devices, and each
     /// device's kernel self-test.
     pub backends: Vec<BackendReport>,
+    /// Operation x device: a staged verified copy on every device, and a
+    /// conv3d through the chain, each checked against the CPU.
+    pub matrix: Vec<MatrixEntry>,
 }
 
 impl Report {
@@ -58,6 +65,21 @@ impl Report {
         archs.sort_unstable();
         archs.dedup();
         let advice = archs.iter().flat_map(|a| advise(a, &environment)).collect();
+        let mut matrix: Vec<MatrixEntry> = backends
+            .iter()
+            .flat_map(|b| {
+                b.devices
+                    .iter()
+                    .map(move |d| (b.backend.as_str(), d.ordinal))
+            })
+            .filter_map(|(name, ordinal)| {
+                let kind = [BackendKind::Host, BackendKind::Hip, BackendKind::Cuda]
+                    .into_iter()
+                    .find(|k| k.name() == name)?;
+                Some(matrix::staged_copy(kind, ordinal))
+            })
+            .collect();
+        matrix.push(matrix::conv3d());
         Report {
             schema_version: 1,
             crate_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -68,6 +90,7 @@ impl Report {
             advice,
             self_tests: cpu_self_tests(),
             backends,
+            matrix,
         }
     }
 
@@ -82,5 +105,18 @@ impl Report {
                     .flat_map(|b| b.devices.iter().map(|d| &d.self_test)),
             )
             .all(|t| t.verdict == Verdict::Pass)
+    }
+
+    /// Whether everything present works or falls back as designed: the CPU
+    /// self-tests pass (nothing lies below the CPU) and no operation in the
+    /// matrix fails. A device whose kernels fail their self-test is not
+    /// fatal: verified conversions fall back to the CPU there. This decides
+    /// `doctor`'s exit status.
+    pub fn usable(&self) -> bool {
+        self.self_tests.iter().all(|t| t.verdict == Verdict::Pass)
+            && self
+                .matrix
+                .iter()
+                .all(|m| !matches!(m.compat, Compat::Fails { .. }))
     }
 }
