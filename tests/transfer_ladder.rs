@@ -836,8 +836,37 @@ impl tracing::Subscriber for Rungs {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
+/// tracing caches each span callsite's interest process-wide, so spans
+/// reached first by tests running in parallel without a subscriber can stay
+/// disabled for this test's scoped subscriber. The check therefore runs in a
+/// child process of this test binary that runs it alone.
 #[test]
 fn tracing_spans_name_each_rung_taken() {
+    if std::env::var_os("ROCM_SAFE_TRACING_CHILD").is_some() {
+        return tracing_check();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tracing_spans_name_each_rung_taken",
+            "--test-threads=1",
+        ])
+        .env("ROCM_SAFE_TRACING_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("1 passed"),
+        "the child must run the check: {text}"
+    );
+}
+
+fn tracing_check() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
     let (dev, _h) = faulty(FaultPlan::one(FaultKind::CopyLandsZeros, When::Always));
