@@ -70,7 +70,10 @@ const TENSORS: &[(&str, [u64; 2])] = &[
 ];
 
 fn staged_copy_inner(kind: BackendKind, ordinal: usize) -> crate::Result<(Compat, String)> {
-    let dir = std::env::temp_dir().join(format!("rocm-safe-doctor-{}", std::process::id()));
+    // One directory per call: calls may run concurrently in one process.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("rocm-safe-doctor-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| crate::Error::Io {
         path: dir.clone(),
         op: "create",
