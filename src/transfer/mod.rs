@@ -60,7 +60,6 @@
 mod report;
 mod source;
 
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -85,9 +84,6 @@ const MAX_PIECES: usize = 256;
 const PIECE_ALIGN: usize = 256;
 /// Granularity at which a large tensor is split between slots.
 const SPLIT_ALIGN: usize = 64 * 1024;
-/// How often the queueing thread looks at parked buffers' copies while it
-/// waits for fills.
-const PARK_POLL: Duration = Duration::from_micros(20);
 
 /// How far down the ladder a tensor may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -959,63 +955,13 @@ impl Loader {
                 }
             }
             let mut in_flight: Vec<Option<(usize, Vec<Sums>)>> = (0..n).map(|_| None).collect();
-            // Buffers whose copy to the device may still run, in submit
-            // order: a fill starts only once its buffer's copy is done, so
-            // no pool thread ever waits for the device (a CUDA wait spins
-            // a core).
-            let mut parked: VecDeque<(usize, PinnedBuffer<u8>)> = VecDeque::with_capacity(n);
             let mut result = Ok(());
-            loop {
-                // Restart the fills of every buffer whose copy is done.
-                while let Some((_, front)) = parked.front() {
-                    let ready = if result.is_err() || next >= jobs.len() {
-                        true
-                    } else if outstanding == 0 {
-                        // Nothing else to wait for: wait for this copy.
-                        true
-                    } else {
-                        match front.is_ready() {
-                            Ok(r) => r,
-                            Err(e) => {
-                                result = Err(e);
-                                true
-                            }
-                        }
-                    };
-                    if !ready {
-                        break;
-                    }
-                    let Some((s, buf)) = parked.pop_front() else {
-                        break;
-                    };
-                    if result.is_ok() && next < jobs.len() {
-                        spawn(next, s, buf);
-                        next += 1;
-                        outstanding += 1;
-                    } else if let Some(p) = ring.pinned.get_mut(s) {
-                        *p = Some(buf);
-                    }
-                }
-                if outstanding == 0 {
-                    break;
-                }
+            while outstanding > 0 {
                 let tw = Instant::now();
-                let msg = if parked.is_empty() {
-                    rx.recv().ok()
-                } else {
-                    match rx.recv_timeout(PARK_POLL) {
-                        Ok(m) => Some(m),
-                        Err(mpsc::RecvTimeoutError::Timeout) => {
-                            timing.wait_fill_ms += tw.elapsed().as_secs_f32() * 1e3;
-                            continue;
-                        }
-                        Err(mpsc::RecvTimeoutError::Disconnected) => None,
-                    }
+                let Ok((j, s, mut buf, filled, (blocked, busy))) = rx.recv() else {
+                    break;
                 };
                 timing.wait_fill_ms += tw.elapsed().as_secs_f32() * 1e3;
-                let Some((j, s, mut buf, filled, (blocked, busy))) = msg else {
-                    break;
-                };
                 timing.fill_blocked_ms += blocked.as_secs_f32() * 1e3;
                 timing.fill_busy_ms += busy.as_secs_f32() * 1e3;
                 outstanding -= 1;
@@ -1064,11 +1010,16 @@ impl Loader {
                 if let Some(f) = in_flight.get_mut(s) {
                     *f = Some((j, sums));
                 }
-                parked.push_back((s, buf));
-            }
-            // Whatever is still parked goes back to the ring.
-            while let Some((s, buf)) = parked.pop_front() {
-                if let Some(p) = ring.pinned.get_mut(s) {
+                // The next fill into this buffer starts at once: its task
+                // waits for this copy first (the wait is timed). Handing the
+                // buffer back only when the copy is done was measured slower
+                // (BENCHMARKS.md, transfer run 7): the wake-up latency adds to
+                // every buffer's turnaround.
+                if next < jobs.len() {
+                    spawn(next, s, buf);
+                    next += 1;
+                    outstanding += 1;
+                } else if let Some(p) = ring.pinned.get_mut(s) {
                     *p = Some(buf);
                 }
             }
