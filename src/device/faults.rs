@@ -509,6 +509,12 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.nonfinite(dtype, ptr, n, clamp, counts, s) }
     }
+
+    // ----- memory figures and versions (diagnostics) ---------------------
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        // Not a fault site: the figures are forwarded unchanged.
+        self.inner.mem_info()
+    }
 }
 
 #[cfg(test)]
