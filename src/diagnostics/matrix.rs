@@ -474,7 +474,7 @@ mod tests {
             match &c.compat {
                 Compat::Skipped { why } => assert!(why.contains("unavailable"), "{why}"),
                 // A machine with the GPU runs them.
-                Compat::Verified => assert!(cfg!(feature = "cuda")),
+                Compat::Verified => assert!(kind == BackendKind::Cuda, "{c:?}"),
                 other => panic!("{other:?}"),
             }
         }
@@ -486,7 +486,7 @@ mod tests {
                 assert_eq!(to, "cpu");
                 assert!(why.contains("unavailable"), "{why}");
             }
-            Compat::Verified => assert!(cfg!(feature = "cuda")),
+            Compat::Verified => assert!(kind == BackendKind::Cuda, "{chain:?}"),
             other => panic!("{other:?}"),
         }
         assert!(!chain.is_fatal());

@@ -31,9 +31,9 @@ pub struct Platform {
     /// `hipRuntimeGetVersion`, decoded (`"5.2.21153"`); unknown without
     /// the `hip` feature.
     pub hip_runtime_version: RuntimeVersion,
-    /// `hipDriverGetVersion` (on AMD the ROCclr platform build number x 100
-    /// + revision, shown as the raw number); asked only when a HIP device
-    /// is present, since HIP 5.x reads device 0 unchecked.
+    /// `hipDriverGetVersion` (on AMD the ROCclr platform build number times
+    /// 100 plus the revision, shown as the raw number); asked only when a
+    /// HIP device is present, since HIP 5.x reads device 0 unchecked.
     pub hip_driver_version: RuntimeVersion,
     /// `cuDriverGetVersion`, decoded (`"12.4"`); unknown without the `cuda`
     /// feature or without libcuda.
