@@ -233,9 +233,14 @@ fn progress_bar() -> impl FnMut(&Progress) {
     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
     .progress_chars("=> ");
     bar.set_style(style);
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let mut ticking = false;
     move |p: &Progress| {
         bar.set_length(p.total as u64);
+        if !ticking {
+            // Only once the length is known (no empty 0/0 frame first).
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            ticking = true;
+        }
         bar.set_position(p.done as u64);
         if p.done >= p.total {
             bar.finish_and_clear();
