@@ -1,13 +1,20 @@
-//! `cargo run --release --example doctor [-- --json]`
+//! `cargo run --release --example doctor [-- --json] [--device N|BACKEND:N] [--arch GFX]`
 //!
-//! Tells you what this machine is, which GPU runtimes rocm-safe can see, and
-//! whether the CPU conversion and fingerprint paths pass their self-tests.
+//! Tells you what this machine is, which GPU runtimes rocm-safe can see
+//! (with their versions and memory figures), and whether the CPU and device
+//! conversion paths, the staged copy and each conv3d tier pass their
+//! self-tests on a small case. A progress bar is drawn on stderr while the
+//! self-tests run, only when stderr is a terminal and `--json` is off.
 //! Exit status: 0 when everything present works or falls back as designed,
-//! 1 when a check fails with no fallback left, 2 on a usage error.
+//! 1 when a check fails with no fallback left, 2 on a usage error or a
+//! `--device` that selects no device.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use rocm_safe::diagnostics::{Compat, Library, Report, Verdict};
+use rocm_safe::diagnostics::{
+    CollectOptions, Compat, DeviceSelector, Library, Progress, Report, SelfTest, Verdict,
+};
 
 fn gib(bytes: Option<u64>) -> String {
     bytes.map_or_else(
@@ -19,14 +26,26 @@ fn gib(bytes: Option<u64>) -> String {
 fn lib(l: &Option<Library>) -> String {
     match l {
         Some(l) => format!(
-            "found ({}{})",
+            "found ({}{}{})",
             l.soname,
-            l.path
+            l.real_path
                 .as_ref()
+                .or(l.path.as_ref())
                 .map(|p| format!(" -> {p}"))
+                .unwrap_or_default(),
+            l.file_version
+                .as_ref()
+                .map(|v| format!(", file version {v}"))
                 .unwrap_or_default()
         ),
         None => "not found".to_owned(),
+    }
+}
+
+fn verdict(t: &SelfTest) -> &'static str {
+    match t.verdict {
+        Verdict::Pass => "PASS",
+        Verdict::Fail => "FAIL",
     }
 }
 
@@ -60,7 +79,10 @@ fn print_table(r: &Report) {
             ),
         ),
         ("HIP runtime", lib(&p.hip_runtime)),
+        ("  version", p.hip_runtime_version.to_string()),
+        ("  driver", p.hip_driver_version.to_string()),
         ("CUDA driver", lib(&p.cuda_driver)),
+        ("  version", p.cuda_driver_version.to_string()),
         ("NVRTC", lib(&p.nvrtc)),
     ];
     for (k, v) in rows {
@@ -77,6 +99,14 @@ fn print_table(r: &Report) {
                 .map(|p| format!(" ({p})"))
                 .unwrap_or_default()
         );
+        if let (Some(o), Some(t)) = (m.hip_ordinal, m.runtime_total_bytes) {
+            println!(
+                "  {:<12} hip:{o} hipMemGetInfo: {} total, {} free",
+                "",
+                gib(Some(t)),
+                gib(m.runtime_free_bytes)
+            );
+        }
         if let Some(w) = &m.warning {
             println!("  {:<12} WARNING: {w}", "");
         }
@@ -108,11 +138,13 @@ fn print_table(r: &Report) {
     println!();
     println!("Self-tests");
     for t in &r.self_tests {
-        let v = match t.verdict {
-            Verdict::Pass => "PASS",
-            Verdict::Fail => "FAIL",
-        };
-        println!("  {v}  {:<28} {:>8.1} ms  {}", t.name, t.millis, t.detail);
+        println!(
+            "  {}  {:<28} {:>8.1} ms  {}",
+            verdict(t),
+            t.name,
+            t.millis,
+            t.detail
+        );
     }
     println!();
     println!("Backends and devices");
@@ -123,21 +155,34 @@ fn print_table(r: &Report) {
             (None, false) => {}
         }
         for d in &b.devices {
-            let v = match d.self_test.verdict {
-                Verdict::Pass => "PASS",
-                Verdict::Fail => "FAIL",
+            let mem = match (d.memory_reported_total_bytes, &d.memory_info_error) {
+                (Some(t), _) => format!(
+                    "runtime reports {} total, {} free",
+                    gib(Some(t)),
+                    gib(d.memory_free_bytes)
+                ),
+                (None, Some(e)) => format!("memory figures unknown ({e})"),
+                (None, None) => "memory figures unknown".to_owned(),
             };
             println!(
-                "  {:<5} #{} {} ({}, {}, {} CUs)  {v} kernel self-test {:.1} ms: {}",
+                "  {:<5} #{} {} ({}, {}, {} CUs; {mem})",
                 b.backend,
                 d.ordinal,
                 d.name,
                 d.arch,
                 gib(Some(d.total_memory_bytes).filter(|&b| b > 0)),
                 d.multiprocessors,
-                d.self_test.millis,
-                d.self_test.detail
             );
+            match &d.self_test {
+                Some(t) => println!(
+                    "  {:<5}    {} kernel self-test {:.1} ms: {}",
+                    "",
+                    verdict(t),
+                    t.millis,
+                    t.detail
+                ),
+                None => println!("  {:<5}    not selected (--device)", ""),
+            }
         }
     }
     println!();
@@ -146,9 +191,14 @@ fn print_table(r: &Report) {
         let status = match &m.compat {
             Compat::Verified => "verified".to_owned(),
             Compat::FallsBack { to, why } => format!("falls back to {to} ({why})"),
+            Compat::Skipped { why } => format!("skipped ({why})"),
             Compat::Fails { why } => format!("FAILS: {why}"),
         };
-        println!("  {:<24} {:<8} {status}", m.operation, m.device);
+        let op = match &m.tier {
+            Some(t) => format!("{} {t}", m.operation),
+            None => m.operation.clone(),
+        };
+        println!("  {op:<24} {:<8} {status}", m.device);
         if !m.detail.is_empty() {
             println!("  {:<24} {:<8} {}", "", "", m.detail);
         }
@@ -163,10 +213,47 @@ fn print_table(r: &Report) {
     }
 }
 
+const USAGE: &str = "\
+usage: doctor [--json] [--device N | --device BACKEND:N] [--arch GFX]
+  --json              print the report as one JSON document (schema_version 2)
+  --device N          self-test and run the matrix only on ordinal N of each
+                      backend that has one (hip:N, cuda:N; the host device is 0)
+  --device BACKEND:N  only on that device (host:0, hip:1, cuda:0)
+  --arch GFX          advice for a gfx target even without a visible device
+exit status: 0 when everything present works or falls back as designed,
+1 when a check fails with no fallback left, 2 on a usage error or a --device
+that selects no device";
+
+/// A progress bar on stderr over the self-tests.
+fn progress_bar() -> impl FnMut(&Progress) {
+    let bar = indicatif::ProgressBar::new(0);
+    let style = indicatif::ProgressStyle::with_template(
+        "{spinner} self-tests [{bar:30}] {pos}/{len} {msg}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    let mut ticking = false;
+    move |p: &Progress| {
+        bar.set_length(p.total as u64);
+        if !ticking {
+            // Only once the length is known (no empty 0/0 frame first).
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            ticking = true;
+        }
+        bar.set_position(p.done as u64);
+        if p.done >= p.total {
+            bar.finish_and_clear();
+        } else {
+            bar.set_message(p.step.clone());
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    const USAGE: &str = "usage: doctor [--json] [--arch GFX]  (--arch: advice for a gfx target even without a visible device)";
     let mut json = false;
     let mut archs = Vec::new();
+    let mut options = CollectOptions::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -175,6 +262,15 @@ fn main() -> ExitCode {
                 Some(v) if v.starts_with("gfx") => archs.push(v),
                 _ => {
                     eprintln!("doctor: --arch needs a gfx target such as gfx1151\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            },
+            "--device" => match args.next().map(|v| v.parse::<DeviceSelector>()) {
+                Some(Ok(sel)) => options.device = Some(sel),
+                _ => {
+                    eprintln!(
+                        "doctor: --device needs an ordinal (1) or backend:ordinal (hip:0)\n{USAGE}"
+                    );
                     return ExitCode::from(2);
                 }
             },
@@ -188,7 +284,19 @@ fn main() -> ExitCode {
             }
         }
     }
-    let mut report = Report::collect();
+    let collected = if !json && std::io::stderr().is_terminal() {
+        Report::collect_with(&options, &mut progress_bar())
+    } else {
+        Report::collect_with(&options, &mut |_| {})
+    };
+    let mut report = match collected {
+        Ok(r) => r,
+        Err(e) => {
+            // One line: the selection matched no device.
+            eprintln!("doctor: {e}");
+            return ExitCode::from(2);
+        }
+    };
     for arch in &archs {
         if !report.advice.iter().any(|a| &a.arch == arch) {
             let more = rocm_safe::diagnostics::advise(arch, &report.environment);

@@ -429,6 +429,28 @@ pub enum Error {
         visible: crate::device::VisibleDevices,
     },
 
+    /// An operation this backend does not implement (for example
+    /// [`crate::device::Backend::mem_info`] on a platform where the host
+    /// backend cannot read the memory figures, or a wrapping backend that
+    /// does not forward it).
+    #[error("{backend}: {op} is not supported by this backend")]
+    BackendUnsupported {
+        /// The backend.
+        backend: &'static str,
+        /// The operation.
+        op: &'static str,
+    },
+
+    /// A device selection (`doctor --device`) that matches no listed
+    /// device.
+    #[error("no device {wanted}: the devices are {available}")]
+    NoSuchDevice {
+        /// The selection (`"1"`, `"hip:0"`).
+        wanted: String,
+        /// The devices listed, with the reason for backends that have none.
+        available: String,
+    },
+
     /// A device operation ran out of memory.
     #[error("{backend}: {op}: out of memory allocating {bytes} bytes")]
     OutOfMemory {

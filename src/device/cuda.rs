@@ -145,6 +145,34 @@ pub fn list() -> Result<Vec<DeviceInfo>> {
         .collect()
 }
 
+/// The CUDA driver's version (`cuDriverGetVersion`) as `(raw, "major.minor")`,
+/// raw = major * 1000 + minor * 10 (`12040` -> `"12.4"`). Needs no device
+/// and no `cuInit`.
+///
+/// Errors: [`Error::NoRuntime`] when libcuda cannot be loaded, or the
+/// driver's error.
+pub fn driver_version() -> Result<(i32, String)> {
+    // SAFETY: only tries to dlopen the candidate library names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::NoRuntime {
+            backend: "cuda",
+            library: "libcuda",
+        });
+    }
+    let mut v = 0i32;
+    // SAFETY: libcuda is loadable (checked above), so cudarc's loader does
+    // not panic; the call writes one int and needs no initialisation.
+    unsafe { sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .map_err(|e| err("cuDriverGetVersion", e))?;
+    Ok((v, decode_cuda_version(v)))
+}
+
+/// A CUDA version number decoded: `12040` -> `"12.4"`.
+pub fn decode_cuda_version(v: i32) -> String {
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}
+
 /// PTX compiled by NVRTC, per target (`compute_90`), for this process.
 fn nvrtc_cache() -> &'static Mutex<HashMap<String, String>> {
     static CACHE: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
@@ -629,6 +657,29 @@ unsafe impl Backend for CudaBackend {
                 s,
                 &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
             )
+        }
+    }
+
+    // ----- memory figures and versions (diagnostics) ---------------------
+    /// `cuMemGetInfo` in this device's primary context.
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        let (free, total) = cu::mem_get_info().map_err(|e| err("cuMemGetInfo", e))?;
+        Ok((free as u64, total as u64))
+    }
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+
+    #[test]
+    fn versions_decode_and_absent_driver_is_typed() {
+        assert_eq!(decode_cuda_version(12040), "12.4");
+        assert_eq!(decode_cuda_version(13000), "13.0");
+        match driver_version() {
+            Ok((raw, text)) => assert_eq!(text, decode_cuda_version(raw)),
+            Err(e) => assert!(matches!(e, Error::NoRuntime { .. }), "{e}"),
         }
     }
 }

@@ -514,6 +514,12 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.nonfinite(dtype, ptr, n, clamp, counts, s) }
     }
+
+    // ----- memory figures and versions (diagnostics) ---------------------
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        // Not a fault site: the figures are forwarded unchanged.
+        self.inner.mem_info()
+    }
 }
 
 #[cfg(test)]
@@ -551,5 +557,32 @@ mod tests {
             places.push(diff[0]);
         }
         assert_eq!(places[0], places[1]);
+    }
+
+    /// The memory figures are forwarded unchanged, whatever the plan
+    /// injects into allocations, through the boxed backend of a `Device`.
+    #[test]
+    fn mem_info_is_forwarded() {
+        let plan = FaultPlan {
+            seed: 1,
+            rules: vec![FaultRule {
+                kind: FaultKind::OutOfMemoryOnAlloc,
+                when: When::Always,
+            }],
+        };
+        let (f, _h) = Faults::new(HostBackend::new(), plan);
+        let dev = Device::from_backend(Box::new(f));
+        match (dev.mem_info(), Device::host().mem_info()) {
+            (Ok((free, total)), Ok((_, host_total))) => {
+                assert_eq!(total, host_total);
+                assert!(free <= total);
+            }
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+            (a, b) => panic!("{a:?} vs {b:?}"),
+        }
+        assert!(
+            dev.stream().unwrap().alloc::<u8>(16).is_err(),
+            "the plan is active"
+        );
     }
 }

@@ -373,4 +373,70 @@ unsafe impl Backend for HostBackend {
         }
         Ok(())
     }
+
+    // ----- memory figures and versions (diagnostics) ---------------------
+    /// The host's `MemAvailable` and `MemTotal` (`/proc/meminfo`): the host
+    /// device's memory is host memory.
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        host_mem_info("/proc/meminfo")
+    }
+}
+
+/// `(MemAvailable, MemTotal)` in bytes from a `/proc/meminfo`-format file;
+/// [`Error::BackendUnsupported`] when it cannot be read or lacks a field.
+fn host_mem_info(path: &str) -> Result<(u64, u64)> {
+    let unsupported = Error::BackendUnsupported {
+        backend: "host",
+        op: "mem_info (/proc/meminfo unreadable)",
+    };
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Err(unsupported);
+    };
+    use crate::diagnostics::platform::meminfo_field;
+    match (
+        meminfo_field(&text, "MemAvailable:"),
+        meminfo_field(&text, "MemTotal:"),
+    ) {
+        (Some(free), Some(total)) => Ok((free, total)),
+        _ => Err(unsupported),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_info_reads_meminfo_or_says_unsupported() {
+        let d = tempfile::tempdir().unwrap();
+        let good = d.path().join("good");
+        std::fs::write(
+            &good,
+            "MemTotal: 2048 kB\nMemFree: 1 kB\nMemAvailable: 1024 kB\n",
+        )
+        .unwrap();
+        assert_eq!(
+            host_mem_info(good.to_str().unwrap()).unwrap(),
+            (1024 * 1024, 2048 * 1024)
+        );
+        let partial = d.path().join("partial");
+        std::fs::write(&partial, "MemTotal: 2048 kB\n").unwrap();
+        for p in [partial, d.path().join("missing")] {
+            let e = host_mem_info(p.to_str().unwrap()).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::BackendUnsupported {
+                        backend: "host",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        if cfg!(target_os = "linux") {
+            let (free, total) = HostBackend::new().mem_info().unwrap();
+            assert!(total > 0 && free <= total, "{free} {total}");
+        }
+    }
 }

@@ -405,6 +405,25 @@ pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
         counts: DevicePtr,
         s: RawStream,
     ) -> Result<()>;
+
+    // ----- memory figures and versions (diagnostics) ---------------------
+    /// `(free, total)` device memory in bytes as the runtime reports it
+    /// (`hipMemGetInfo`, `cuMemGetInfo`). On an APU this may be the
+    /// firmware's VRAM carve-out rather than what the GPU can really use;
+    /// `rocm_safe::diagnostics` compares it with sysfs.
+    ///
+    /// The host backend reports the host's `MemAvailable` / `MemTotal`
+    /// from `/proc/meminfo` (its device memory is host memory), and
+    /// [`Error::BackendUnsupported`] where that file cannot be read.
+    /// The provided default is [`Error::BackendUnsupported`], so backends
+    /// written before this method existed keep compiling; wrappers should
+    /// forward it.
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        Err(Error::BackendUnsupported {
+            backend: self.info().kind.name(),
+            op: "mem_info",
+        })
+    }
 }
 
 // SAFETY: forwards every call unchanged to the boxed backend, which upholds
@@ -547,6 +566,11 @@ unsafe impl Backend for Box<dyn Backend> {
     ) -> Result<()> {
         // SAFETY: the caller's guarantees, forwarded.
         unsafe { (**self).nonfinite(dtype, ptr, n, clamp, counts, s) }
+    }
+
+    // ----- memory figures and versions (diagnostics) ---------------------
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        (**self).mem_info()
     }
 }
 
@@ -717,6 +741,16 @@ impl Device {
             pending: None,
             _p: PhantomData,
         })
+    }
+
+    /// `(free, total)` device memory in bytes as the runtime reports it
+    /// (see [`Backend::mem_info`]: the host backend reports host RAM; on an
+    /// APU the runtime's total may be only the VRAM carve-out).
+    ///
+    /// Errors: [`Error::BackendUnsupported`] where the backend cannot tell,
+    /// or the runtime's own error.
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        self.backend().mem_info()
     }
 
     pub(crate) fn self_test_cell(&self) -> &OnceLock<Arc<crate::verify::SelfTestReport>> {

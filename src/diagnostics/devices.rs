@@ -1,5 +1,6 @@
-//! Which GPU backends this build has, which devices they see, and whether
-//! each device's conversion kernels pass the exhaustive self-test.
+//! Which GPU backends this build has, which devices they see (with the
+//! runtime's memory figures), and whether each device's conversion kernels
+//! pass the exhaustive self-test.
 
 use std::time::Instant;
 
@@ -21,7 +22,7 @@ pub struct BackendReport {
     pub error: Option<String>,
 }
 
-/// One device and its self-test.
+/// One device, the runtime's memory figures, and its self-test.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceReport {
     /// Ordinal after `HIP_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES`.
@@ -30,24 +31,52 @@ pub struct DeviceReport {
     pub name: String,
     /// `gfx1151`, `sm_90`, `host`, ...
     pub arch: String,
-    /// Total device memory in bytes (0 where unknown).
+    /// Total device memory in bytes as the device query gives it
+    /// (`hipDeviceTotalMem`, `cuDeviceTotalMem`; 0 where unknown, as on the
+    /// host device).
     pub total_memory_bytes: u64,
     /// Compute units / streaming multiprocessors.
     pub multiprocessors: u32,
-    /// The exhaustive conversion-kernel self-test on this device.
-    pub self_test: SelfTest,
+    /// The device's PCI bus id (`"0000:c3:00.0"`; HIP devices only).
+    pub pci_bus_id: Option<String>,
+    /// Free bytes as the runtime reports them (`Device::mem_info`:
+    /// `hipMemGetInfo`, `cuMemGetInfo`, the host's `MemAvailable`).
+    pub memory_free_bytes: Option<u64>,
+    /// Total bytes as the runtime reports them with the free figure (on an
+    /// APU possibly only the VRAM carve-out; see `amdgpu_memory`).
+    pub memory_reported_total_bytes: Option<u64>,
+    /// Why the two figures above are missing, if they are.
+    pub memory_info_error: Option<String>,
+    /// Whether `--device` selected it (always true without `--device`):
+    /// only selected devices are self-tested and enter the matrix.
+    pub selected: bool,
+    /// The exhaustive conversion-kernel self-test on this device (`None`
+    /// when not selected).
+    pub self_test: Option<SelfTest>,
 }
 
 /// Every backend kind, in report order.
-const KINDS: [BackendKind; 3] = [BackendKind::Host, BackendKind::Hip, BackendKind::Cuda];
+pub const KINDS: [BackendKind; 3] = [BackendKind::Host, BackendKind::Hip, BackendKind::Cuda];
 
-/// Lists each backend's devices and self-tests their kernels. Never fails:
-/// what cannot be done is reported in the fields.
-pub fn probe_backends() -> Vec<BackendReport> {
-    KINDS.iter().map(|&k| probe(k)).collect()
+/// Lists each backend's devices and their memory figures, without
+/// self-tests (`self_test` is `None`, `selected` true). Never fails: what
+/// cannot be done is reported in the fields.
+pub fn list_backends() -> Vec<BackendReport> {
+    KINDS.iter().map(|&k| list(k)).collect()
 }
 
-fn probe(kind: BackendKind) -> BackendReport {
+/// [`list_backends`], then the kernel self-test on every device.
+pub fn probe_backends() -> Vec<BackendReport> {
+    let mut reports = list_backends();
+    for (b, kind) in reports.iter_mut().zip(KINDS) {
+        for d in &mut b.devices {
+            d.self_test = Some(kernel_self_test(kind, d.ordinal));
+        }
+    }
+    reports
+}
+
+fn list(kind: BackendKind) -> BackendReport {
     let backend = kind.name().to_owned();
     if !kind.is_built() {
         return BackendReport {
@@ -66,13 +95,21 @@ fn probe(kind: BackendKind) -> BackendReport {
             built: true,
             devices: infos
                 .into_iter()
-                .map(|i| DeviceReport {
-                    self_test: kernel_self_test(kind, i.ordinal),
-                    ordinal: i.ordinal,
-                    name: i.name,
-                    arch: i.arch,
-                    total_memory_bytes: i.total_memory,
-                    multiprocessors: i.multiprocessors,
+                .map(|i| {
+                    let mem = Device::open(kind, i.ordinal).and_then(|d| d.mem_info());
+                    DeviceReport {
+                        pci_bus_id: pci_bus_id(kind, i.ordinal),
+                        memory_free_bytes: mem.as_ref().ok().map(|m| m.0),
+                        memory_reported_total_bytes: mem.as_ref().ok().map(|m| m.1),
+                        memory_info_error: mem.err().map(|e| e.to_string()),
+                        selected: true,
+                        self_test: None,
+                        ordinal: i.ordinal,
+                        name: i.name,
+                        arch: i.arch,
+                        total_memory_bytes: i.total_memory,
+                        multiprocessors: i.multiprocessors,
+                    }
                 })
                 .collect(),
             error: None,
@@ -86,7 +123,21 @@ fn probe(kind: BackendKind) -> BackendReport {
     }
 }
 
-fn kernel_self_test(kind: BackendKind, ordinal: usize) -> SelfTest {
+#[cfg(feature = "hip")]
+fn pci_bus_id(kind: BackendKind, ordinal: usize) -> Option<String> {
+    (kind == BackendKind::Hip)
+        .then(|| crate::device::hip::pci_bus_id(ordinal).ok())
+        .flatten()
+}
+
+#[cfg(not(feature = "hip"))]
+fn pci_bus_id(_kind: BackendKind, _ordinal: usize) -> Option<String> {
+    None
+}
+
+/// The exhaustive conversion-kernel self-test on device `kind:ordinal`
+/// (every 16-bit pattern through each device kernel, compared with the CPU).
+pub fn kernel_self_test(kind: BackendKind, ordinal: usize) -> SelfTest {
     let name = format!("{}:{ordinal}.conversion_kernels", kind.name());
     let t = Instant::now();
     let r = Device::open(kind, ordinal)
@@ -147,9 +198,26 @@ mod tests {
         assert_eq!(host.backend, "host");
         assert!(host.built && host.error.is_none());
         assert_eq!(host.devices.len(), 1);
-        let t = &host.devices[0].self_test;
+        let d = &host.devices[0];
+        let t = d.self_test.as_ref().unwrap();
         assert_eq!(t.verdict, Verdict::Pass, "{}", t.detail);
         assert!(t.detail.contains("bit-exact"), "{}", t.detail);
+        assert!(d.selected);
+        if cfg!(target_os = "linux") {
+            // The host device's memory is host RAM, from /proc/meminfo.
+            let (free, total) = (
+                d.memory_free_bytes.unwrap(),
+                d.memory_reported_total_bytes.unwrap(),
+            );
+            assert!(total > 0 && free <= total, "{d:?}");
+            assert_eq!(d.memory_info_error, None);
+        }
+    }
+
+    #[test]
+    fn listing_runs_no_self_test() {
+        let host = &list_backends()[0];
+        assert_eq!(host.devices[0].self_test, None);
     }
 
     #[test]

@@ -1,15 +1,26 @@
 //! The compatibility matrix: each operation on each device, run for real on
 //! a small case and checked against the CPU, with the outcome in one of
-//! three words: verified, falls back (to what, and why), fails.
+//! four words: verified, falls back (to what, and why), skipped (why),
+//! fails (why).
+//!
+//! Per device: a staged, verified bf16->f32 copy of a generated checkpoint
+//! through the transfer ladder; each conv3d tier of the device's chain
+//! forced on its own (a `"conv3d tier"` cell per tier); and the conv3d
+//! chain unforced (a `"conv3d"` cell saying which tier served).
 
-use crate::conv3d::{reference, Conv3dChain, Conv3dData, Conv3dParams, Conv3dProblem};
+use crate::conv3d::{
+    reference, Conv3dChain, Conv3dData, Conv3dOptions, Conv3dParams, Conv3dProblem, Conv3dTier,
+    CpuTier, Outcome, UnavailableTier,
+};
 use crate::convert::convert_bytes;
 use crate::device::{BackendKind, Device};
 use crate::dtype::DType;
 use crate::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
 use crate::transfer::{LoadOptions, Loader, Rung};
 
-/// How an operation fared.
+/// How an operation fared. Serialised as a `status` field
+/// (`"verified"`, `"falls_back"`, `"skipped"`, `"fails"`) next to the
+/// variant's own fields.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Compat {
@@ -22,7 +33,15 @@ pub enum Compat {
         /// Why the earlier choices did not.
         why: String,
     },
-    /// Nothing served it correctly: do not use this operation here.
+    /// Not run here: a conv3d tier that does not take the case or is not
+    /// available on this device (no library, not built).
+    Skipped {
+        /// Why (`"unavailable: libcudnn not found ..."`).
+        why: String,
+    },
+    /// It ran and its result was wrong, or it failed. For a whole operation
+    /// nothing served it correctly; for a single tier the chain falls back
+    /// past it (its `"conv3d"` cell says whether anything served).
     Fails {
         /// What went wrong.
         why: String,
@@ -32,16 +51,28 @@ pub enum Compat {
 /// One cell of the matrix.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MatrixEntry {
-    /// The operation (`"staged copy bf16->f32"`, `"conv3d"`).
+    /// The operation: `"staged copy bf16->f32"`, `"conv3d tier"` (one tier
+    /// forced), `"conv3d"` (the whole chain).
     pub operation: String,
-    /// The device (`"host:0"`, `"cuda:0"`; `"chain"` for conv3d, which picks
-    /// its own devices).
+    /// The device (`"host:0"`, `"cuda:0"`, `"hip:1"`).
     pub device: String,
+    /// For `"conv3d tier"` cells the tier's kind (`"vendor"`, `"tiled"`,
+    /// `"naive"`, `"cpu"`); `None` otherwise.
+    pub tier: Option<String>,
     /// The outcome.
     #[serde(flatten)]
     pub compat: Compat,
-    /// What ran (which rung or tier served, sizes).
+    /// What ran (which rung or tier served, sizes, time).
     pub detail: String,
+}
+
+impl MatrixEntry {
+    /// Whether this cell leaves the operation with nothing that works: a
+    /// failed operation. A failed single tier is not fatal (the chain falls
+    /// back past it; its own `"conv3d"` cell is what counts).
+    pub fn is_fatal(&self) -> bool {
+        self.tier.is_none() && matches!(self.compat, Compat::Fails { .. })
+    }
 }
 
 /// Runs a staged, verified copy of a generated bf16 checkpoint to f32 on
@@ -55,6 +86,7 @@ pub fn staged_copy(kind: BackendKind, ordinal: usize) -> MatrixEntry {
     MatrixEntry {
         operation: "staged copy bf16->f32".into(),
         device,
+        tier: None,
         compat,
         detail,
     }
@@ -150,69 +182,231 @@ fn staged_copy_inner(kind: BackendKind, ordinal: usize) -> crate::Result<(Compat
     result
 }
 
-/// Runs a small conv3d (1x4x5x6x7 input, 8 filters 3x3x3, padding 1, bias)
-/// through the default chain and checks every output against the f64
-/// reference.
-pub fn conv3d() -> MatrixEntry {
-    let (compat, detail) =
-        conv3d_inner().unwrap_or_else(|e| (Compat::Fails { why: e.to_string() }, String::new()));
-    MatrixEntry {
-        operation: "conv3d".into(),
-        device: "chain".into(),
-        compat,
-        detail,
+/// The small conv3d case: 1x4x5x6x7 input, 8 filters 3x3x3, padding 1,
+/// bias; values that are exact in f32.
+struct SmallConv {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    b: Vec<f32>,
+}
+
+impl SmallConv {
+    fn new() -> SmallConv {
+        SmallConv {
+            x: (0..4 * 5 * 6 * 7)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+                .collect(),
+            w: (0..8 * 4 * 27)
+                .map(|i| ((i * 53 % 89) as f32 - 44.0) / 60.0)
+                .collect(),
+            b: (0..8).map(|i| i as f32 * 0.25 - 1.0).collect(),
+        }
+    }
+
+    fn problem(&self) -> crate::Result<Conv3dProblem<'_>> {
+        Conv3dProblem::new(
+            Conv3dParams::default().with_padding([1, 1, 1]),
+            Conv3dData::F32(&self.x),
+            &[1, 4, 5, 6, 7],
+            Conv3dData::F32(&self.w),
+            &[8, 4, 3, 3, 3],
+            Some(Conv3dData::F32(&self.b)),
+        )
     }
 }
 
-fn conv3d_inner() -> crate::Result<(Compat, String)> {
-    let x: Vec<f32> = (0..4 * 5 * 6 * 7)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
-        .collect();
-    let w: Vec<f32> = (0..8 * 4 * 27)
-        .map(|i| ((i * 53 % 89) as f32 - 44.0) / 60.0)
-        .collect();
-    let b: Vec<f32> = (0..8).map(|i| i as f32 * 0.25 - 1.0).collect();
-    let params = Conv3dParams::default().with_padding([1, 1, 1]);
-    let p = Conv3dProblem::new(
-        params,
-        Conv3dData::F32(&x),
-        &[1, 4, 5, 6, 7],
-        Conv3dData::F32(&w),
-        &[8, 4, 3, 3, 3],
-        Some(Conv3dData::F32(&b)),
-    )?;
-    let chain = Conv3dChain::new();
-    let (out, report) = chain.run(&p)?;
-    let want = reference(&p);
-    let bad = out
-        .iter()
-        .zip(&want)
-        .position(|(&o, &r)| (f64::from(o) - r).abs() > 1e-4 * (1.0 + r.abs()));
-    let served = report
-        .served()
-        .map_or_else(|| "none".to_owned(), |a| a.name.clone());
-    if let Some(i) = bad.or((out.len() != want.len()).then_some(out.len().min(want.len()))) {
-        return Ok((
-            Compat::Fails {
-                why: format!("served by {served}, but output {i} differs from the f64 reference"),
+/// The conv3d tiers of device `kind:ordinal`'s chain, in order, ending with
+/// the CPU tier. (Written against the chain's public API on main: the GPU
+/// tiers exist for CUDA devices; HIP has none yet.)
+fn device_tiers(kind: BackendKind, ordinal: usize) -> Vec<Box<dyn Conv3dTier>> {
+    let _ = ordinal;
+    let mut tiers: Vec<Box<dyn Conv3dTier>> = match kind {
+        BackendKind::Host => Vec::new(),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            use crate::conv3d::cuda::{CudaNaiveTier, CudaTiledTier, CudnnTier, SharedEngine};
+            let e = SharedEngine::new(ordinal);
+            vec![
+                Box::new(CudnnTier(e.clone())),
+                Box::new(CudaTiledTier(e.clone())),
+                Box::new(CudaNaiveTier(e)),
+            ]
+        }
+        _ => {
+            let reason = format!(
+                "no conv3d gpu tiers for {} devices in this build (MIOpen is not bound and \
+                 conv3d.hip is not in the hip code objects)",
+                kind.name()
+            );
+            [
+                crate::conv3d::TierKind::Vendor,
+                crate::conv3d::TierKind::Tiled,
+                crate::conv3d::TierKind::Naive,
+            ]
+            .into_iter()
+            .map(|k| {
+                Box::new(UnavailableTier {
+                    kind: k,
+                    reason: reason.clone(),
+                }) as Box<dyn Conv3dTier>
+            })
+            .collect()
+        }
+    };
+    tiers.push(Box::new(CpuTier));
+    tiers
+}
+
+/// The index of the first output that differs from the f64 reference by
+/// more than 1e-4 relative (or a length mismatch), if any.
+fn first_mismatch(out: &[f32], want: &[f64]) -> Option<usize> {
+    out.iter()
+        .zip(want)
+        .position(|(&o, &r)| (f64::from(o) - r).abs() > 1e-4 * (1.0 + r.abs()))
+        .or((out.len() != want.len()).then_some(out.len().min(want.len())))
+}
+
+/// Runs the small conv3d on device `kind:ordinal`: each tier of its chain
+/// forced on its own (one `"conv3d tier"` cell each), then the chain
+/// unforced (one `"conv3d"` cell). Every result that is served is compared
+/// in full with the f64 reference. `before_step` is called with each
+/// cell's name before it runs (for progress).
+pub fn conv3d_cells(
+    kind: BackendKind,
+    ordinal: usize,
+    before_step: &mut dyn FnMut(&str),
+) -> Vec<MatrixEntry> {
+    let device = format!("{}:{ordinal}", kind.name());
+    let case = SmallConv::new();
+    let problem = match case.problem() {
+        Ok(p) => p,
+        Err(e) => {
+            return vec![MatrixEntry {
+                operation: "conv3d".into(),
+                device,
+                tier: None,
+                compat: Compat::Fails { why: e.to_string() },
+                detail: String::new(),
+            }]
+        }
+    };
+    let want = reference(&problem);
+    let mut chain = Conv3dChain::with_tiers(device_tiers(kind, ordinal), Conv3dOptions::default());
+    let mut cells = Vec::new();
+    for (tier, name) in chain.tiers() {
+        before_step(&format!("{device} conv3d tier {tier}"));
+        chain.options_mut().force = Some(tier);
+        let (compat, detail) = match chain.run(&problem) {
+            Ok((out, report)) => match first_mismatch(&out, &want) {
+                Some(i) => (
+                    Compat::Fails {
+                        why: format!("output {i} differs from the f64 reference"),
+                    },
+                    name.clone(),
+                ),
+                None => (
+                    Compat::Verified,
+                    format!(
+                        "{name}: {} outputs match the f64 reference{}",
+                        out.len(),
+                        report
+                            .served()
+                            .map(|a| format!(", {:.1} ms", a.time.as_secs_f64() * 1e3))
+                            .unwrap_or_default()
+                    ),
+                ),
             },
-            String::new(),
-        ));
+            Err(crate::Error::Conv3dNoTier { report }) => {
+                match report
+                    .attempts
+                    .iter()
+                    .find(|a| a.kind == tier)
+                    .map(|a| &a.outcome)
+                {
+                    Some(Outcome::Skipped(why)) => {
+                        (Compat::Skipped { why: why.clone() }, name.clone())
+                    }
+                    Some(Outcome::Failed(f)) => {
+                        (Compat::Fails { why: f.to_string() }, name.clone())
+                    }
+                    _ => (
+                        Compat::Fails {
+                            why: report.to_string(),
+                        },
+                        name.clone(),
+                    ),
+                }
+            }
+            Err(e) => (Compat::Fails { why: e.to_string() }, name.clone()),
+        };
+        cells.push(MatrixEntry {
+            operation: "conv3d tier".into(),
+            device: device.clone(),
+            tier: Some(tier.name().to_owned()),
+            compat,
+            detail,
+        });
     }
-    let skipped = report
-        .attempts
-        .iter()
-        .filter(|a| matches!(a.outcome, crate::conv3d::Outcome::Skipped(_)))
-        .count();
-    let detail = format!("served by {served} ({skipped} tiers skipped as unsupported or unavailable), {} outputs match the f64 reference", out.len());
-    let first_failure = report
-        .failures()
-        .next()
-        .map(|(a, f)| format!("{}: {f}", a.name));
-    Ok(match first_failure {
-        None => (Compat::Verified, detail),
-        Some(why) => (Compat::FallsBack { to: served, why }, detail),
-    })
+    before_step(&format!("{device} conv3d chain"));
+    chain.options_mut().force = None;
+    let (compat, detail) = match chain.run(&problem) {
+        Ok((out, report)) => {
+            let served = report
+                .served()
+                .map_or_else(|| "none".to_owned(), |a| a.name.clone());
+            match first_mismatch(&out, &want) {
+                Some(i) => (
+                    Compat::Fails {
+                        why: format!(
+                            "served by {served}, but output {i} differs from the f64 reference"
+                        ),
+                    },
+                    String::new(),
+                ),
+                None => {
+                    let detail = format!(
+                        "served by {served}, {} outputs match the f64 reference",
+                        out.len()
+                    );
+                    // Falls back when the first tier of the chain did not serve:
+                    // the first failure, else the first skip, says why.
+                    let first_not_served = report
+                        .attempts
+                        .iter()
+                        .take_while(|a| !matches!(a.outcome, Outcome::Served))
+                        .find_map(|a| match &a.outcome {
+                            Outcome::Failed(f) => Some(format!("{}: failed: {f}", a.name)),
+                            _ => None,
+                        })
+                        .or_else(|| {
+                            report.attempts.first().and_then(|a| match &a.outcome {
+                                Outcome::Skipped(why) => Some(format!("{}: {why}", a.name)),
+                                _ => None,
+                            })
+                        });
+                    match first_not_served {
+                        None => (Compat::Verified, detail),
+                        Some(why) => (Compat::FallsBack { to: served, why }, detail),
+                    }
+                }
+            }
+        }
+        Err(e) => (Compat::Fails { why: e.to_string() }, String::new()),
+    };
+    cells.push(MatrixEntry {
+        operation: "conv3d".into(),
+        device,
+        tier: None,
+        compat,
+        detail,
+    });
+    cells
+}
+
+/// How many cells (and progress steps) [`conv3d_cells`] makes for a device
+/// of `kind`: one per tier of its chain, plus the chain.
+pub fn conv3d_cell_count(kind: BackendKind) -> usize {
+    device_tiers(kind, 0).len() + 1
 }
 
 #[cfg(test)]
@@ -237,13 +431,85 @@ mod tests {
     }
 
     #[test]
-    fn conv3d_matches_the_reference() {
-        let e = conv3d();
-        assert!(
-            matches!(e.compat, Compat::Verified | Compat::FallsBack { .. }),
-            "{e:?}"
+    fn host_conv3d_tiers_and_chain_are_verified() {
+        let mut steps = Vec::new();
+        let cells = conv3d_cells(BackendKind::Host, 0, &mut |s| steps.push(s.to_owned()));
+        assert_eq!(cells.len(), conv3d_cell_count(BackendKind::Host));
+        assert_eq!(steps.len(), cells.len());
+        // The host device's chain is the CPU tier alone.
+        let cpu = &cells[0];
+        assert_eq!(
+            (cpu.operation.as_str(), cpu.tier.as_deref()),
+            ("conv3d tier", Some("cpu"))
         );
-        assert!(e.detail.contains("match the f64 reference"), "{}", e.detail);
+        assert_eq!(cpu.compat, Compat::Verified, "{cpu:?}");
+        assert!(
+            cpu.detail.contains("match the f64 reference"),
+            "{}",
+            cpu.detail
+        );
+        let chain = cells.last().unwrap();
+        assert_eq!(
+            (chain.operation.as_str(), chain.tier.as_deref()),
+            ("conv3d", None)
+        );
+        assert_eq!(chain.compat, Compat::Verified, "{chain:?}");
+        assert!(chain.detail.contains("served by cpu"), "{}", chain.detail);
+    }
+
+    #[test]
+    fn a_gpu_device_without_tiers_skips_them_and_falls_back_to_cpu() {
+        // HIP has no conv3d tiers on this branch (and without the feature
+        // there is no device): the GPU tiers are skipped with the reason and
+        // the chain falls back to the CPU, checked. Under `cuda` the CUDA
+        // tiers are real; without a GPU they are skipped likewise.
+        let kind = if cfg!(feature = "cuda") {
+            BackendKind::Cuda
+        } else {
+            BackendKind::Hip
+        };
+        let cells = conv3d_cells(kind, 0, &mut |_| {});
+        assert_eq!(cells.len(), 5, "{cells:?}");
+        for c in &cells[..3] {
+            match &c.compat {
+                Compat::Skipped { why } => assert!(why.contains("unavailable"), "{why}"),
+                // A machine with the GPU runs them.
+                Compat::Verified => assert!(kind == BackendKind::Cuda, "{c:?}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(cells[3].tier.as_deref(), Some("cpu"));
+        assert_eq!(cells[3].compat, Compat::Verified);
+        let chain = &cells[4];
+        match &chain.compat {
+            Compat::FallsBack { to, why } => {
+                assert_eq!(to, "cpu");
+                assert!(why.contains("unavailable"), "{why}");
+            }
+            Compat::Verified => assert!(kind == BackendKind::Cuda, "{chain:?}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!chain.is_fatal());
+    }
+
+    #[test]
+    fn mismatches_are_found() {
+        assert_eq!(first_mismatch(&[1.0, 2.0], &[1.0, 2.0]), None);
+        assert_eq!(first_mismatch(&[1.0, 2.5], &[1.0, 2.0]), Some(1));
+        assert_eq!(first_mismatch(&[1.0], &[1.0, 2.0]), Some(1));
+        let tier_fail = MatrixEntry {
+            operation: "conv3d tier".into(),
+            device: "cuda:0".into(),
+            tier: Some("tiled".into()),
+            compat: Compat::Fails { why: "x".into() },
+            detail: String::new(),
+        };
+        assert!(!tier_fail.is_fatal());
+        let op_fail = MatrixEntry {
+            tier: None,
+            ..tier_fail
+        };
+        assert!(op_fail.is_fatal());
     }
 
     #[test]
@@ -251,6 +517,7 @@ mod tests {
         let e = MatrixEntry {
             operation: "x".into(),
             device: "host:0".into(),
+            tier: None,
             compat: Compat::FallsBack {
                 to: "cpu".into(),
                 why: "y".into(),
@@ -260,5 +527,8 @@ mod tests {
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(v["status"], "falls_back");
         assert_eq!(v["to"], "cpu");
+        assert_eq!(v["tier"], serde_json::Value::Null);
+        let skipped = serde_json::to_value(Compat::Skipped { why: "w".into() }).unwrap();
+        assert_eq!(skipped["status"], "skipped");
     }
 }

@@ -1,6 +1,9 @@
-//! Platform facts: OS, kernel, CPU, memory, and which GPU runtime libraries
-//! the dynamic loader can find. Everything is read from `/proc`, `/etc` and
-//! the loader; nothing here needs a GPU or a feature flag.
+//! Platform facts: OS, kernel, CPU, memory, which GPU runtime libraries the
+//! dynamic loader can find (and the version their file names carry), and
+//! the versions the runtimes report. Everything but the runtime versions is
+//! read from `/proc`, `/etc` and the loader; the versions need the `hip` /
+//! `cuda` feature and are "unknown (reason)" otherwise. Nothing here needs
+//! a GPU, and nothing fails: what cannot be read is `None` or unknown.
 
 use std::ffi::CString;
 
@@ -25,6 +28,16 @@ pub struct Platform {
     pub cuda_driver: Option<Library>,
     /// The NVRTC library, if the loader finds it.
     pub nvrtc: Option<Library>,
+    /// `hipRuntimeGetVersion`, decoded (`"5.2.21153"`); unknown without
+    /// the `hip` feature.
+    pub hip_runtime_version: RuntimeVersion,
+    /// `hipDriverGetVersion` (on AMD the ROCclr platform build number times
+    /// 100 plus the revision, shown as the raw number); asked only when a
+    /// HIP device is present, since HIP 5.x reads device 0 unchecked.
+    pub hip_driver_version: RuntimeVersion,
+    /// `cuDriverGetVersion`, decoded (`"12.4"`); unknown without the `cuda`
+    /// feature or without libcuda.
+    pub cuda_driver_version: RuntimeVersion,
 }
 
 /// A shared library the dynamic loader could open.
@@ -34,12 +47,110 @@ pub struct Library {
     pub soname: String,
     /// The file it resolved to, if the loader reports it.
     pub path: Option<String>,
+    /// `path` with every symbolic link resolved
+    /// (`/opt/rocm-6.2.0/lib/libamdhip64.so.6.2.60200`), if it exists.
+    pub real_path: Option<String>,
+    /// The version in the real file's name after `.so.` (`"6.2.60200"`),
+    /// else in the soname (`"1"` of `libcuda.so.1`); `None` when neither
+    /// carries one.
+    pub file_version: Option<String>,
+}
+
+/// A runtime's version as it reports it, or why it is unknown.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RuntimeVersion {
+    /// The version as text (`"5.2.21153"`, `"12.4"`), `None` when unknown.
+    pub version: Option<String>,
+    /// The integer the runtime returned, `None` when unknown.
+    pub raw: Option<i64>,
+    /// Why the version is unknown (`"not built: ..."`, `"no device"`, the
+    /// runtime's error); `None` when known.
+    pub unknown_reason: Option<String>,
+}
+
+impl RuntimeVersion {
+    /// A known version.
+    pub fn known(raw: i64, version: String) -> RuntimeVersion {
+        RuntimeVersion {
+            version: Some(version),
+            raw: Some(raw),
+            unknown_reason: None,
+        }
+    }
+
+    /// An unknown version and why.
+    pub fn unknown(reason: impl Into<String>) -> RuntimeVersion {
+        RuntimeVersion {
+            version: None,
+            raw: None,
+            unknown_reason: Some(reason.into()),
+        }
+    }
+}
+
+impl std::fmt::Display for RuntimeVersion {
+    /// The version, or `unknown (reason)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.version, &self.unknown_reason) {
+            (Some(v), _) => f.write_str(v),
+            (None, Some(r)) => write!(f, "unknown ({r})"),
+            (None, None) => f.write_str("unknown"),
+        }
+    }
+}
+
+/// `hipRuntimeGetVersion` / `hipDriverGetVersion`, each known or the reason.
+#[cfg(feature = "hip")]
+fn hip_versions() -> (RuntimeVersion, RuntimeVersion) {
+    use crate::device::hip;
+    let runtime = match hip::runtime_version() {
+        Ok((raw, v)) => RuntimeVersion::known(i64::from(raw), v),
+        Err(e) => RuntimeVersion::unknown(e.to_string()),
+    };
+    let driver = match hip::driver_version() {
+        Ok(raw) => RuntimeVersion::known(i64::from(raw), raw.to_string()),
+        Err(e) => RuntimeVersion::unknown(e.to_string()),
+    };
+    (runtime, driver)
+}
+
+/// `hipRuntimeGetVersion` / `hipDriverGetVersion`, each known or the reason.
+#[cfg(not(feature = "hip"))]
+fn hip_versions() -> (RuntimeVersion, RuntimeVersion) {
+    let why = "not built: cargo feature `hip` is off";
+    (RuntimeVersion::unknown(why), RuntimeVersion::unknown(why))
+}
+
+/// `cuDriverGetVersion`, known or the reason.
+#[cfg(feature = "cuda")]
+fn cuda_version() -> RuntimeVersion {
+    match crate::device::cuda::driver_version() {
+        Ok((raw, v)) => RuntimeVersion::known(i64::from(raw), v),
+        Err(e) => RuntimeVersion::unknown(e.to_string()),
+    }
+}
+
+/// `cuDriverGetVersion`, known or the reason.
+#[cfg(not(feature = "cuda"))]
+fn cuda_version() -> RuntimeVersion {
+    RuntimeVersion::unknown("not built: cargo feature `cuda` is off")
+}
+
+/// The version a shared library's file name carries after `.so.`
+/// (`libamdhip64.so.6.2.60200` -> `6.2.60200`); `None` without one.
+pub fn so_version(file_name: &str) -> Option<String> {
+    let (_, v) = file_name.split_once(".so.")?;
+    let ok = !v.is_empty()
+        && v.split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    ok.then(|| v.to_owned())
 }
 
 impl Platform {
     /// Reads the platform facts. Never fails: what cannot be read is `None`.
     pub fn detect() -> Platform {
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let (hip_runtime_version, hip_driver_version) = hip_versions();
         Platform {
             os: os_name(),
             kernel: read_trimmed("/proc/sys/kernel/osrelease"),
@@ -55,6 +166,9 @@ impl Platform {
                 "libnvrtc.so.12",
                 "libnvrtc.so.11.2",
             ]),
+            hip_runtime_version,
+            hip_driver_version,
+            cuda_driver_version: cuda_version(),
         }
     }
 }
@@ -113,9 +227,20 @@ fn find_library(sonames: &[&str]) -> Option<Library> {
         // SAFETY: `handle` came from a successful dlopen above and is closed
         // exactly once; nothing obtained through it is used afterwards.
         unsafe { libc::dlclose(handle) };
+        let real_path = path
+            .as_ref()
+            .and_then(|p| std::fs::canonicalize(p).ok())
+            .map(|p| p.to_string_lossy().into_owned());
+        let file_version = real_path
+            .as_deref()
+            .and_then(|p| std::path::Path::new(p).file_name())
+            .and_then(|f| so_version(&f.to_string_lossy()))
+            .or_else(|| so_version(name));
         Some(Library {
             soname: (*name).to_owned(),
             path,
+            real_path,
+            file_version,
         })
     })
 }
@@ -192,5 +317,55 @@ mod tests {
             assert!(libc.path.as_deref().unwrap_or("").contains("libc"));
         }
         assert_eq!(find_library(&["librocm-safe-does-not-exist.so"]), None);
+        // libc.so.6 resolves to a real file whose name, or else the soname,
+        // carries a version.
+        assert!(libc.file_version.is_some(), "{libc:?}");
+    }
+
+    #[test]
+    fn versions_in_library_file_names() {
+        assert_eq!(
+            so_version("libamdhip64.so.6.2.60200").as_deref(),
+            Some("6.2.60200")
+        );
+        assert_eq!(so_version("libcuda.so.1").as_deref(), Some("1"));
+        assert_eq!(
+            so_version("libcuda.so.550.54.14").as_deref(),
+            Some("550.54.14")
+        );
+        assert_eq!(so_version("libamdhip64.so"), None);
+        assert_eq!(so_version("libx.so.1.rc2"), None);
+        assert_eq!(so_version("libx.so."), None);
+        assert_eq!(so_version("libx.so.1..2"), None);
+    }
+
+    #[test]
+    fn runtime_versions_are_known_or_say_why() {
+        let p = Platform::detect();
+        for v in [
+            &p.hip_runtime_version,
+            &p.hip_driver_version,
+            &p.cuda_driver_version,
+        ] {
+            assert_eq!(v.version.is_some(), v.raw.is_some(), "{v:?}");
+            assert_eq!(v.version.is_none(), v.unknown_reason.is_some(), "{v:?}");
+            let shown = v.to_string();
+            assert!(
+                v.version.is_some() || shown.starts_with("unknown ("),
+                "{shown}"
+            );
+        }
+        if !cfg!(feature = "hip") {
+            assert!(p.hip_runtime_version.to_string().contains("not built"));
+        }
+        if !cfg!(feature = "cuda") {
+            assert!(p.cuda_driver_version.to_string().contains("not built"));
+        }
+        let u = RuntimeVersion::unknown("no device");
+        assert_eq!(u.to_string(), "unknown (no device)");
+        assert_eq!(
+            RuntimeVersion::known(12040, "12.4".into()).to_string(),
+            "12.4"
+        );
     }
 }

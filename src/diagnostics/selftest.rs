@@ -199,28 +199,45 @@ fn parallel_bulk() -> Result<String, String> {
     ))
 }
 
+/// How many CPU self-tests [`cpu_self_tests`] runs.
+pub const CPU_SELF_TESTS: usize = 6;
+
 /// Runs the CPU self-tests. Each is independent; a failure in one does not
 /// stop the others.
 pub fn cpu_self_tests() -> Vec<SelfTest> {
-    vec![
-        run("cpu.bf16_to_f32.exhaustive", || {
+    cpu_self_tests_with(&mut |_| {})
+}
+
+/// [`cpu_self_tests`], calling `before` with each test's name before it
+/// runs (for progress).
+pub fn cpu_self_tests_with(before: &mut dyn FnMut(&str)) -> Vec<SelfTest> {
+    type Check = fn() -> Result<String, String>;
+    let tests: [(&str, Check); CPU_SELF_TESTS] = [
+        ("cpu.bf16_to_f32.exhaustive", || {
             widen_all(DType::BF16, |p| Some(u32::from(p) << 16))
         }),
-        run("cpu.f16_to_f32.exhaustive", || {
+        ("cpu.f16_to_f32.exhaustive", || {
             widen_all(DType::F16, |p| {
                 let v = half::f16::from_bits(p).to_f32();
                 (!v.is_nan()).then_some(v.to_bits())
             })
         }),
-        run("cpu.f32_to_bf16.rounding", || {
+        ("cpu.f32_to_bf16.rounding", || {
             narrow_round_trip(DType::BF16, scalar::bf16_to_f32)
         }),
-        run("cpu.f32_to_f16.rounding", || {
+        ("cpu.f32_to_f16.rounding", || {
             narrow_round_trip(DType::F16, scalar::f16_to_f32)
         }),
-        run("cpu.fingerprint", fingerprint_checks),
-        run("cpu.bf16_to_f32.parallel", parallel_bulk),
-    ]
+        ("cpu.fingerprint", fingerprint_checks),
+        ("cpu.bf16_to_f32.parallel", parallel_bulk),
+    ];
+    tests
+        .into_iter()
+        .map(|(name, check)| {
+            before(name);
+            run(name, check)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -229,8 +246,11 @@ mod tests {
 
     #[test]
     fn all_cpu_self_tests_pass() {
-        let tests = cpu_self_tests();
-        assert_eq!(tests.len(), 6);
+        let mut names = Vec::new();
+        let tests = cpu_self_tests_with(&mut |n| names.push(n.to_owned()));
+        assert_eq!(tests.len(), CPU_SELF_TESTS);
+        let ran: Vec<&str> = tests.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ran);
         for t in &tests {
             assert_eq!(t.verdict, Verdict::Pass, "{}: {}", t.name, t.detail);
         }

@@ -191,6 +191,49 @@ pub fn list() -> Result<Vec<DeviceInfo>> {
     (0..n).map(describe).collect()
 }
 
+/// The HIP runtime's version (`hipRuntimeGetVersion`) as `(raw, "major.minor.patch")`,
+/// `HIP_VERSION` = major * 10^7 + minor * 10^5 + patch. Needs no device.
+///
+/// Errors: the runtime's error ([`Error::Hip`]).
+pub fn runtime_version() -> Result<(i32, String)> {
+    let v = result::info::runtime_version().map_err(|e| err("hipRuntimeGetVersion", e))?;
+    Ok((v, decode_hip_version(v)))
+}
+
+/// `HIP_VERSION` decoded: `50221153` -> `"5.2.21153"`.
+pub fn decode_hip_version(v: i32) -> String {
+    format!("{}.{}.{}", v / 10_000_000, (v / 100_000) % 100, v % 100_000)
+}
+
+/// The driver version `hipDriverGetVersion` reports (on AMD the ROCclr
+/// platform build number * 100 + revision), asked only when a device is
+/// present (HIP 5.x reads device 0 unchecked).
+///
+/// Errors: [`Error::NoDevice`] / [`Error::NoRuntime`] as [`list`], or the
+/// runtime's error.
+pub fn driver_version() -> Result<i32> {
+    let n = device_count(None)?;
+    if n == 0 {
+        return Err(Error::NoDevice {
+            backend: "hip",
+            ordinal: None,
+            count: 0,
+            visible: VisibleDevices::read(VISIBLE_VAR, None),
+        });
+    }
+    // SAFETY: a device is present (checked just above).
+    unsafe { result::info::driver_version() }.map_err(|e| err("hipDriverGetVersion", e))
+}
+
+/// The PCI bus id (`"0000:c3:00.0"`) of HIP device `ordinal`, to match it
+/// with its sysfs entry.
+///
+/// Errors: the runtime's error.
+pub fn pci_bus_id(ordinal: usize) -> Result<String> {
+    let o = i32::try_from(ordinal).unwrap_or(i32::MAX);
+    result::device::pci_bus_id(o).map_err(|e| err("hipDeviceGetPCIBusId", e))
+}
+
 /// The gfx archs this build has code objects for.
 pub fn built_archs() -> Vec<&'static str> {
     kernels::HIP_CODE_OBJECTS.iter().map(|(a, _)| *a).collect()
@@ -603,6 +646,15 @@ unsafe impl Backend for HipBackend {
             )
         }
     }
+
+    // ----- memory figures and versions (diagnostics) ---------------------
+    /// `hipMemGetInfo` on this device. On an APU several ROCm releases
+    /// report only the VRAM carve-out here.
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        let (free, total) = result::info::mem_get_info().map_err(|e| err("hipMemGetInfo", e))?;
+        Ok((free as u64, total as u64))
+    }
 }
 
 #[cfg(test)]
@@ -634,5 +686,22 @@ mod tests {
         assert_eq!(parse_pci_bus_id("garbage"), None);
         assert!(parse_kfd_properties("gfx_target_version 0\n").is_none());
         assert!(parse_kfd_properties("").is_none());
+    }
+
+    #[test]
+    fn versions_decode_and_never_need_a_device() {
+        assert_eq!(decode_hip_version(50221153), "5.2.21153");
+        assert_eq!(decode_hip_version(60342134), "6.3.42134");
+        // The runtime version needs no device; the driver version is a
+        // typed "no device" where there is none (CI), never a crash.
+        let (raw, text) = runtime_version().unwrap();
+        assert!(raw > 0 && text.starts_with(&format!("{}.", raw / 10_000_000)));
+        match driver_version() {
+            Ok(v) => assert!(v > 0),
+            Err(e) => assert!(
+                matches!(e, Error::NoDevice { .. } | Error::NoRuntime { .. }),
+                "{e}"
+            ),
+        }
     }
 }

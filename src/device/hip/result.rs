@@ -181,6 +181,40 @@ pub mod memory {
     }
 }
 
+/// Memory figures and versions (diagnostics).
+pub mod info {
+    use super::*;
+
+    /// `hipMemGetInfo` on the current device: `(free, total)` bytes.
+    pub fn mem_get_info() -> Result<(usize, usize), HipError> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t.
+        unsafe { sys::hipMemGetInfo(&mut free, &mut total) }.result()?;
+        Ok((free, total))
+    }
+
+    /// `hipRuntimeGetVersion` (`HIP_VERSION`: major * 10^7 + minor * 10^5 +
+    /// patch). Touches no device.
+    pub fn runtime_version() -> Result<i32, HipError> {
+        let mut v = 0i32;
+        // SAFETY: writes one int.
+        unsafe { sys::hipRuntimeGetVersion(&mut v) }.result()?;
+        Ok(v)
+    }
+
+    /// `hipDriverGetVersion`.
+    ///
+    /// # Safety
+    /// At least one device must be present: HIP 5.x reads the first device
+    /// without checking that there is one.
+    pub unsafe fn driver_version() -> Result<i32, HipError> {
+        let mut v = 0i32;
+        // SAFETY: writes one int; the caller guarantees a device.
+        unsafe { sys::hipDriverGetVersion(&mut v) }.result()?;
+        Ok(v)
+    }
+}
+
 /// Streams.
 pub mod stream {
     use super::*;
