@@ -129,10 +129,11 @@ pub struct LoadOptions {
     /// (`posix_fadvise(WILLNEED)`): keeps the disk busy when the page cache
     /// is cold; a page-cache walk when it is warm.
     pub readahead: bool,
-    /// Device bytes the loaded tensors may take; the tensors (in request
-    /// order) that do not fit stay on the host (offloading). The loader's
-    /// own staging (`ring_buffers * buffer_bytes` on the device, plus one
-    /// buffer for the lower rungs when they run) is not counted.
+    /// Device bytes the loader may use: its own staging
+    /// ([`Loader::staging_device_bytes`]: the ring's device buffers and one
+    /// more for the lower rungs) plus the loaded tensors. The tensors (in
+    /// request order) that do not fit stay on the host (offloading); a
+    /// budget smaller than the staging keeps every tensor on the host.
     pub memory_budget: Option<u64>,
 }
 
@@ -712,10 +713,22 @@ impl Loader {
         }
     }
 
-    /// Releases the loader's cached device memory (the small-chunk staging)
-    /// and waits for the device, so frees of dropped buffers are done.
+    /// Device bytes of the loader's own staging, which
+    /// [`LoadOptions::memory_budget`] counts: the pinned ring's device
+    /// buffers and the one the lower rungs use, each `buffer_bytes` plus
+    /// its fingerprint accumulators.
+    pub fn staging_device_bytes(&self) -> u64 {
+        let slot = self.opts.buffer_bytes as u64 + (2 * MAX_PIECES * 8) as u64;
+        (self.opts.ring_buffers as u64 + 1).saturating_mul(slot)
+    }
+
+    /// Releases the loader's cached device memory (the pinned ring, when no
+    /// pass is using it, and the lower rungs' staging: both are made again
+    /// when needed) and waits for the device, so frees of dropped buffers
+    /// are done.
     fn release_cached(&mut self) {
         self.scratch = None;
+        self.ring = None;
         if let Err(e) = self.device.synchronize() {
             self.device.record_err(e);
         }
@@ -737,7 +750,7 @@ impl Loader {
     /// Applies the memory budget and allocates the device outputs of the
     /// items that start on a device rung.
     fn allocate(&mut self, items: &[Item], states: &mut [State]) -> Result<()> {
-        let mut used = 0u64;
+        let mut used = self.staging_device_bytes();
         for (item, st) in items.iter().zip(states.iter_mut()) {
             if st.start == Rung::Host {
                 continue;
