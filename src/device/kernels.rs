@@ -1,9 +1,14 @@
 //! The kernels of `hip-kernels/` as the GPU backends name and launch them.
+// Without a GPU backend in the build nothing launches kernels.
+#![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
 #[cfg(any(feature = "hip", feature = "cuda"))]
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
-use super::ConvertOp;
+use std::ffi::c_void;
+
+use super::conv3d::{Conv3dKernel, Conv3dLaunch};
+use super::{ConvertOp, DevicePtr};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -25,11 +30,17 @@ pub(crate) enum Kernel {
     NonfiniteF32,
     NonfiniteBf16,
     NonfiniteF16,
+    Conv3dNaiveF32,
+    Conv3dNaiveBf16,
+    Conv3dTiledF32,
+    Conv3dTiledBf16,
+    Conv3dBiasF32,
+    Conv3dWidenBiasBf16,
 }
 
 #[allow(dead_code)]
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 10] = [
+    pub(crate) const ALL: [Kernel; 16] = [
         Kernel::ConvertBf16F32,
         Kernel::ConvertF16F32,
         Kernel::ConvertF32Bf16,
@@ -40,6 +51,12 @@ impl Kernel {
         Kernel::NonfiniteF32,
         Kernel::NonfiniteBf16,
         Kernel::NonfiniteF16,
+        Kernel::Conv3dNaiveF32,
+        Kernel::Conv3dNaiveBf16,
+        Kernel::Conv3dTiledF32,
+        Kernel::Conv3dTiledBf16,
+        Kernel::Conv3dBiasF32,
+        Kernel::Conv3dWidenBiasBf16,
     ];
 
     /// The extern "C" symbol.
@@ -55,6 +72,12 @@ impl Kernel {
             Kernel::NonfiniteF32 => "nonfinite_f32",
             Kernel::NonfiniteBf16 => "nonfinite_bf16",
             Kernel::NonfiniteF16 => "nonfinite_f16",
+            Kernel::Conv3dNaiveF32 => "conv3d_naive_f32",
+            Kernel::Conv3dNaiveBf16 => "conv3d_naive_bf16",
+            Kernel::Conv3dTiledF32 => "conv3d_tiled_f32",
+            Kernel::Conv3dTiledBf16 => "conv3d_tiled_bf16",
+            Kernel::Conv3dBiasF32 => "conv3d_bias_f32",
+            Kernel::Conv3dWidenBiasBf16 => "conv3d_widen_bias_bf16",
         }
     }
 
@@ -116,6 +139,283 @@ pub(crate) fn grid_for(k: Kernel, items: u64, mps: u32) -> u32 {
     };
     // Clamp rather than truncate.
     u32::try_from(need.min(cap)).unwrap_or(u32::MAX)
+}
+
+/// The sizes a conv3d kernel gets by value (`rs_conv3d_args` in
+/// conv3d.hip, field for field).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Conv3dArgs {
+    n: u64,
+    c: u64,
+    d: u64,
+    h: u64,
+    w: u64,
+    k: u64,
+    kd: u64,
+    kh: u64,
+    kw: u64,
+    od: u64,
+    oh: u64,
+    ow: u64,
+    sd: u64,
+    sh: u64,
+    sw: u64,
+    pd: u64,
+    ph: u64,
+    pw: u64,
+    dd: u64,
+    dh: u64,
+    dw: u64,
+    groups: u64,
+    has_bias: u64,
+}
+
+// 23 u64s, no padding: the kernel's struct exactly.
+const _: () = assert!(std::mem::size_of::<Conv3dArgs>() == 23 * 8);
+
+impl Conv3dArgs {
+    fn new(a: &Conv3dLaunch) -> Self {
+        let g = &a.geometry;
+        let u = |v: usize| v as u64;
+        let p = &g.params;
+        Conv3dArgs {
+            n: u(g.batch),
+            c: u(g.in_channels),
+            d: u(g.input[0]),
+            h: u(g.input[1]),
+            w: u(g.input[2]),
+            k: u(g.out_channels),
+            kd: u(g.kernel[0]),
+            kh: u(g.kernel[1]),
+            kw: u(g.kernel[2]),
+            od: u(g.output[0]),
+            oh: u(g.output[1]),
+            ow: u(g.output[2]),
+            sd: u(p.stride[0]),
+            sh: u(p.stride[1]),
+            sw: u(p.stride[2]),
+            pd: u(p.padding[0]),
+            ph: u(p.padding[1]),
+            pw: u(p.padding[2]),
+            dd: u(p.dilation[0]),
+            dh: u(p.dilation[1]),
+            dw: u(p.dilation[2]),
+            groups: u(p.groups),
+            has_bias: u64::from(a.bias.is_some()),
+        }
+    }
+}
+
+/// One kernel argument, by value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)]
+pub(crate) enum KernelArg {
+    /// A 64-bit integer or a device address.
+    U64(u64),
+    /// A 32-bit integer.
+    U32(u32),
+    /// The conv3d sizes struct.
+    Conv3d(Conv3dArgs),
+}
+
+/// One kernel launch described independently of the backend: the kernel,
+/// its grid, block and dynamic shared memory, and its arguments in the
+/// kernel's parameter order. Each constructor below is the one place where
+/// a kernel's parameter list is written down; both GPU backends marshal
+/// the result the same way ([`KernelCall::arg_ptrs`] into
+/// `cuLaunchKernel` / `hipModuleLaunchKernel`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(dead_code)]
+pub(crate) struct KernelCall {
+    pub(crate) kernel: Kernel,
+    pub(crate) grid: [u32; 3],
+    pub(crate) block: u32,
+    pub(crate) shared_bytes: u32,
+    pub(crate) args: Vec<KernelArg>,
+}
+
+#[allow(dead_code)]
+impl KernelCall {
+    fn one_d(kernel: Kernel, items: u64, mps: u32, args: Vec<KernelArg>) -> KernelCall {
+        KernelCall {
+            kernel,
+            grid: [grid_for(kernel, items, mps), 1, 1],
+            block: BLOCK,
+            shared_bytes: 0,
+            args,
+        }
+    }
+
+    /// Pointers to each argument's value, in order: what the launch APIs
+    /// take as `kernelParams`. Valid while `self` is neither moved nor
+    /// changed.
+    pub(crate) fn arg_ptrs(&mut self) -> Vec<*mut c_void> {
+        self.args
+            .iter_mut()
+            .map(|a| match a {
+                KernelArg::U64(v) => (v as *mut u64).cast(),
+                KernelArg::U32(v) => (v as *mut u32).cast(),
+                KernelArg::Conv3d(v) => (v as *mut Conv3dArgs).cast(),
+            })
+            .collect()
+    }
+
+    /// `convert_{src}_{dst}(const src*, dst*, u64 n)`, 8 elements per item.
+    pub(crate) fn convert(
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        mps: u32,
+    ) -> Result<KernelCall> {
+        let k = Kernel::convert(op)?;
+        Ok(Self::one_d(
+            k,
+            n.div_ceil(8),
+            mps,
+            vec![KernelArg::U64(src.0), KernelArg::U64(dst.0), KernelArg::U64(n)],
+        ))
+    }
+
+    /// `fingerprint_sum_u8(const u8*, u64 nbytes, u64 first_word, u64* acc)`,
+    /// 16 bytes per item.
+    pub(crate) fn fingerprint_sum(
+        src: DevicePtr,
+        bytes: u64,
+        first_word: u64,
+        acc: DevicePtr,
+        mps: u32,
+    ) -> KernelCall {
+        Self::one_d(
+            Kernel::FingerprintSum,
+            bytes.div_ceil(16),
+            mps,
+            vec![
+                KernelArg::U64(src.0),
+                KernelArg::U64(bytes),
+                KernelArg::U64(first_word),
+                KernelArg::U64(acc.0),
+            ],
+        )
+    }
+
+    /// `convert_fingerprint_{src}_f32(const u16*, u32*, u64 n, u64* acc)`.
+    pub(crate) fn convert_fingerprint(
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        acc: DevicePtr,
+        mps: u32,
+    ) -> Result<KernelCall> {
+        let k = Kernel::convert_fingerprint(op)?;
+        Ok(Self::one_d(
+            k,
+            n.div_ceil(8),
+            mps,
+            vec![
+                KernelArg::U64(src.0),
+                KernelArg::U64(dst.0),
+                KernelArg::U64(n),
+                KernelArg::U64(acc.0),
+            ],
+        ))
+    }
+
+    /// `nonfinite_{t}(T*, u64 n, u32 clamp, u64* counts)`.
+    pub(crate) fn nonfinite(
+        dtype: DType,
+        ptr: DevicePtr,
+        n: u64,
+        clamp: bool,
+        counts: DevicePtr,
+        mps: u32,
+    ) -> Result<KernelCall> {
+        let k = Kernel::nonfinite(dtype)?;
+        Ok(Self::one_d(
+            k,
+            n,
+            mps,
+            vec![
+                KernelArg::U64(ptr.0),
+                KernelArg::U64(n),
+                KernelArg::U32(u32::from(clamp)),
+                KernelArg::U64(counts.0),
+            ],
+        ))
+    }
+
+    /// `conv3d_{naive,tiled}_{f32,bf16}(const T* x, const T* w, const
+    /// float* bias, float* y, rs_conv3d_args a)`. Without a bias the bias
+    /// address is 0 and `a.has_bias` is 0 (the kernels never read it then).
+    pub(crate) fn conv3d(kernel: Conv3dKernel, a: &Conv3dLaunch) -> Result<KernelCall> {
+        let k = match (kernel, a.dtype) {
+            (Conv3dKernel::Naive, DType::F32) => Kernel::Conv3dNaiveF32,
+            (Conv3dKernel::Naive, DType::BF16) => Kernel::Conv3dNaiveBf16,
+            (Conv3dKernel::Tiled, DType::F32) => Kernel::Conv3dTiledF32,
+            (Conv3dKernel::Tiled, DType::BF16) => Kernel::Conv3dTiledBf16,
+            (_, other) => {
+                return Err(Error::Conv3dDType {
+                    tensor: "input",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        Ok(KernelCall {
+            kernel: k,
+            grid: kernel.grid(&a.geometry)?,
+            block: BLOCK,
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::U64(a.input.0),
+                KernelArg::U64(a.weight.0),
+                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
+                KernelArg::U64(a.output.0),
+                KernelArg::Conv3d(Conv3dArgs::new(a)),
+            ],
+        })
+    }
+
+    /// The vendor tier's epilogue: `conv3d_bias_f32(float* y, const float*
+    /// bias, u64 total, u64 spatial, u64 k)` (adds the bias in place).
+    pub(crate) fn conv3d_bias(a: &Conv3dLaunch, bias: DevicePtr, mps: u32) -> KernelCall {
+        let g = &a.geometry;
+        Self::one_d(
+            Kernel::Conv3dBiasF32,
+            g.output_len() as u64,
+            mps,
+            vec![
+                KernelArg::U64(a.output.0),
+                KernelArg::U64(bias.0),
+                KernelArg::U64(g.output_len() as u64),
+                KernelArg::U64(g.output.iter().product::<usize>() as u64),
+                KernelArg::U64(g.out_channels as u64),
+            ],
+        )
+    }
+
+    /// The vendor tier's bf16 epilogue: `conv3d_widen_bias_bf16(const u16*
+    /// src, float* y, const float* bias, u64 total, u64 spatial, u64 k, u64
+    /// has_bias)` widens the library's bf16 output `src` into `a.output`.
+    pub(crate) fn conv3d_widen_bias(a: &Conv3dLaunch, src: DevicePtr, mps: u32) -> KernelCall {
+        let g = &a.geometry;
+        Self::one_d(
+            Kernel::Conv3dWidenBiasBf16,
+            g.output_len() as u64,
+            mps,
+            vec![
+                KernelArg::U64(src.0),
+                KernelArg::U64(a.output.0),
+                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
+                KernelArg::U64(g.output_len() as u64),
+                KernelArg::U64(g.output.iter().product::<usize>() as u64),
+                KernelArg::U64(g.out_channels as u64),
+                KernelArg::U64(u64::from(a.bias.is_some())),
+            ],
+        )
+    }
 }
 
 fn unsupported(op: &'static str, c: ConvertOp) -> Error {

@@ -55,10 +55,15 @@
 //! # }
 //! ```
 
+mod conv3d;
 pub mod faults;
 pub mod host;
 mod kernels;
+#[cfg(any(feature = "hip", test))]
+pub(crate) mod miopen;
 mod visible;
+#[cfg(feature = "cuda")]
+mod cudnn;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -74,6 +79,7 @@ use crate::convert::Element;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+pub use conv3d::{tiled_weight_layout, Conv3dKernel, Conv3dLaunch};
 pub use visible::VisibleDevices;
 
 /// Which implementation runs a [`Device`].
@@ -393,6 +399,40 @@ pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
         counts: DevicePtr,
         s: RawStream,
     ) -> Result<()>;
+
+    // ----- conv3d (device/conv3d.rs; the chain's GPU tiers) ---------------
+    /// Queues `kernel` (`hip-kernels/conv3d.hip`) computing the convolution
+    /// `args` describes: its weight in the layout `kernel` reads, the f32
+    /// output written in full. The host backend computes it on the CPU.
+    ///
+    /// Errors: [`Error::Conv3dTier`] for sizes the kernel does not take
+    /// ([`Conv3dKernel::unsupported`]), [`Error::Conv3dDType`] for a dtype
+    /// other than F32 and BF16, or the launch error.
+    ///
+    /// # Safety
+    /// See the trait docs: every address in `args` is a live allocation of
+    /// this backend holding what [`Conv3dLaunch`] documents (lengths from
+    /// its geometry, each address aligned to its element), `output` is not
+    /// accessed by anything else until `s` reaches the call, `s` is live,
+    /// and the call is not zero-sized.
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream)
+        -> Result<()>;
+    /// Whether [`Backend::conv3d_vendor`] can run here: `Ok`, or
+    /// [`Error::VendorUnavailable`] when the vendor library (MIOpen, cuDNN)
+    /// is not installed or the backend has none (host). Cheap after the
+    /// first call; a chain skips its vendor tier on `Err`.
+    fn conv3d_vendor_available(&self) -> Result<()>;
+    /// Computes the convolution `args` describes (weight in the standard
+    /// layout) with the vendor library on `s`; may wait for `s` before it
+    /// returns (to free the library's workspace).
+    ///
+    /// Errors: [`Error::VendorUnavailable`]; the library's refusal
+    /// ([`Error::Conv3dMiopen`], `Error::Conv3dCudnn`: no algorithm for the
+    /// parameters, ...); allocation or launch errors.
+    ///
+    /// # Safety
+    /// As [`Backend::conv3d`].
+    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()>;
 }
 
 // SAFETY: forwards every call unchanged to the boxed backend, which upholds
@@ -531,6 +571,23 @@ unsafe impl Backend for Box<dyn Backend> {
     ) -> Result<()> {
         // SAFETY: the caller's guarantees, forwarded.
         unsafe { (**self).nonfinite(dtype, ptr, n, clamp, counts, s) }
+    }
+
+    unsafe fn conv3d(
+        &self,
+        kernel: Conv3dKernel,
+        args: &Conv3dLaunch,
+        s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).conv3d(kernel, args, s) }
+    }
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        (**self).conv3d_vendor_available()
+    }
+    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).conv3d_vendor(args, s) }
     }
 }
 
