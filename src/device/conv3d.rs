@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 
-use super::{DevicePtr, DeviceView, DeviceViewMut, Stream};
+use super::{DevicePtr, DeviceView, DeviceViewMut, RawStream, Stream};
 use crate::conv3d::{conv3d_cpu, conv3d_cpu_with, Conv3dData, Conv3dGeometry, Conv3dProblem, CpuKernel};
 use crate::convert::Element;
 use crate::dtype::DType;
@@ -304,6 +304,94 @@ impl Stream {
         // SAFETY: as in `conv3d`.
         unsafe { self.backend().conv3d_vendor(&launch, self.raw()) }
     }
+}
+
+// ----- vendor libraries ------------------------------------------------------
+
+/// A vendor convolution library bound by a backend (MIOpen, cuDNN): plans
+/// per (geometry, dtype) and a forward call writing the input's dtype.
+#[cfg(any(feature = "hip", feature = "cuda"))]
+pub(crate) trait VendorConv {
+    /// The workspace bytes `a` needs (sets up its plan on first use).
+    fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize>;
+    /// Queues the convolution of `a` into `y` (of `a.dtype`) on `stream`.
+    ///
+    /// # Safety
+    /// `a`'s input and weight are live device ranges of their shapes, `y`
+    /// holds the output in `a.dtype` and is not accessed otherwise until
+    /// the stream reaches the call, `workspace` holds at least
+    /// `self.workspace(a)` bytes (unused when that is 0), `stream` is live.
+    unsafe fn forward(
+        &mut self,
+        a: &Conv3dLaunch,
+        stream: RawStream,
+        y: DevicePtr,
+        workspace: DevicePtr,
+    ) -> Result<()>;
+}
+
+/// The vendor call both GPU backends make: for bf16 a bf16 scratch output
+/// (the libraries write the input's dtype), the workspace, the library's
+/// forward, the epilogue kernel (`conv3d_widen_bias_bf16` for bf16, else
+/// `conv3d_bias_f32` when there is a bias) through `launch`, then a wait
+/// for `s` and the frees (leaked, not freed, when the wait fails).
+///
+/// # Safety
+/// As [`super::Backend::conv3d_vendor`] for `a` and `s` on `backend`;
+/// `launch` queues a kernel call on `s` of `backend`, and `lib` belongs to
+/// `backend`'s device, which is current.
+#[cfg(any(feature = "hip", feature = "cuda"))]
+pub(crate) unsafe fn vendor_conv3d(
+    backend: &dyn super::Backend,
+    lib: &mut dyn VendorConv,
+    a: &Conv3dLaunch,
+    s: RawStream,
+    launch: &dyn Fn(super::kernels::KernelCall) -> Result<()>,
+) -> Result<()> {
+    use super::kernels::KernelCall;
+    let mps = backend.info().multiprocessors;
+    let ws_bytes = lib.workspace(a)?;
+    let scratch_bytes = a.geometry.output_len() * 2;
+    let scratch = match a.dtype {
+        DType::BF16 => Some(backend.alloc(scratch_bytes)?),
+        _ => None,
+    };
+    let (ws, run) = match ws_bytes {
+        0 => (None, Ok(())),
+        n => match backend.alloc(n) {
+            Ok(p) => (Some(p), Ok(())),
+            Err(e) => (None, Err(e)),
+        },
+    };
+    let run = run.and_then(|()| {
+        let y = scratch.unwrap_or(a.output);
+        // SAFETY: input and weight are the caller's live ranges; `y` is the
+        // caller's f32 output or the bf16 scratch of the output's length;
+        // the workspace has the size the library asked for; `s` is live.
+        unsafe { lib.forward(a, s, y, ws.unwrap_or(DevicePtr(0))) }?;
+        match (scratch, a.bias) {
+            (Some(src), _) => launch(KernelCall::conv3d_widen_bias(a, src, mps)),
+            (None, Some(b)) => launch(KernelCall::conv3d_bias(a, b, mps)),
+            (None, None) => Ok(()),
+        }
+    });
+    // SAFETY: `s` is live (caller).
+    let synced = unsafe { backend.stream_synchronize(s) };
+    let free = |p: Option<DevicePtr>, bytes: usize| -> Result<()> {
+        match p {
+            // SAFETY: allocated above with `bytes`, freed once, and the
+            // stream that used it is idle (when the wait failed the memory
+            // is leaked rather than freed under a running kernel).
+            Some(p) if synced.is_ok() => unsafe { backend.free(p, bytes) },
+            _ => Ok(()),
+        }
+    };
+    let freed_scratch = free(scratch, scratch_bytes);
+    let freed_ws = free(ws, ws_bytes);
+    run?;
+    synced?;
+    freed_scratch?;
+    freed_ws
 }
 
 // ----- host emulation ------------------------------------------------------

@@ -53,7 +53,11 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
 
+#[cfg(feature = "hip")]
+use super::conv3d::VendorConv;
 use super::conv3d::Conv3dLaunch;
+#[cfg(feature = "hip")]
+use super::RawStream;
 use super::DevicePtr;
 use crate::conv3d::Conv3dGeometry;
 use crate::dtype::DType;
@@ -435,7 +439,7 @@ impl Miopen {
     }
 
     /// The workspace bytes `a` needs (sets up its plan on first use).
-    pub(crate) fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize> {
+    fn plan_workspace(&mut self, a: &Conv3dLaunch) -> Result<usize> {
         let key = (a.geometry, a.dtype);
         if let Some(p) = self.plans.get(&key) {
             return Ok(p.workspace);
@@ -446,24 +450,19 @@ impl Miopen {
         Ok(ws)
     }
 
-    /// Queues the convolution of `a` into `y` (the f32 output, or a bf16
-    /// scratch buffer of the output's length for bf16) on `stream`, after
-    /// choosing the algorithm with a find on the first call of this plan.
+    /// The convolution of `a` into `y` on `stream`, after choosing the
+    /// algorithm with a find on the first call of this plan.
     ///
     /// # Safety
-    /// `a`'s input and weight are live device ranges of their shapes, `y`
-    /// holds the output in `a.dtype` and is not accessed otherwise until
-    /// `stream` reaches the call, `workspace` holds at least
-    /// [`Miopen::workspace`]`(a)` bytes (or is null for 0), `stream` is a
-    /// live stream of the current device.
-    pub(crate) unsafe fn forward(
+    /// As [`VendorConv::forward`].
+    unsafe fn run(
         &mut self,
         a: &Conv3dLaunch,
         stream: *mut c_void,
         y: DevicePtr,
         workspace: DevicePtr,
     ) -> Result<()> {
-        let ws_bytes = self.workspace(a)?;
+        let ws_bytes = self.plan_workspace(a)?;
         let key = (a.geometry, a.dtype);
         let (lib, handle) = (self.lib, self.handle);
         let Some(plan) = self.plans.get_mut(&key) else {
@@ -531,6 +530,23 @@ impl Miopen {
                 ws_bytes,
             )
         })
+    }
+}
+
+#[cfg(feature = "hip")]
+impl VendorConv for Miopen {
+    fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize> {
+        self.plan_workspace(a)
+    }
+    unsafe fn forward(
+        &mut self,
+        a: &Conv3dLaunch,
+        stream: RawStream,
+        y: DevicePtr,
+        workspace: DevicePtr,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees (the same contract).
+        unsafe { self.run(a, stream.0 as usize as *mut c_void, y, workspace) }
     }
 }
 
