@@ -10,7 +10,9 @@
 
 use std::borrow::Cow;
 
-use super::{DevicePtr, DeviceView, DeviceViewMut, RawStream, Stream};
+#[cfg(any(feature = "hip", feature = "cuda"))]
+use super::RawStream;
+use super::{DevicePtr, DeviceView, DeviceViewMut, Stream};
 use crate::conv3d::{conv3d_cpu, conv3d_cpu_with, Conv3dData, Conv3dGeometry, Conv3dProblem, CpuKernel};
 use crate::convert::Element;
 use crate::dtype::DType;
