@@ -83,21 +83,27 @@ fn launch_failure_of_tiled_falls_to_naive(make: Make) {
 }
 
 fn zeros_from_tiled_are_caught(make: Make) {
-    tiled_fails_naive_serves(make, FaultKind::Conv3dWritesZeros, |f| {
-        matches!(f, Failure::Mismatch { got, .. } if *got == 0.0)
-    });
+    tiled_fails_naive_serves(
+        make,
+        FaultKind::Conv3dWritesZeros,
+        |f| matches!(f, Failure::Mismatch { got, .. } if *got == 0.0),
+    );
 }
 
 fn garbage_from_tiled_is_caught(make: Make) {
-    tiled_fails_naive_serves(make, FaultKind::Conv3dWritesGarbage, |f| {
-        matches!(f, Failure::Mismatch { got, .. } if got.is_finite())
-    });
+    tiled_fails_naive_serves(
+        make,
+        FaultKind::Conv3dWritesGarbage,
+        |f| matches!(f, Failure::Mismatch { got, .. } if got.is_finite()),
+    );
 }
 
 fn nan_from_tiled_is_caught(make: Make) {
-    tiled_fails_naive_serves(make, FaultKind::Conv3dWritesNonFinite, |f| {
-        matches!(f, Failure::NonFinite { value, .. } if value.is_nan())
-    });
+    tiled_fails_naive_serves(
+        make,
+        FaultKind::Conv3dWritesNonFinite,
+        |f| matches!(f, Failure::NonFinite { value, .. } if value.is_nan()),
+    );
 }
 
 fn both_kernels_failing_fall_to_the_cpu(make: Make) {
@@ -131,7 +137,11 @@ fn garbage_is_deterministic_by_seed(make: Make) {
     let (case, data) = tiled_case();
     let p = data.problem(&case, false);
     let run = |seed| {
-        let (dev, _) = faulty(make, seed, &[(FaultKind::Conv3dWritesGarbage, When::Always)]);
+        let (dev, _) = faulty(
+            make,
+            seed,
+            &[(FaultKind::Conv3dWritesGarbage, When::Always)],
+        );
         let mut c = chain(&dev);
         c.options_mut().verify_samples = 0;
         let (out, report) = c.run(&p).unwrap();

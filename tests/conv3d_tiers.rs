@@ -194,47 +194,126 @@ fn device_errors_are_typed(dev: Device) {
     let mut y = s.alloc_zeros::<f32>(g.output_len()).unwrap();
     let mut short = s.alloc_zeros::<f32>(3).unwrap();
     let e = s
-        .conv3d(Conv3dKernel::Naive, &g, &x.view(), &w.view(), Some(b.view()), &mut short.view_mut())
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &x.view(),
+            &w.view(),
+            Some(b.view()),
+            &mut short.view_mut(),
+        )
         .unwrap_err();
     assert!(
         matches!(e, Error::LengthMismatch { op: "conv3d device output", expected, actual: 3 } if expected == g.output_len()),
         "{e}"
     );
     let e = s
-        .conv3d(Conv3dKernel::Naive, &g, &x.view(), &w.slice(1..).unwrap(), None, &mut y.view_mut())
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &x.view(),
+            &w.slice(1..).unwrap(),
+            None,
+            &mut y.view_mut(),
+        )
         .unwrap_err();
-    assert!(matches!(e, Error::LengthMismatch { op: "conv3d device weight", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "conv3d device weight",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = s
-        .conv3d(Conv3dKernel::Naive, &g, &x.view(), &w.view(), Some(b.slice(..2).unwrap()), &mut y.view_mut())
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &x.view(),
+            &w.view(),
+            Some(b.slice(..2).unwrap()),
+            &mut y.view_mut(),
+        )
         .unwrap_err();
-    assert!(matches!(e, Error::LengthMismatch { op: "conv3d device bias", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "conv3d device bias",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = s
-        .conv3d(Conv3dKernel::Naive, &g, &x.slice(..5).unwrap(), &w.view(), None, &mut y.view_mut())
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &x.slice(..5).unwrap(),
+            &w.view(),
+            None,
+            &mut y.view_mut(),
+        )
         .unwrap_err();
-    assert!(matches!(e, Error::LengthMismatch { op: "conv3d device input", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "conv3d device input",
+                ..
+            }
+        ),
+        "{e}"
+    );
     // Views of another device.
     let other = Device::host();
     let os = other.stream().unwrap();
     let ox = os.clone_htod(&data.x).unwrap();
     let e = s
-        .conv3d(Conv3dKernel::Naive, &g, &ox.view(), &w.view(), None, &mut y.view_mut())
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &ox.view(),
+            &w.view(),
+            None,
+            &mut y.view_mut(),
+        )
         .unwrap_err();
     assert!(matches!(e, Error::DeviceMismatch { op: "conv3d" }), "{e}");
     // 3 output channels: the tiled kernel refuses (fewer than 8 per group).
     let e = s
-        .conv3d(Conv3dKernel::Tiled, &g, &x.view(), &w.view(), None, &mut y.view_mut())
+        .conv3d(
+            Conv3dKernel::Tiled,
+            &g,
+            &x.view(),
+            &w.view(),
+            None,
+            &mut y.view_mut(),
+        )
         .unwrap_err();
     assert!(matches!(e, Error::Conv3dTier { tier: "tiled", .. }), "{e}");
     assert!(Conv3dKernel::Tiled.unsupported(&g).is_some());
     // Zero-size calls never reach the backend.
-    let empty = cases().into_iter().find(|c| c.name == "empty batch").unwrap();
+    let empty = cases()
+        .into_iter()
+        .find(|c| c.name == "empty batch")
+        .unwrap();
     let ed = Data::new(&empty);
     let eg = ed.problem(&empty, false).geometry;
     let ex = s.alloc_zeros::<f32>(0).unwrap();
     let ew = s.clone_htod(&ed.w).unwrap();
     let mut ey = s.alloc_zeros::<f32>(0).unwrap();
     let e = s
-        .conv3d(Conv3dKernel::Naive, &eg, &ex.view(), &ew.view(), None, &mut ey.view_mut())
+        .conv3d(
+            Conv3dKernel::Naive,
+            &eg,
+            &ex.view(),
+            &ew.view(),
+            None,
+            &mut ey.view_mut(),
+        )
         .unwrap_err();
     assert!(matches!(e, Error::Conv3dTier { tier: "naive", .. }), "{e}");
     let e = s
@@ -242,8 +321,15 @@ fn device_errors_are_typed(dev: Device) {
         .unwrap_err();
     assert!(matches!(e, Error::Conv3dTier { tier: "vendor", .. }), "{e}");
     // A correct call works, and equals the CPU tier.
-    s.conv3d(Conv3dKernel::Naive, &g, &x.view(), &w.view(), Some(b.view()), &mut y.view_mut())
-        .unwrap();
+    s.conv3d(
+        Conv3dKernel::Naive,
+        &g,
+        &x.view(),
+        &w.view(),
+        Some(b.view()),
+        &mut y.view_mut(),
+    )
+    .unwrap();
     let got = y.to_vec().unwrap();
     let p = data.problem(case, false);
     let mut want = vec![0f32; g.output_len()];
@@ -267,7 +353,13 @@ fn host_device_errors_are_typed() {
         .conv3d_vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
         .unwrap_err();
     assert!(
-        matches!(e, Error::VendorUnavailable { backend: "host", .. }),
+        matches!(
+            e,
+            Error::VendorUnavailable {
+                backend: "host",
+                ..
+            }
+        ),
         "{e}"
     );
     assert!(dev.backend().conv3d_vendor_available().is_err());

@@ -13,7 +13,9 @@ use std::borrow::Cow;
 #[cfg(any(feature = "hip", feature = "cuda"))]
 use super::RawStream;
 use super::{DevicePtr, DeviceView, DeviceViewMut, Stream};
-use crate::conv3d::{conv3d_cpu, conv3d_cpu_with, Conv3dData, Conv3dGeometry, Conv3dProblem, CpuKernel};
+use crate::conv3d::{
+    conv3d_cpu, conv3d_cpu_with, Conv3dData, Conv3dGeometry, Conv3dProblem, CpuKernel,
+};
 use crate::convert::Element;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -49,9 +51,8 @@ impl Conv3dKernel {
     /// tap table cannot hold, or fewer than 8 output channels per group
     /// (the naive kernel fits those better).
     pub fn unsupported(self, g: &Conv3dGeometry) -> Option<&'static str> {
-        let zero = g.output_len() == 0
-            || g.input_shape().contains(&0)
-            || g.weight_shape().contains(&0);
+        let zero =
+            g.output_len() == 0 || g.input_shape().contains(&0) || g.weight_shape().contains(&0);
         if zero {
             return Some("zero-size tensors are not sent to a device");
         }
@@ -236,7 +237,11 @@ impl Stream {
         }
         let product = |s: [usize; 5]| s.iter().product::<usize>();
         check_len("conv3d device input", product(g.input_shape()), input.len())?;
-        check_len("conv3d device weight", product(g.weight_shape()), weight.len())?;
+        check_len(
+            "conv3d device weight",
+            product(g.weight_shape()),
+            weight.len(),
+        )?;
         if let Some(b) = &bias {
             check_len("conv3d device bias", g.out_channels, b.len())?;
         }
@@ -432,7 +437,12 @@ pub(crate) unsafe fn host_conv3d(kernel: Conv3dKernel, a: &Conv3dLaunch) -> Resu
     match a.dtype {
         DType::F32 => {
             // SAFETY: as above.
-            let (x, w) = unsafe { (host_slice::<f32>(a.input, in_len), host_slice::<f32>(a.weight, w_len)) };
+            let (x, w) = unsafe {
+                (
+                    host_slice::<f32>(a.input, in_len),
+                    host_slice::<f32>(a.weight, w_len),
+                )
+            };
             host_run(kernel, g, x, w, bias, out)
         }
         DType::BF16 => {

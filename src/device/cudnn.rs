@@ -244,7 +244,6 @@ impl Cudnn {
         self.plans.insert(key, plan);
         Ok(ws)
     }
-
 }
 
 impl VendorConv for Cudnn {

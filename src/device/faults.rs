@@ -596,19 +596,10 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         unsafe { self.inner.nonfinite(dtype, ptr, n, clamp, counts, s) }
     }
 
-    unsafe fn conv3d(
-        &self,
-        kernel: Conv3dKernel,
-        args: &Conv3dLaunch,
-        s: RawStream,
-    ) -> Result<()> {
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
         // SAFETY: forwards the caller's guarantees unchanged; the faults
         // write only inside the output range.
-        unsafe {
-            self.conv3d_faults("conv3d", args, s, || {
-                self.inner.conv3d(kernel, args, s)
-            })
-        }
+        unsafe { self.conv3d_faults("conv3d", args, s, || self.inner.conv3d(kernel, args, s)) }
     }
 
     fn conv3d_vendor_available(&self) -> Result<()> {

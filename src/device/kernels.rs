@@ -274,7 +274,11 @@ impl KernelCall {
             k,
             n.div_ceil(8),
             mps,
-            vec![KernelArg::U64(src.0), KernelArg::U64(dst.0), KernelArg::U64(n)],
+            vec![
+                KernelArg::U64(src.0),
+                KernelArg::U64(dst.0),
+                KernelArg::U64(n),
+            ],
         ))
     }
 

@@ -53,12 +53,12 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
 
-#[cfg(feature = "hip")]
-use super::conv3d::VendorConv;
 use super::conv3d::Conv3dLaunch;
 #[cfg(feature = "hip")]
-use super::RawStream;
+use super::conv3d::VendorConv;
 use super::DevicePtr;
+#[cfg(feature = "hip")]
+use super::RawStream;
 use crate::conv3d::Conv3dGeometry;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -103,8 +103,14 @@ pub(crate) struct Lib {
         unsafe extern "C" fn(ConvDesc, c_int, *mut c_int, *mut c_int, *mut c_int, c_int) -> Status,
     set_group_count: unsafe extern "C" fn(ConvDesc, c_int) -> Status,
     destroy_conv: unsafe extern "C" fn(ConvDesc) -> Status,
-    workspace: unsafe extern "C" fn(Handle, TensorDesc, TensorDesc, ConvDesc, TensorDesc, *mut usize)
-        -> Status,
+    workspace: unsafe extern "C" fn(
+        Handle,
+        TensorDesc,
+        TensorDesc,
+        ConvDesc,
+        TensorDesc,
+        *mut usize,
+    ) -> Status,
     #[allow(clippy::type_complexity)]
     find: unsafe extern "C" fn(
         Handle,
@@ -277,12 +283,10 @@ fn dims(s: [usize; 5]) -> Result<([c_int; 5], [c_int; 5])> {
     }
     let mut st: [c_int; 5] = [1; 5];
     for i in (0..4).rev() {
-        st[i] = st[i + 1]
-            .checked_mul(d[i + 1])
-            .ok_or(Error::Conv3dTier {
-                tier: "miopen",
-                reason: "a size does not fit miopen's 32-bit dimensions",
-            })?;
+        st[i] = st[i + 1].checked_mul(d[i + 1]).ok_or(Error::Conv3dTier {
+            tier: "miopen",
+            reason: "a size does not fit miopen's 32-bit dimensions",
+        })?;
     }
     Ok((d, st))
 }
@@ -473,7 +477,9 @@ impl Miopen {
         };
         let ptr = |p: DevicePtr| p.0 as usize as *mut c_void;
         // SAFETY: live handle; a live stream (caller).
-        check("miopenSetStream", unsafe { (lib.set_stream)(handle, stream) })?;
+        check("miopenSetStream", unsafe {
+            (lib.set_stream)(handle, stream)
+        })?;
         let algo = match plan.algo {
             Some(a) => a,
             None => {

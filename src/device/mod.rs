@@ -56,14 +56,14 @@
 //! ```
 
 mod conv3d;
+#[cfg(feature = "cuda")]
+mod cudnn;
 pub mod faults;
 pub mod host;
 mod kernels;
 #[cfg(any(feature = "hip", test))]
 pub(crate) mod miopen;
 mod visible;
-#[cfg(feature = "cuda")]
-mod cudnn;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -415,8 +415,7 @@ pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// its geometry, each address aligned to its element), `output` is not
     /// accessed by anything else until `s` reaches the call, `s` is live,
     /// and the call is not zero-sized.
-    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream)
-        -> Result<()>;
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()>;
     /// Whether [`Backend::conv3d_vendor`] can run here: `Ok`, or
     /// [`Error::VendorUnavailable`] when the vendor library (MIOpen, cuDNN)
     /// is not installed or the backend has none (host). Cheap after the
@@ -573,12 +572,7 @@ unsafe impl Backend for Box<dyn Backend> {
         unsafe { (**self).nonfinite(dtype, ptr, n, clamp, counts, s) }
     }
 
-    unsafe fn conv3d(
-        &self,
-        kernel: Conv3dKernel,
-        args: &Conv3dLaunch,
-        s: RawStream,
-    ) -> Result<()> {
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
         // SAFETY: the caller's guarantees, forwarded.
         unsafe { (**self).conv3d(kernel, args, s) }
     }

@@ -591,12 +591,7 @@ unsafe impl Backend for HipBackend {
         unsafe { self.launch(call, s) }
     }
 
-    unsafe fn conv3d(
-        &self,
-        kernel: Conv3dKernel,
-        args: &Conv3dLaunch,
-        s: RawStream,
-    ) -> Result<()> {
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
         let call = KernelCall::conv3d(kernel, args)?;
         // SAFETY: the ranges are the caller's (trait contract); the grid is
         // the one the kernel expects (checked by `KernelCall::conv3d`).
