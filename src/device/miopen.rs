@@ -203,6 +203,9 @@ fn load(names: &[&str]) -> std::result::Result<Lib, String> {
 
 /// # Safety
 /// `h` is a live dlopen handle that is never closed.
+// The transmutes' target types are the `Lib` fields' declared signatures
+// (written once, there), inferred from the field each `sym!` initialises.
+#[allow(clippy::missing_transmute_annotations)]
 unsafe fn bind(h: *mut c_void) -> std::result::Result<Lib, &'static str> {
     macro_rules! sym {
         ($name:literal) => {{

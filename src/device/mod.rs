@@ -415,12 +415,27 @@ pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// its geometry, each address aligned to its element), `output` is not
     /// accessed by anything else until `s` reaches the call, `s` is live,
     /// and the call is not zero-sized.
-    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()>;
+    ///
+    /// The default (for backends without conv3d kernels, such as wrappers
+    /// written before conv3d existed) refuses with [`Error::Conv3dTier`].
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        let _ = (args, s);
+        Err(Error::Conv3dTier {
+            tier: kernel.name(),
+            reason: "this backend has no conv3d kernels",
+        })
+    }
     /// Whether [`Backend::conv3d_vendor`] can run here: `Ok`, or
     /// [`Error::VendorUnavailable`] when the vendor library (MIOpen, cuDNN)
-    /// is not installed or the backend has none (host). Cheap after the
-    /// first call; a chain skips its vendor tier on `Err`.
-    fn conv3d_vendor_available(&self) -> Result<()>;
+    /// is not installed or the backend has none (host, and the default).
+    /// Cheap after the first call; a chain skips its vendor tier on `Err`.
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        Err(Error::VendorUnavailable {
+            backend: self.info().kind.name(),
+            library: "none",
+            reason: "this backend has no vendor convolution library".into(),
+        })
+    }
     /// Computes the convolution `args` describes (weight in the standard
     /// layout) with the vendor library on `s`; may wait for `s` before it
     /// returns (to free the library's workspace).
@@ -429,9 +444,19 @@ pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// ([`Error::Conv3dMiopen`], `Error::Conv3dCudnn`: no algorithm for the
     /// parameters, ...); allocation or launch errors.
     ///
+    /// The default returns [`Backend::conv3d_vendor_available`]'s error.
+    ///
     /// # Safety
     /// As [`Backend::conv3d`].
-    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()>;
+    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        let _ = (args, s);
+        self.conv3d_vendor_available()?;
+        Err(Error::VendorUnavailable {
+            backend: self.info().kind.name(),
+            library: "none",
+            reason: "this backend implements no vendor convolution call".into(),
+        })
+    }
 }
 
 // SAFETY: forwards every call unchanged to the boxed backend, which upholds
