@@ -15,7 +15,7 @@
 //! - Every tier accumulates in f32; bf16 inputs are widened exactly.
 //!
 //! The GPU tiers ([`VendorTier`], [`TiledTier`], [`NaiveTier`]) belong to
-//! one [`Device`](crate::device::Device) and run through its backend, so
+//! one [`crate::device::Device`] and run through its backend, so
 //! they work on HIP, CUDA, the host backend (the CPU standing in for a GPU,
 //! which runs the whole GPU path in CI) and under
 //! [`Faults`](crate::device::faults::Faults).
