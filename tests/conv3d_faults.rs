@@ -258,3 +258,45 @@ on_backends!(
     vendor_is_skipped_or_falls_through,
     checks_are_what_catch_corruption,
 );
+
+/// The vendor faults reach the vendor call itself (on the host backend,
+/// where no chain would call it): "no suitable algorithm" first, then the
+/// backend's own "unavailable".
+#[test]
+fn vendor_no_algorithm_is_injected_into_the_vendor_call() {
+    let (case, data) = tiled_case();
+    let g = data.problem(&case, false).geometry;
+    let make: Make = || Box::new(rocm_safe::device::host::HostBackend::new());
+    let (dev, h) = faulty(make, 7, &[(FaultKind::VendorNoAlgorithm, When::Nth(0))]);
+    let s = dev.stream().unwrap();
+    let x = s.clone_htod(&data.x).unwrap();
+    let w = s.clone_htod(&data.w).unwrap();
+    let mut y = s.alloc_zeros::<f32>(g.output_len()).unwrap();
+    let e = s
+        .conv3d_vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InjectedFault {
+                fault: FaultKind::VendorNoAlgorithm,
+                op: "conv3d_vendor"
+            }
+        ),
+        "{e}"
+    );
+    let e = s
+        .conv3d_vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::VendorUnavailable {
+                backend: "host",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(h.injected().len(), 1);
+}

@@ -429,3 +429,111 @@ fn unsupported(op: &'static str, c: ConvertOp) -> Error {
         to: c.to,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
+
+    fn read_u64(p: *mut c_void) -> u64 {
+        // SAFETY: the test reads back pointers `arg_ptrs` made to u64s.
+        unsafe { *p.cast::<u64>() }
+    }
+
+    #[test]
+    fn calls_carry_the_kernel_parameter_lists() {
+        let op = ConvertOp {
+            from: DType::BF16,
+            to: DType::F32,
+        };
+        let mut c = KernelCall::convert(op, DevicePtr(16), DevicePtr(32), 1000, 4).unwrap();
+        assert_eq!(c.kernel, Kernel::ConvertBf16F32);
+        assert_eq!((c.grid, c.block, c.shared_bytes), ([1, 1, 1], BLOCK, 0));
+        let p = c.arg_ptrs();
+        assert_eq!(
+            p.iter().map(|&q| read_u64(q)).collect::<Vec<_>>(),
+            [16, 32, 1000]
+        );
+        let mut c =
+            KernelCall::nonfinite(DType::F16, DevicePtr(8), 5, true, DevicePtr(64), 4).unwrap();
+        assert_eq!(c.args[2], KernelArg::U32(1));
+        let p = c.arg_ptrs();
+        // SAFETY: the third argument is a u32.
+        assert_eq!(unsafe { *p[2].cast::<u32>() }, 1);
+        assert!(KernelCall::nonfinite(DType::I8, DevicePtr(8), 5, true, DevicePtr(64), 4).is_err());
+        let f = KernelCall::fingerprint_sum(DevicePtr(8), 1 << 20, 3, DevicePtr(64), 2);
+        assert_eq!(f.args.len(), 4);
+        assert_eq!(
+            f.grid[0],
+            grid_for(Kernel::FingerprintSum, (1 << 20) / 16, 2)
+        );
+    }
+
+    #[test]
+    fn conv3d_calls_size_their_grid_and_args() {
+        let x = vec![0f32; 2 * 6 * 7 * 9 * 11];
+        let w = vec![0f32; 16 * 6 * 27];
+        let p = Conv3dProblem::new(
+            Conv3dParams::default()
+                .with_stride([2; 3])
+                .with_padding([2; 3]),
+            Conv3dData::F32(&x),
+            &[2, 6, 7, 9, 11],
+            Conv3dData::F32(&w),
+            &[16, 6, 3, 3, 3],
+            None,
+        )
+        .unwrap();
+        let g = p.geometry;
+        let a = Conv3dLaunch {
+            geometry: g,
+            dtype: DType::BF16,
+            input: DevicePtr(256),
+            weight: DevicePtr(512),
+            bias: None,
+            output: DevicePtr(1024),
+        };
+        let mut c = KernelCall::conv3d(Conv3dKernel::Tiled, &a).unwrap();
+        assert_eq!(c.kernel, Kernel::Conv3dTiledBf16);
+        let points = 2 * g.output.iter().product::<usize>();
+        assert_eq!(c.grid, [points.div_ceil(128) as u32, 1, 1]);
+        let ptrs = c.arg_ptrs();
+        assert_eq!(ptrs.len(), 5);
+        assert_eq!(
+            ptrs[..4].iter().map(|&q| read_u64(q)).collect::<Vec<_>>(),
+            [256, 512, 0, 1024]
+        );
+        // SAFETY: the fifth argument is the args struct.
+        let args = unsafe { *ptrs[4].cast::<Conv3dArgs>() };
+        assert_eq!((args.n, args.c, args.k, args.has_bias), (2, 6, 16, 0));
+        assert_eq!(
+            (args.od, args.sd, args.pd, args.groups),
+            (g.output[0] as u64, 2, 2, 1)
+        );
+        let naive = KernelCall::conv3d(
+            Conv3dKernel::Naive,
+            &Conv3dLaunch {
+                dtype: DType::F32,
+                bias: Some(DevicePtr(8)),
+                ..a
+            },
+        )
+        .unwrap();
+        assert_eq!(naive.kernel, Kernel::Conv3dNaiveF32);
+        assert_eq!(naive.args[2], KernelArg::U64(8));
+        assert_eq!(naive.grid, [g.output_len().div_ceil(256) as u32, 1, 1]);
+        assert!(KernelCall::conv3d(
+            Conv3dKernel::Naive,
+            &Conv3dLaunch {
+                dtype: DType::F16,
+                ..a
+            }
+        )
+        .is_err());
+        let w = KernelCall::conv3d_widen_bias(&a, DevicePtr(4096), 4);
+        assert_eq!(w.args.len(), 7);
+        assert_eq!(w.args[6], KernelArg::U64(0));
+        let b = KernelCall::conv3d_bias(&a, DevicePtr(8), 4);
+        assert_eq!(b.args[4], KernelArg::U64(16));
+    }
+}
