@@ -8,6 +8,7 @@
 //! | device memory | [`DeviceBuffer<T>`] | owns its allocation; `Drop` waits for the device, then frees |
 //! | a range of device memory | [`DeviceView`], [`DeviceViewMut`] | borrowed, any element offset |
 //! | page-locked host memory | [`PinnedBuffer<T>`] | async copies; host access waits for them |
+//! | a conv3d on the device | [`Stream::conv3d`], [`Stream::conv3d_vendor`] | the conv3d chain's GPU tiers; [`Conv3dLaunch`] at the backend |
 //!
 //! Backends implement [`Backend`], a raw, object-safe interface (addresses,
 //! handles, byte counts): [`host`] (always; device memory is host memory and
