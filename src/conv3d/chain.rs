@@ -357,7 +357,8 @@ impl Conv3dChain {
     /// of the first GPU this build and machine have (HIP, then CUDA; see
     /// [`Conv3dChain::for_device`]), then the CPU tier. Without a GPU the
     /// GPU tiers are [`UnavailableTier`]s, so the report says why they were
-    /// skipped.
+    /// skipped. The GPU is opened once per process and shared by these
+    /// chains.
     pub fn new() -> Self {
         Self::with_tiers(super::default_tiers(), Conv3dOptions::default())
     }

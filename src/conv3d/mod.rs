@@ -39,11 +39,20 @@ pub use params::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem};
 pub use reference::{reference, reference_point, RefPoint};
 pub use tiers::{device_tiers, NaiveTier, TiledTier, VendorTier};
 
+use std::sync::OnceLock;
+
 use crate::device::{BackendKind, Device};
 
 /// The first GPU device this build has and this machine shows (HIP, then
-/// CUDA), or why there is none.
+/// CUDA), or why there is none; opened once per process and shared, so
+/// every [`Conv3dChain::new`] reuses its loaded kernels and vendor-library
+/// handle and plans.
 fn default_gpu() -> std::result::Result<Device, String> {
+    static GPU: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
+    GPU.get_or_init(open_default_gpu).clone()
+}
+
+fn open_default_gpu() -> std::result::Result<Device, String> {
     let mut why = Vec::new();
     for kind in [BackendKind::Hip, BackendKind::Cuda] {
         if !kind.is_built() {
