@@ -30,6 +30,18 @@ fn status_kib(key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// User + system CPU seconds of the process so far.
+fn cpu_secs() -> f64 {
+    // SAFETY: rusage is plain integers, for which all-zero bytes are valid.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
 fn env_or(key: &str, default: &str) -> String {
     std::env::var(key).unwrap_or_else(|_| default.to_owned())
 }
@@ -63,6 +75,74 @@ fn read_only(path: &str) {
         let secs = t.elapsed().as_secs_f64();
         println!(
             "read only {run}: {:.3} GiB with {} threads, reads of {read_kib} KiB: {:.2} GB/s",
+            total as f64 / (1u64 << 30) as f64,
+            rayon::current_num_threads(),
+            total as f64 / secs / 1e9
+        );
+    }
+}
+
+/// The ring-fill ceiling: the shards read with positioned reads of 1 MiB on
+/// the rayon pool into a ring of `TRANSFER_RING` pinned buffers of
+/// `TRANSFER_BUFFER_MIB` (what the loader's fills do, with no device copy);
+/// `TRANSFER_MODE=fillcopy` also copies each filled buffer to the device on
+/// one stream (no conversion, no checks), `copy` only copies.
+fn ring_modes(path: &str, mode: &str) {
+    use rayon::prelude::*;
+    use std::os::unix::fs::FileExt;
+    let ring: usize = env_or("TRANSFER_RING", "4").parse().unwrap_or(4);
+    let mib: usize = env_or("TRANSFER_BUFFER_MIB", "32").parse().unwrap_or(32);
+    let dev = Device::open(BackendKind::Cuda, 0).expect("open device");
+    let stream = dev.stream().expect("stream");
+    let ckpt = Checkpoint::open(path).expect("open checkpoint");
+    let cap = mib << 20;
+    let mut bufs: Vec<_> = (0..ring)
+        .map(|_| dev.alloc_pinned::<u8>(cap).expect("pinned"))
+        .collect();
+    let mut dst: Vec<_> = (0..ring)
+        .map(|_| stream.alloc::<u8>(cap).expect("device buffer"))
+        .collect();
+    let files: Vec<(std::fs::File, u64)> = ckpt
+        .shards()
+        .iter()
+        .map(|s| (std::fs::File::open(s.path()).expect("open"), s.file_len()))
+        .collect();
+    let total: u64 = files.iter().map(|f| f.1).sum();
+    let (do_fill, do_copy) = match mode {
+        "fill" => (true, false),
+        "copy" => (false, true),
+        _ => (true, true),
+    };
+    for run in 0..3 {
+        let t = Instant::now();
+        let mut k = 0usize;
+        for (f, len) in &files {
+            let mut off = 0u64;
+            while off < *len {
+                let l = ((*len - off) as usize).min(cap);
+                let slot = k % ring;
+                let buf = &mut bufs[slot];
+                if do_fill {
+                    let s = &mut buf.as_mut_slice().expect("wait")[..l];
+                    s.par_chunks_mut(1 << 20).enumerate().for_each(|(i, part)| {
+                        f.read_exact_at(part, off + (i as u64) * (1 << 20))
+                            .expect("read");
+                    });
+                }
+                if do_copy {
+                    dst[slot]
+                        .view_mut()
+                        .copy_htod_async(&stream, buf)
+                        .expect("copy");
+                }
+                off += l as u64;
+                k += 1;
+            }
+        }
+        stream.synchronize().expect("sync");
+        let secs = t.elapsed().as_secs_f64();
+        println!(
+            "{mode} {run}: {:.3} GiB through {ring} x {mib} MiB pinned, {} threads: {:.2} GB/s",
             total as f64 / (1u64 << 30) as f64,
             rayon::current_num_threads(),
             total as f64 / secs / 1e9
@@ -105,7 +185,9 @@ fn figures(path: &str) {
         rayon::current_num_threads()
     );
     let ckpt = Checkpoint::open(path).expect("open checkpoint");
+    let keep = env_or("TRANSFER_DTYPE", "f32") == "keep";
     let opts = LoadOptions {
+        dtype: if keep { None } else { Some(DType::F32) },
         policy,
         ring_buffers: ring,
         buffer_bytes: mib << 20,
@@ -117,9 +199,11 @@ fn figures(path: &str) {
     for run in 0..repeat {
         let _ = std::fs::write("/proc/self/clear_refs", "5");
         let rss0 = status_kib("VmRSS:");
+        let cpu0 = cpu_secs();
         let t = Instant::now();
         let loaded = loader.load_all(&ckpt).expect("load");
         let secs = t.elapsed().as_secs_f64();
+        let cpu = cpu_secs() - cpu0;
         let hwm = status_kib("VmHWM:");
         let r = &loaded.report;
         let fell: usize = r.tensors.iter().filter(|t| !t.attempts.is_empty()).count();
@@ -148,8 +232,21 @@ fn figures(path: &str) {
             hwm as f64 / 1024.0,
             by.join(", ")
         );
+        let tm = &r.timing;
+        println!(
+            "  cpu {:.2} s = {:.1} cores; timing: alloc {:.1} ms, waiting for fills {:.1} ms, for the device {:.1} ms; fills blocked {:.1} ms, busy {:.1} ms (summed over tasks)",
+            cpu,
+            cpu / secs,
+            tm.alloc_ms,
+            tm.wait_fill_ms, tm.wait_device_ms, tm.fill_blocked_ms, tm.fill_busy_ms
+        );
         assert!(r.tensors.iter().all(|t| t.rung == Rung::PinnedRing));
+        let tf = Instant::now();
         drop(loaded);
+        println!(
+            "  dropping the loaded tensors: {:.1} ms",
+            tf.elapsed().as_secs_f64() * 1e3
+        );
     }
 }
 
@@ -203,6 +300,10 @@ fn main() {
     if let Ok(p) = std::env::var("TRANSFER_CKPT") {
         if std::env::var("TRANSFER_READ_ONLY").is_ok() {
             read_only(&p);
+            return;
+        }
+        if let Ok(m) = std::env::var("TRANSFER_MODE") {
+            ring_modes(&p, &m);
             return;
         }
         figures(&p);

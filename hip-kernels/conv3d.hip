@@ -45,6 +45,13 @@ RS_DEVICE void rs_tap_range(long long o, rs_u64 dil, rs_u64 taps, long long size
     *hi = (rs_u64)h;
 }
 
+// One output point per thread. The index arithmetic is done once per
+// thread; the loops walk pointers (a tap step along w is `dw` elements),
+// the input axes' tap ranges are clipped up front so the loops have no
+// bounds checks, and the common full-width rows of three taps are
+// unrolled. Threads next to each other take neighbouring `ow`, so input
+// loads are coalesced and the weight loads of a warp are (mostly) one
+// broadcast.
 template <typename T>
 static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
                                                        const T* __restrict__ wt,
@@ -55,6 +62,8 @@ static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
     const rs_u64 cg = a.c / a.groups, kg = a.k / a.groups;
     const rs_u64 hw = a.h * a.w, dhw = a.d * hw;
     const rs_u64 khw = a.kh * a.kw, kvol = a.kd * khw;
+    // Pointer steps: one tap along each axis.
+    const rs_u64 sx_d = a.dd * hw, sx_h = a.dh * a.w, sx_w = a.dw;
     for (rs_u64 i = rs_tid(); i < total; i += rs_nthreads()) {
         rs_u64 t = i;
         const rs_u64 ow = t % a.ow;
@@ -74,20 +83,35 @@ static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
         rs_tap_range(y0, a.dh, a.kh, (long long)a.h, &h_lo, &h_hi);
         rs_tap_range(x0, a.dw, a.kw, (long long)a.w, &w_lo, &w_hi);
         float acc = a.has_bias ? bias[k] : 0.0f;
-        // Every index below is inside its tensor: the tap ranges keep the
-        // input coordinates in [0, size).
-        const T* xc = x + (n * a.c + g * cg) * dhw;
-        const T* wc = wt + k * cg * kvol;
-        for (rs_u64 ci = 0; ci < cg; ++ci, xc += dhw, wc += kvol) {
-            for (rs_u64 kd = d_lo; kd < d_hi; ++kd) {
-                const T* xz = xc + (rs_u64)(z0 + (long long)(kd * a.dd)) * hw;
-                const T* wz = wc + kd * khw;
-                for (rs_u64 kh = h_lo; kh < h_hi; ++kh) {
-                    const T* xy = xz + (rs_u64)(y0 + (long long)(kh * a.dh)) * a.w;
-                    const T* wy = wz + kh * a.kw;
-                    for (rs_u64 kw = w_lo; kw < w_hi; ++kw) {
-                        acc = fmaf(rs_ld(xy, (rs_u64)(x0 + (long long)(kw * a.dw))),
-                                   rs_ld(wy, kw), acc);
+        const rs_u64 nd = d_hi - d_lo, nh = h_hi - h_lo, nw = w_hi - w_lo;
+        if (nd != 0 && nh != 0 && nw != 0) {
+            // The first tap that lands inside the input: every pointer below
+            // stays inside its tensor.
+            const rs_u64 zi = (rs_u64)(z0 + (long long)(d_lo * a.dd));
+            const rs_u64 yi = (rs_u64)(y0 + (long long)(h_lo * a.dh));
+            const rs_u64 xi = (rs_u64)(x0 + (long long)(w_lo * a.dw));
+            const T* xc = x + (n * a.c + g * cg) * dhw + zi * hw + yi * a.w + xi;
+            const T* wc = wt + k * cg * kvol + d_lo * khw + h_lo * a.kw + w_lo;
+            const bool row3 = nw == 3 && sx_w == 1;
+            for (rs_u64 ci = 0; ci < cg; ++ci, xc += dhw, wc += kvol) {
+                const T* xz = xc;
+                const T* wz = wc;
+                for (rs_u64 kd = 0; kd < nd; ++kd, xz += sx_d, wz += khw) {
+                    const T* xy = xz;
+                    const T* wy = wz;
+                    if (row3) {
+                        for (rs_u64 kh = 0; kh < nh; ++kh, xy += sx_h, wy += a.kw) {
+                            acc = fmaf(rs_ld(xy, 0), rs_ld(wy, 0), acc);
+                            acc = fmaf(rs_ld(xy, 1), rs_ld(wy, 1), acc);
+                            acc = fmaf(rs_ld(xy, 2), rs_ld(wy, 2), acc);
+                        }
+                    } else {
+                        for (rs_u64 kh = 0; kh < nh; ++kh, xy += sx_h, wy += a.kw) {
+                            const T* xp = xy;
+                            for (rs_u64 kw = 0; kw < nw; ++kw, xp += sx_w) {
+                                acc = fmaf(rs_ld(xp, 0), rs_ld(wy, kw), acc);
+                            }
+                        }
                     }
                 }
             }
@@ -295,6 +319,219 @@ KERNEL void conv3d_tiled_bf16(const rs_u16* x, const rs_u16* w_t, const float* b
                               rs_conv3d_args a) {
     rs_conv3d_tiled<rs_u16>(x, w_t, bias, y, a);
 }
+
+// conv3d_tiled_bf16_mma: the tiled kernel for bf16 on tensor cores (CUDA,
+// sm_80 and newer; the symbol does not exist elsewhere, and the host then
+// uses conv3d_tiled_bf16). Implicit GEMM out[m][p] = sum_r W[m][r] X[r][p]
+// in 128 x 128 tiles per 256-thread block, 32-deep slices of r, each warp a
+// 64 x 32 sub-tile of m16n8k16 bf16 products with f32 accumulation (bf16
+// products are exact in f32). Weights come packed per group, zero padded:
+// wp[g][mp][rp], mp = K/G rounded up to 128, rp = R rounded up to 32, so
+// their loads are unconditional 16-byte vectors. The input column is
+// gathered on the fly as in the scalar kernel. Grid: x = ceil(P / 128),
+// y = mp / 128, z = groups.
+#if defined(RS_CUDA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+#define RS_TC_BM 128
+#define RS_TC_BN 128
+#define RS_TC_BK 32
+// Padded shared-memory row (bf16 elements): 20 words, so the fragment reads
+// of a warp (8 rows x 4 words) hit 32 different banks.
+#define RS_TC_LD 40
+// Largest KD * KH * KW the tensor-core kernel takes (its tap table keeps the
+// static shared memory under 48 KiB).
+#define RS_TC_MAX_TAPS 512
+
+RS_DEVICE void rs_mma_bf16(float* c, const rs_u32* a, const rs_u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+KERNEL void __launch_bounds__(256)
+    conv3d_tiled_bf16_mma(const rs_u16* __restrict__ x, const rs_u16* __restrict__ wp,
+                          const float* __restrict__ bias, float* __restrict__ y,
+                          rs_conv3d_args a, rs_u64 rp, rs_u64 mp) {
+    __shared__ __align__(16) rs_u16 As[2][RS_TC_BM * RS_TC_LD];
+    __shared__ __align__(16) rs_u16 Bs[2][RS_TC_BN * RS_TC_LD];
+    __shared__ int tap_d[RS_TC_MAX_TAPS], tap_h[RS_TC_MAX_TAPS], tap_w[RS_TC_MAX_TAPS];
+    const rs_u32 tid = threadIdx.x;
+    const rs_u64 cg = a.c / a.groups, kg = a.k / a.groups;
+    const rs_u32 khw = (rs_u32)(a.kh * a.kw);
+    const rs_u32 kvol = (rs_u32)(a.kd * a.kh * a.kw);
+    const rs_u64 osp = a.od * a.oh * a.ow;
+    const rs_u64 P = a.n * osp;
+    const rs_u64 g = blockIdx.z;
+    const rs_u64 m0 = (rs_u64)blockIdx.y * RS_TC_BM;
+    const rs_u64 p0 = (rs_u64)blockIdx.x * RS_TC_BN;
+
+    for (rs_u32 t = tid; t < kvol; t += blockDim.x) {
+        const rs_u32 kd = t / khw;
+        const rs_u32 kh = (t - kd * khw) / (rs_u32)a.kw;
+        const rs_u32 kw = t - kd * khw - kh * (rs_u32)a.kw;
+        tap_d[t] = (int)(kd * a.dd);
+        tap_h[t] = (int)(kh * a.dh);
+        tap_w[t] = (int)(kw * a.dw);
+    }
+
+    // A: row m0 + tid / 2 of the packed weights, 16 elements from column
+    // (tid % 2) * 16 of each slice: two 16-byte loads.
+    const rs_u32 a_m = tid >> 1, a_k = (tid & 1u) * 16u;
+    const rs_v4* a_src = reinterpret_cast<const rs_v4*>(wp + (g * mp + m0 + a_m) * rp + a_k);
+
+    // B: point p0 + tid % 128, 16 rows from (tid / 128) * 16 of each slice,
+    // row r = ci * kvol + tap tracked incrementally.
+    const rs_u32 bp = tid & 127u, bk = (tid >> 7) * 16u;
+    const rs_u64 p = p0 + bp;
+    const bool b_ok = p < P;
+    long long bz = 0, by = 0, bx = 0;
+    rs_u64 b_base = 0;
+    if (b_ok) {
+        rs_u64 t = p;
+        const rs_u64 ow = t % a.ow;
+        t /= a.ow;
+        const rs_u64 oh = t % a.oh;
+        t /= a.oh;
+        const rs_u64 od = t % a.od;
+        const rs_u64 n = t / a.od;
+        bz = (long long)(od * a.sd) - (long long)a.pd;
+        by = (long long)(oh * a.sh) - (long long)a.ph;
+        bx = (long long)(ow * a.sw) - (long long)a.pw;
+        b_base = (n * a.c + g * cg) * a.d * a.h * a.w;
+    }
+    rs_u32 bci = bk / kvol, btap = bk - (bk / kvol) * kvol;
+    const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
+    const rs_u64 dhw = a.d * a.h * a.w;
+    const rs_u64 hw = a.h * a.w;
+    const bool b_small = a.n * a.c * dhw < (1ull << 31);
+    __syncthreads();
+
+    rs_v4 ra[2];
+    rs_u32 rb[8];
+    rs_u64 k0 = 0;
+    // Loads the slice at k0 into ra / rb and advances the B row tracker.
+#define RS_TC_LOAD()                                                                        \
+    {                                                                                        \
+        ra[0] = a_src[k0 / 8];                                                               \
+        ra[1] = a_src[k0 / 8 + 1];                                                           \
+        rs_u32 ci = bci, t = btap;                                                           \
+        _Pragma("unroll") for (rs_u32 q = 0; q < 16; ++q) {                                  \
+            rs_u32 v = 0;                                                                    \
+            if (b_ok && ci < cg) {                                                           \
+                const long long z = bz + tap_d[t];                                           \
+                const long long yy = by + tap_h[t];                                          \
+                const long long xx = bx + tap_w[t];                                          \
+                if (z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W) {             \
+                    if (b_small) {                                                           \
+                        v = x[(rs_u32)b_base + ci * (rs_u32)dhw + (rs_u32)z * (rs_u32)hw +    \
+                              (rs_u32)yy * (rs_u32)a.w + (rs_u32)xx];                        \
+                    } else {                                                                 \
+                        v = x[b_base + (rs_u64)ci * dhw + (rs_u64)z * hw + (rs_u64)yy * a.w + \
+                              (rs_u64)xx];                                                   \
+                    }                                                                        \
+                }                                                                            \
+            }                                                                                \
+            if (q & 1u) {                                                                    \
+                rb[q / 2] |= v << 16;                                                        \
+            } else {                                                                         \
+                rb[q / 2] = v;                                                               \
+            }                                                                                \
+            if (++t == kvol) {                                                               \
+                t = 0;                                                                       \
+                ++ci;                                                                        \
+            }                                                                                \
+        }                                                                                    \
+        btap += RS_TC_BK;                                                                    \
+        while (btap >= kvol) {                                                               \
+            btap -= kvol;                                                                    \
+            ++bci;                                                                           \
+        }                                                                                    \
+    }
+#define RS_TC_STORE(stage)                                                                  \
+    {                                                                                        \
+        rs_v4* as = reinterpret_cast<rs_v4*>(&As[stage][a_m * RS_TC_LD + a_k]);              \
+        as[0] = ra[0];                                                                       \
+        as[1] = ra[1];                                                                       \
+        rs_v4* bs = reinterpret_cast<rs_v4*>(&Bs[stage][bp * RS_TC_LD + bk]);                \
+        bs[0] = rs_v4{rb[0], rb[1], rb[2], rb[3]};                                           \
+        bs[1] = rs_v4{rb[4], rb[5], rb[6], rb[7]};                                           \
+    }
+
+    const rs_u32 lane = tid & 31u, warp = tid >> 5;
+    const rs_u32 gid = lane >> 2, tig = lane & 3u;
+    const rs_u32 wm = (warp & 1u) * 64u, wn = (warp >> 1) * 32u;
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    RS_TC_LOAD();
+    RS_TC_STORE(0);
+    __syncthreads();
+    rs_u32 cur = 0;
+    for (; k0 < rp;) {
+        const bool more = k0 + RS_TC_BK < rp;
+        k0 += RS_TC_BK;
+        if (more) RS_TC_LOAD();
+        const rs_u16* as = As[cur];
+        const rs_u16* bs = Bs[cur];
+#pragma unroll
+        for (rs_u32 kk = 0; kk < RS_TC_BK; kk += 16) {
+            rs_u32 af[4][4], bf[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+                const rs_u16* r0 = as + (wm + mi * 16 + gid) * RS_TC_LD + kk + tig * 2;
+                const rs_u16* r1 = r0 + 8 * RS_TC_LD;
+                af[mi][0] = *reinterpret_cast<const rs_u32*>(r0);
+                af[mi][1] = *reinterpret_cast<const rs_u32*>(r1);
+                af[mi][2] = *reinterpret_cast<const rs_u32*>(r0 + 8);
+                af[mi][3] = *reinterpret_cast<const rs_u32*>(r1 + 8);
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                const rs_u16* c0 = bs + (wn + ni * 8 + gid) * RS_TC_LD + kk + tig * 2;
+                bf[ni][0] = *reinterpret_cast<const rs_u32*>(c0);
+                bf[ni][1] = *reinterpret_cast<const rs_u32*>(c0 + 8);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) rs_mma_bf16(acc[mi][ni], af[mi], bf[ni]);
+        }
+        if (more) RS_TC_STORE(cur ^ 1u);
+        __syncthreads();
+        cur ^= 1u;
+    }
+#undef RS_TC_LOAD
+#undef RS_TC_STORE
+
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const rs_u64 pj = p0 + wn + ni * 8 + tig * 2 + e;
+            if (pj >= P) continue;
+            const rs_u64 n = pj / osp;
+            const rs_u64 s = pj - n * osp;
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const rs_u64 mi_row = m0 + wm + mi * 16 + gid + h * 8;
+                    if (mi_row >= kg) continue;
+                    const rs_u64 k = g * kg + mi_row;
+                    const float b = a.has_bias ? bias[k] : 0.0f;
+                    y[(n * a.k + k) * osp + s] = acc[mi][ni][h * 2 + e] + b;
+                }
+            }
+        }
+    }
+}
+#endif
 
 // y[i] += bias[(i / spatial) % k] over `total` elements.
 KERNEL void conv3d_bias_f32(float* y, const float* bias, rs_u64 total, rs_u64 spatial,

@@ -60,9 +60,10 @@
 mod report;
 mod source;
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::convert::fingerprint::{self, finish};
 use crate::device::{
@@ -73,7 +74,7 @@ use crate::error::{Error, Result};
 use crate::safetensors::Checkpoint;
 use crate::verify::{self, Policy};
 
-pub use report::{Attempt, Failure, LoadReport, Rung, Stage, TensorReport};
+pub use report::{Attempt, Failure, LoadReport, LoadTiming, Rung, Stage, TensorReport};
 use source::{Item, Source, Sums};
 
 const MIB: usize = 1 << 20;
@@ -84,6 +85,9 @@ const MAX_PIECES: usize = 256;
 const PIECE_ALIGN: usize = 256;
 /// Granularity at which a large tensor is split between slots.
 const SPLIT_ALIGN: usize = 64 * 1024;
+/// How often the queueing thread looks at parked buffers' copies while it
+/// waits for fills.
+const PARK_POLL: Duration = Duration::from_micros(20);
 
 /// How far down the ladder a tensor may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -462,13 +466,15 @@ impl Loader {
         progress(&prog);
 
         // Budget and allocations.
+        let ta = Instant::now();
         self.allocate(&items, &mut states)?;
-
-        // The fast path.
         let mut report = LoadReport {
             device: label(&self.device),
             ..LoadReport::default()
         };
+        report.timing.alloc_ms = ta.elapsed().as_secs_f32() * 1e3;
+
+        // The fast path.
         // Empty tensors need no copy: served as soon as allocated.
         for (item, st) in items.iter().zip(states.iter_mut()) {
             if item.src_bytes == 0 && st.start == Rung::PinnedRing && st.failed.is_none() {
@@ -492,6 +498,7 @@ impl Loader {
                 &mut states,
                 &mut prog,
                 progress,
+                &mut report.timing,
             )?;
             report.ring_ms = tr.elapsed().as_secs_f32() * 1e3;
         }
@@ -850,6 +857,7 @@ impl Loader {
         states: &mut [State],
         prog: &mut Progress,
         progress: &mut dyn FnMut(&Progress),
+        timing: &mut LoadTiming,
     ) -> Result<u64> {
         let span = tracing::info_span!(
             "transfer.ring",
@@ -869,7 +877,7 @@ impl Loader {
             return Ok(0);
         };
         let r = self.run_jobs(
-            &mut ring, sources, items, &jobs, policy, states, prog, progress,
+            &mut ring, sources, items, &jobs, policy, states, prog, progress, timing,
         );
         // Buffers not back from the filler (after an error) are gone:
         // replace them on the next load.
@@ -890,9 +898,17 @@ impl Loader {
         states: &mut [State],
         prog: &mut Progress,
         progress: &mut dyn FnMut(&Progress),
+        timing: &mut LoadTiming,
     ) -> Result<()> {
         let n = ring.slots.len();
-        type Done = (usize, usize, PinnedBuffer<u8>, Result<Vec<Sums>>);
+        /// A finished fill: job, slot, buffer, sums, (blocked, busy) time.
+        type Done = (
+            usize,
+            usize,
+            PinnedBuffer<u8>,
+            Result<Vec<Sums>>,
+            (Duration, Duration),
+        );
         let (tx, rx) = mpsc::channel::<Done>();
         let readahead = self.opts.readahead;
         let read_bytes = self.opts.read_bytes;
@@ -910,11 +926,20 @@ impl Loader {
                             advise(sources, items, ahead);
                         }
                     }
-                    let r = match jobs.get(j) {
-                        Some(job) => fill(sources, items, job, &mut buf, read_bytes, check),
-                        None => Ok(Vec::new()),
+                    // Wait for the buffer's previous copy here, timed, so
+                    // the fill below never blocks.
+                    let t0 = Instant::now();
+                    let waited = buf.wait();
+                    let t1 = Instant::now();
+                    let r = match (waited, jobs.get(j)) {
+                        (Err(e), _) => Err(e),
+                        (Ok(()), Some(job)) => {
+                            fill(sources, items, job, &mut buf, read_bytes, check)
+                        }
+                        (Ok(()), None) => Ok(Vec::new()),
                     };
-                    let _ = tx.send((j, s, buf, r));
+                    let times = (t1 - t0, t1.elapsed());
+                    let _ = tx.send((j, s, buf, r, times));
                 });
             };
             let mut next = 0usize;
@@ -934,11 +959,65 @@ impl Loader {
                 }
             }
             let mut in_flight: Vec<Option<(usize, Vec<Sums>)>> = (0..n).map(|_| None).collect();
+            // Buffers whose copy to the device may still run, in submit
+            // order: a fill starts only once its buffer's copy is done, so
+            // no pool thread ever waits for the device (a CUDA wait spins
+            // a core).
+            let mut parked: VecDeque<(usize, PinnedBuffer<u8>)> = VecDeque::with_capacity(n);
             let mut result = Ok(());
-            while outstanding > 0 {
-                let Ok((j, s, mut buf, filled)) = rx.recv() else {
+            loop {
+                // Restart the fills of every buffer whose copy is done.
+                while let Some((_, front)) = parked.front() {
+                    let ready = if result.is_err() || next >= jobs.len() {
+                        true
+                    } else if outstanding == 0 {
+                        // Nothing else to wait for: wait for this copy.
+                        true
+                    } else {
+                        match front.is_ready() {
+                            Ok(r) => r,
+                            Err(e) => {
+                                result = Err(e);
+                                true
+                            }
+                        }
+                    };
+                    if !ready {
+                        break;
+                    }
+                    let Some((s, buf)) = parked.pop_front() else {
+                        break;
+                    };
+                    if result.is_ok() && next < jobs.len() {
+                        spawn(next, s, buf);
+                        next += 1;
+                        outstanding += 1;
+                    } else if let Some(p) = ring.pinned.get_mut(s) {
+                        *p = Some(buf);
+                    }
+                }
+                if outstanding == 0 {
+                    break;
+                }
+                let tw = Instant::now();
+                let msg = if parked.is_empty() {
+                    rx.recv().ok()
+                } else {
+                    match rx.recv_timeout(PARK_POLL) {
+                        Ok(m) => Some(m),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            timing.wait_fill_ms += tw.elapsed().as_secs_f32() * 1e3;
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => None,
+                    }
+                };
+                timing.wait_fill_ms += tw.elapsed().as_secs_f32() * 1e3;
+                let Some((j, s, mut buf, filled, (blocked, busy))) = msg else {
                     break;
                 };
+                timing.fill_blocked_ms += blocked.as_secs_f32() * 1e3;
+                timing.fill_busy_ms += busy.as_secs_f32() * 1e3;
                 outstanding -= 1;
                 let (Some(job), Some(slot)) = (jobs.get(j), ring.slots.get_mut(s)) else {
                     continue;
@@ -955,6 +1034,7 @@ impl Loader {
                     if let Some(pjob) = jobs.get(pj) {
                         self.check_job(
                             sources, slot, pjob, &sums, items, states, policy, prog, progress,
+                            timing,
                         )?;
                     }
                 }
@@ -984,11 +1064,11 @@ impl Loader {
                 if let Some(f) = in_flight.get_mut(s) {
                     *f = Some((j, sums));
                 }
-                if next < jobs.len() {
-                    spawn(next, s, buf);
-                    next += 1;
-                    outstanding += 1;
-                } else if let Some(p) = ring.pinned.get_mut(s) {
+                parked.push_back((s, buf));
+            }
+            // Whatever is still parked goes back to the ring.
+            while let Some((s, buf)) = parked.pop_front() {
+                if let Some(p) = ring.pinned.get_mut(s) {
                     *p = Some(buf);
                 }
             }
@@ -1000,6 +1080,7 @@ impl Loader {
                     if let Some(pjob) = jobs.get(pj) {
                         self.check_job(
                             sources, slot, pjob, &sums, items, states, policy, prog, progress,
+                            timing,
                         )?;
                     }
                 }
@@ -1078,9 +1159,12 @@ impl Loader {
         policy: Policy,
         prog: &mut Progress,
         progress: &mut dyn FnMut(&Progress),
+        timing: &mut LoadTiming,
     ) -> Result<()> {
         let fp = matches!(policy, Policy::Fingerprint | Policy::FusedFingerprint);
+        let tw = Instant::now();
         slot.consumed.synchronize()?;
+        timing.wait_device_ms += tw.elapsed().as_secs_f32() * 1e3;
         let acc: Vec<u64> = if fp {
             slot.acc_host.as_slice()?.to_vec()
         } else {

@@ -182,6 +182,31 @@ pub struct LoadReport {
     pub ring_ms: f32,
     /// Jobs (pinned-buffer fills) of the pinned-ring pass.
     pub ring_jobs: u64,
+    /// Where the time went: allocating the device outputs, and the pinned
+    /// ring's stalls (what a slow load is waiting for).
+    pub timing: LoadTiming,
+}
+
+/// A load's time split, in milliseconds. The ring's three waits tell which
+/// side holds the pipeline: the queueing thread waiting for filled buffers
+/// (the file reads and host sums are slower than the device), waiting for
+/// a slot's device work (the copies or kernels are slower), and the fill
+/// tasks waiting for their buffer's previous copy (the ring is too short to
+/// hide the copy).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct LoadTiming {
+    /// Allocating the device outputs (with the budget applied).
+    pub alloc_ms: f32,
+    /// The queueing thread waiting for a filled pinned buffer.
+    pub wait_fill_ms: f32,
+    /// The queueing thread waiting for a slot's device work to finish
+    /// before checking and reusing it.
+    pub wait_device_ms: f32,
+    /// Summed over fill tasks: time blocked on the previous copy out of
+    /// their pinned buffer before reading into it.
+    pub fill_blocked_ms: f32,
+    /// Summed over fill tasks: time reading (and summing) into buffers.
+    pub fill_busy_ms: f32,
 }
 
 impl LoadReport {
