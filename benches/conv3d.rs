@@ -62,7 +62,7 @@ fn cpu(c: &mut Criterion) {
 /// `Stream::conv3d` / `Stream::conv3d_vendor`, synchronised inside the
 /// timed closure.
 fn gpu(c: &mut Criterion) {
-    use rocm_safe::device::{tiled_weight_layout, BackendKind, Conv3dKernel, Device};
+    use rocm_safe::device::{BackendKind, Conv3dKernel, Device};
     for kind in [BackendKind::Hip, BackendKind::Cuda] {
         if !kind.is_built() {
             continue;
@@ -104,7 +104,13 @@ fn gpu(c: &mut Criterion) {
                 g.throughput(Throughput::Elements(2 * geo.macs()));
                 let xd = s.clone_htod(&$xs).unwrap();
                 let wd = s.clone_htod(&$ws).unwrap();
-                let wt = s.clone_htod(&tiled_weight_layout(&geo, &$ws)).unwrap();
+                // The layout the tiled kernel reads here (packed for the
+                // tensor-core kernel on CUDA sm_80+ in bf16).
+                let tiled_layout = s.conv3d_weight_layout(Conv3dKernel::Tiled, p.dtype(), &geo);
+                eprintln!("{kind} {}: tiled weight layout {tiled_layout:?}", $name);
+                let wt = s
+                    .clone_htod(&tiled_layout.arrange(&geo, &$ws).unwrap())
+                    .unwrap();
                 let mut y = s.alloc_zeros::<f32>(geo.output_len()).unwrap();
                 for (kname, kernel, wv) in [
                     ("tiled", Conv3dKernel::Tiled, &wt),

@@ -5,12 +5,10 @@
 //! (whose "kernels" are the CPU code, so the whole path runs in CI), and
 //! [`Faults`](crate::device::faults::Faults) wrapping any of them.
 
-use std::borrow::Cow;
-
 use super::chain::{Conv3dTier, CpuTier, Support, TierKind};
 use super::params::{Conv3dData, Conv3dProblem};
 use crate::convert::Element;
-use crate::device::{tiled_weight_layout, BackendKind, Conv3dKernel, Device, Stream};
+use crate::device::{BackendKind, Conv3dKernel, Conv3dWeightLayout, Device, Stream};
 use crate::error::Result;
 
 /// What a GPU tier runs.
@@ -49,10 +47,11 @@ fn run_typed<T: Element + Default>(
     out: &mut [f32],
 ) -> Result<()> {
     let g = &p.geometry;
-    let w: Cow<'_, [T]> = match op {
-        Op::Kernel(Conv3dKernel::Tiled) => Cow::Owned(tiled_weight_layout(g, w)),
-        _ => Cow::Borrowed(w),
+    let layout = match op {
+        Op::Vendor => Conv3dWeightLayout::Standard,
+        Op::Kernel(k) => s.conv3d_weight_layout(k, T::DTYPE, g),
     };
+    let w = layout.arrange(g, w)?;
     let xd = s.clone_htod(x)?;
     let wd = s.clone_htod(&w)?;
     let bd = match p.bias {

@@ -126,9 +126,9 @@ impl std::fmt::Display for Conv3dKernel {
 /// element count fits `usize`).
 ///
 /// - `input`: `geometry.input_shape()` elements of `dtype` (F32 or BF16);
-/// - `weight`: `geometry.weight_shape()` elements of `dtype`, in the layout
-///   the kernel reads (standard for [`Conv3dKernel::Naive`] and the vendor
-///   library, [`tiled_weight_layout`] for [`Conv3dKernel::Tiled`]);
+/// - `weight`: the weight in `dtype`, in the layout the backend's
+///   [`conv3d_weight_layout`](super::Backend::conv3d_weight_layout) gave for
+///   the kernel ([`Conv3dWeightLayout::Standard`] for the vendor library);
 /// - `bias`: `out_channels` f32, or `None`;
 /// - `output`: `geometry.output_len()` f32, written (every element).
 ///
@@ -153,6 +153,108 @@ impl Conv3dLaunch {
     /// Bytes of the f32 output.
     pub fn output_bytes(&self) -> usize {
         self.geometry.output_len() * 4
+    }
+}
+
+/// How a conv3d kernel wants its weight laid out in device memory. The
+/// backend chooses ([`super::Backend::conv3d_weight_layout`]); the caller
+/// lays the weight out so ([`Conv3dWeightLayout::arrange`]) before the
+/// upload. `R = C/G * KD * KH * KW` below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Conv3dWeightLayout {
+    /// `[K, C/G, KD, KH, KW]` as given (the naive kernel, vendor libraries).
+    Standard,
+    /// [`tiled_weight_layout`]: `[G][R][K/G]` (`conv3d_tiled_*`).
+    TiledTransposed,
+    /// `[G][rows][cols]`, each group's `[K/G][R]` block zero padded to
+    /// `rows` (K/G rounded up to 128) by `cols` (R rounded up to 32): the
+    /// tensor-core kernel `conv3d_tiled_bf16_mma` (CUDA, sm_80+).
+    TiledPacked {
+        /// Padded output channels per group (a multiple of 128).
+        rows: usize,
+        /// Padded reduction length (a multiple of 32).
+        cols: usize,
+    },
+}
+
+/// Largest KD * KH * KW of `conv3d_tiled_bf16_mma` (RS_TC_MAX_TAPS).
+const MMA_MAX_TAPS: usize = 1 << 9;
+
+impl Conv3dWeightLayout {
+    /// The packed layout of `conv3d_tiled_bf16_mma` for `g`, when that
+    /// kernel takes `g` (what the tiled kernel takes, at most 512 taps, the
+    /// padded sizes within its grid and `usize`).
+    pub fn packed_for(g: &Conv3dGeometry) -> Option<Conv3dWeightLayout> {
+        if Conv3dKernel::Tiled.unsupported(g).is_some()
+            || g.kernel.iter().product::<usize>() > MMA_MAX_TAPS
+        {
+            return None;
+        }
+        let r = g.in_per_group() * g.kernel.iter().product::<usize>();
+        let rows = g.out_per_group().checked_next_multiple_of(TILE_M)?;
+        let cols = r.checked_next_multiple_of(32)?;
+        if rows / TILE_M > 65_535 {
+            return None;
+        }
+        g.params.groups.checked_mul(rows)?.checked_mul(cols)?;
+        Some(Conv3dWeightLayout::TiledPacked { rows, cols })
+    }
+
+    /// Elements of the weight in this layout.
+    pub fn len(self, g: &Conv3dGeometry) -> usize {
+        match self {
+            Conv3dWeightLayout::Standard | Conv3dWeightLayout::TiledTransposed => {
+                g.weight_shape().iter().product()
+            }
+            // Fits: checked by `packed_for`, the only maker of a valid one.
+            Conv3dWeightLayout::TiledPacked { rows, cols } => {
+                g.params.groups.saturating_mul(rows).saturating_mul(cols)
+            }
+        }
+    }
+
+    /// `w` (standard layout) laid out in this layout.
+    ///
+    /// Errors: [`Error::LengthMismatch`] when `w` is not the weight's
+    /// length, or a packed layout smaller than the weight.
+    pub fn arrange<'w, T: Copy + Default + Send + Sync>(
+        self,
+        g: &Conv3dGeometry,
+        w: &'w [T],
+    ) -> Result<Cow<'w, [T]>> {
+        check_len(
+            "conv3d weight layout",
+            g.weight_shape().iter().product(),
+            w.len(),
+        )?;
+        Ok(match self {
+            Conv3dWeightLayout::Standard => Cow::Borrowed(w),
+            Conv3dWeightLayout::TiledTransposed => Cow::Owned(tiled_weight_layout(g, w)),
+            Conv3dWeightLayout::TiledPacked { rows, cols } => {
+                let (kg, r) = (
+                    g.out_per_group(),
+                    g.in_per_group() * g.kernel.iter().product::<usize>(),
+                );
+                if rows < kg || cols < r {
+                    return Err(Error::LengthMismatch {
+                        op: "conv3d packed weight layout",
+                        expected: kg * r,
+                        actual: rows * cols,
+                    });
+                }
+                let mut out = vec![T::default(); self.len(g)];
+                if r > 0 {
+                    for (row, src) in w.chunks_exact(r).enumerate() {
+                        let (grp, m) = (row / kg, row % kg);
+                        let at = (grp * rows + m) * cols;
+                        if let Some(dst) = out.get_mut(at..at + r) {
+                            dst.copy_from_slice(src);
+                        }
+                    }
+                }
+                Cow::Owned(out)
+            }
+        })
     }
 }
 
@@ -212,10 +314,24 @@ fn check_len(op: &'static str, expected: usize, actual: usize) -> Result<()> {
 }
 
 impl Stream {
+    /// The weight layout `kernel` reads on this stream's device for a call
+    /// `g` with inputs of `dtype` (lay the weight out with
+    /// [`Conv3dWeightLayout::arrange`] before uploading it).
+    pub fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        self.backend().conv3d_weight_layout(kernel, dtype, g)
+    }
+
     /// Checks a conv3d call's operands and builds its launch description.
+    #[allow(clippy::too_many_arguments)]
     fn conv3d_launch<T: Element>(
         &self,
         op: &'static str,
+        layout: Conv3dWeightLayout,
         g: &Conv3dGeometry,
         input: &DeviceView<'_, T>,
         weight: &DeviceView<'_, T>,
@@ -237,11 +353,7 @@ impl Stream {
         }
         let product = |s: [usize; 5]| s.iter().product::<usize>();
         check_len("conv3d device input", product(g.input_shape()), input.len())?;
-        check_len(
-            "conv3d device weight",
-            product(g.weight_shape()),
-            weight.len(),
-        )?;
+        check_len("conv3d device weight", layout.len(g), weight.len())?;
         if let Some(b) = &bias {
             check_len("conv3d device bias", g.out_channels, b.len())?;
         }
@@ -258,7 +370,8 @@ impl Stream {
 
     /// Queues `kernel` computing the convolution `g` of `input` and `weight`
     /// (plus `bias`) into `out` on this stream (no synchronisation).
-    /// `weight` is in the layout the kernel reads (see [`Conv3dKernel`]).
+    /// `weight` is in the layout the backend asks for
+    /// ([`Stream::conv3d_weight_layout`]).
     ///
     /// Errors: [`Error::Conv3dDType`] for a `T` other than f32 and bf16,
     /// [`Error::DeviceMismatch`], [`Error::LengthMismatch`] for a view whose
@@ -274,7 +387,8 @@ impl Stream {
         bias: Option<DeviceView<'_, f32>>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        let launch = self.conv3d_launch("conv3d", g, input, weight, bias, out)?;
+        let layout = self.backend().conv3d_weight_layout(kernel, T::DTYPE, g);
+        let launch = self.conv3d_launch("conv3d", layout, g, input, weight, bias, out)?;
         // Refuses zero-size work and sizes the grid cannot hold.
         kernel.grid(g)?;
         // SAFETY: every view is a live range of this stream's device with
@@ -301,7 +415,15 @@ impl Stream {
         bias: Option<DeviceView<'_, f32>>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        let launch = self.conv3d_launch("conv3d_vendor", g, input, weight, bias, out)?;
+        let launch = self.conv3d_launch(
+            "conv3d_vendor",
+            Conv3dWeightLayout::Standard,
+            g,
+            input,
+            weight,
+            bias,
+            out,
+        )?;
         if let Some(reason) = Conv3dKernel::Naive.unsupported(g) {
             return Err(Error::Conv3dTier {
                 tier: "vendor",
@@ -530,5 +652,87 @@ mod tests {
         let (kg, r_len) = (6, 2 * 27);
         assert_eq!(t[(r_len + 5) * kg + 3], w[(kg + 3) * r_len + 5]);
         assert_eq!(standard_weight_layout(&g, &t), w);
+    }
+
+    fn geometry(input: [usize; 5], weight: [usize; 5], groups: usize) -> Conv3dGeometry {
+        let x = vec![0f32; input.iter().product()];
+        let w = vec![0f32; weight.iter().product()];
+        Conv3dProblem::new(
+            Conv3dParams::default()
+                .with_groups(groups)
+                .with_padding([1; 3]),
+            Conv3dData::F32(&x),
+            &input,
+            Conv3dData::F32(&w),
+            &weight,
+            None,
+        )
+        .unwrap()
+        .geometry
+    }
+
+    #[test]
+    fn weight_layouts_arrange_and_pad() {
+        // 2 groups of 20 output channels, R = 3 * 27 = 81.
+        let g = geometry([1, 6, 4, 4, 4], [40, 3, 3, 3, 3], 2);
+        let w: Vec<u16> = (1..=40 * 81).map(|i| i as u16).collect();
+        let packed = Conv3dWeightLayout::packed_for(&g).unwrap();
+        assert_eq!(
+            packed,
+            Conv3dWeightLayout::TiledPacked {
+                rows: 128,
+                cols: 96
+            }
+        );
+        assert_eq!(packed.len(&g), 2 * 128 * 96);
+        let p = packed.arrange(&g, &w).unwrap();
+        assert_eq!(p.len(), packed.len(&g));
+        // wp[g][m][r] = w[(g * 20 + m) * 81 + r]; zero padding elsewhere.
+        assert_eq!(p[(128 + 7) * 96 + 80], w[(20 + 7) * 81 + 80]);
+        assert_eq!(p[(128 + 7) * 96 + 81], 0);
+        assert_eq!(p[(128 + 20) * 96], 0);
+        assert_eq!(p.iter().filter(|&&v| v != 0).count(), w.len());
+        assert!(matches!(
+            Conv3dWeightLayout::Standard.arrange(&g, &w).unwrap(),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            &*Conv3dWeightLayout::TiledTransposed.arrange(&g, &w).unwrap(),
+            &tiled_weight_layout(&g, &w)[..]
+        );
+        assert_eq!(Conv3dWeightLayout::TiledTransposed.len(&g), w.len());
+        let e = packed.arrange(&g, &w[1..]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::LengthMismatch {
+                    op: "conv3d weight layout",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let small = Conv3dWeightLayout::TiledPacked { rows: 8, cols: 96 };
+        assert!(matches!(
+            small.arrange(&g, &w),
+            Err(Error::LengthMismatch {
+                op: "conv3d packed weight layout",
+                ..
+            })
+        ));
+        // What the tensor-core kernel does not take: too few channels per
+        // group (the tiled kernel declines), more than 512 taps.
+        assert!(
+            Conv3dWeightLayout::packed_for(&geometry([1, 6, 4, 4, 4], [6, 1, 3, 3, 3], 6))
+                .is_none()
+        );
+        assert!(
+            Conv3dWeightLayout::packed_for(&geometry([1, 2, 9, 9, 9], [16, 2, 9, 9, 9], 1))
+                .is_none()
+        );
+        assert!(
+            Conv3dWeightLayout::packed_for(&geometry([1, 2, 8, 8, 8], [16, 2, 8, 8, 8], 1))
+                .is_some()
+        );
     }
 }

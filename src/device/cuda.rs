@@ -16,12 +16,13 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use cudarc::driver::DriverError;
 
-use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch};
+use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 use super::cudnn::Cudnn;
 use super::kernels::{self, Kernel, KernelCall};
 use super::{
     Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream, VisibleDevices,
 };
+use crate::conv3d::Conv3dGeometry;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -294,6 +295,16 @@ impl CudaBackend {
             let f = unsafe { cu::module::get_function(module, name) }
                 .map_err(|e| err("cuModuleGetFunction", e))?;
             funcs.insert(k, f);
+        }
+        // Optional: the tensor-core conv3d kernel exists for sm_80 and newer
+        // only (conv3d.hip compiles it out below); absent, the scalar tiled
+        // kernel serves bf16.
+        let mma = Kernel::Conv3dTiledBf16Mma;
+        if let Ok(name) = CString::new(mma.symbol()) {
+            // SAFETY: `module` was just loaded in the current context.
+            if let Ok(f) = unsafe { cu::module::get_function(module, name) } {
+                funcs.insert(mma, f);
+            }
         }
         Ok(Module {
             module,
@@ -612,8 +623,33 @@ unsafe impl Backend for CudaBackend {
         unsafe { self.launch(call, s) }
     }
 
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        let has_mma = || {
+            self.module()
+                .is_ok_and(|m| m.funcs.contains_key(&Kernel::Conv3dTiledBf16Mma))
+        };
+        match kernel {
+            Conv3dKernel::Naive => Conv3dWeightLayout::Standard,
+            Conv3dKernel::Tiled if dtype == DType::BF16 && has_mma() => {
+                Conv3dWeightLayout::packed_for(g).unwrap_or(Conv3dWeightLayout::TiledTransposed)
+            }
+            Conv3dKernel::Tiled => Conv3dWeightLayout::TiledTransposed,
+        }
+    }
+
     unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
-        let call = KernelCall::conv3d(kernel, args)?;
+        // The caller arranged the weight in this (deterministic) layout.
+        let call = match self.conv3d_weight_layout(kernel, args.dtype, &args.geometry) {
+            Conv3dWeightLayout::TiledPacked { rows, cols } => {
+                KernelCall::conv3d_tiled_mma(args, rows, cols)?
+            }
+            _ => KernelCall::conv3d(kernel, args)?,
+        };
         // SAFETY: the ranges are the caller's (trait contract); the grid is
         // the one the kernel expects (checked by `KernelCall::conv3d`).
         unsafe { self.launch(call, s) }

@@ -27,7 +27,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::conv3d::{Conv3dKernel, Conv3dLaunch};
+use super::conv3d::{Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 use super::{Backend, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -605,6 +605,15 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         // SAFETY: forwards the caller's guarantees unchanged; the faults
         // write only inside the output range.
         unsafe { self.conv3d_faults("conv3d", args, s, || self.inner.conv3d(kernel, args, s)) }
+    }
+
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &crate::conv3d::Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        self.inner.conv3d_weight_layout(kernel, dtype, g)
     }
 
     fn conv3d_vendor_available(&self) -> Result<()> {

@@ -36,6 +36,8 @@ pub(crate) enum Kernel {
     Conv3dTiledBf16,
     Conv3dBiasF32,
     Conv3dWidenBiasBf16,
+    /// Optional (CUDA sm_80+ only): not in [`Kernel::ALL`].
+    Conv3dTiledBf16Mma,
 }
 
 #[allow(dead_code)]
@@ -78,6 +80,7 @@ impl Kernel {
             Kernel::Conv3dTiledBf16 => "conv3d_tiled_bf16",
             Kernel::Conv3dBiasF32 => "conv3d_bias_f32",
             Kernel::Conv3dWidenBiasBf16 => "conv3d_widen_bias_bf16",
+            Kernel::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
 
@@ -382,6 +385,44 @@ impl KernelCall {
         })
     }
 
+    /// `conv3d_tiled_bf16_mma(const u16* x, const u16* wp, const float*
+    /// bias, float* y, rs_conv3d_args a, u64 rp, u64 mp)`: the weight packed
+    /// `[G][mp][rp]` ([`super::Conv3dWeightLayout::TiledPacked`] with
+    /// `rows = mp`, `cols = rp`); grid `(ceil(P / 128), mp / 128, G)`.
+    pub(crate) fn conv3d_tiled_mma(
+        a: &Conv3dLaunch,
+        rows: usize,
+        cols: usize,
+    ) -> Result<KernelCall> {
+        let g = &a.geometry;
+        let packed = super::Conv3dWeightLayout::packed_for(g);
+        if a.dtype != DType::BF16
+            || packed != Some(super::Conv3dWeightLayout::TiledPacked { rows, cols })
+        {
+            return Err(Error::Conv3dTier {
+                tier: "tiled",
+                reason: "the tensor-core kernel does not take this call",
+            });
+        }
+        let [gx, _, gz] = Conv3dKernel::Tiled.grid(g)?;
+        Ok(KernelCall {
+            kernel: Kernel::Conv3dTiledBf16Mma,
+            // rows / 128 <= 65535: checked by `packed_for`.
+            grid: [gx, u32::try_from(rows / 128).unwrap_or(u32::MAX), gz],
+            block: BLOCK,
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::U64(a.input.0),
+                KernelArg::U64(a.weight.0),
+                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
+                KernelArg::U64(a.output.0),
+                KernelArg::Conv3d(Conv3dArgs::new(a)),
+                KernelArg::U64(cols as u64),
+                KernelArg::U64(rows as u64),
+            ],
+        })
+    }
+
     /// The vendor tier's epilogue: `conv3d_bias_f32(float* y, const float*
     /// bias, u64 total, u64 spatial, u64 k)` (adds the bias in place).
     pub(crate) fn conv3d_bias(a: &Conv3dLaunch, bias: DevicePtr, mps: u32) -> KernelCall {
@@ -535,5 +576,31 @@ mod tests {
         assert_eq!(w.args[6], KernelArg::U64(0));
         let b = KernelCall::conv3d_bias(&a, DevicePtr(8), 4);
         assert_eq!(b.args[4], KernelArg::U64(16));
+        // The tensor-core kernel: packed weights, grid y = rows / 128.
+        let Some(super::super::Conv3dWeightLayout::TiledPacked { rows, cols }) =
+            super::super::Conv3dWeightLayout::packed_for(&g)
+        else {
+            panic!("the packed layout takes this geometry");
+        };
+        assert_eq!((rows, cols), (128, (6 * 27usize).next_multiple_of(32)));
+        let m = KernelCall::conv3d_tiled_mma(&a, rows, cols).unwrap();
+        assert_eq!(m.kernel, Kernel::Conv3dTiledBf16Mma);
+        assert_eq!(m.grid, [points.div_ceil(128) as u32, 1, 1]);
+        assert_eq!(m.args.len(), 7);
+        assert_eq!(
+            &m.args[5..],
+            &[KernelArg::U64(cols as u64), KernelArg::U64(128)]
+        );
+        assert!(KernelCall::conv3d_tiled_mma(&a, rows, cols + 32).is_err());
+        assert!(KernelCall::conv3d_tiled_mma(
+            &Conv3dLaunch {
+                dtype: DType::F32,
+                ..a
+            },
+            rows,
+            cols
+        )
+        .is_err());
+        assert!(!Kernel::ALL.contains(&Kernel::Conv3dTiledBf16Mma));
     }
 }

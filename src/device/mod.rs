@@ -80,7 +80,7 @@ use crate::convert::Element;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-pub use conv3d::{tiled_weight_layout, Conv3dKernel, Conv3dLaunch};
+pub use conv3d::{tiled_weight_layout, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 pub use visible::VisibleDevices;
 
 /// Which implementation runs a [`Device`].
@@ -438,6 +438,25 @@ pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
             reason: "this backend has no conv3d kernels",
         })
     }
+    /// The weight layout `kernel` reads here for a call `g` with inputs of
+    /// `dtype`: the caller arranges the weight so before [`Backend::conv3d`]
+    /// (and the safe entry point checks its length by it). The default is
+    /// [`Conv3dWeightLayout::Standard`] for the naive kernel and
+    /// [`Conv3dWeightLayout::TiledTransposed`] for the tiled one; the CUDA
+    /// backend answers [`Conv3dWeightLayout::TiledPacked`] for bf16 where its
+    /// tensor-core kernel exists and takes `g`. Deterministic for a backend.
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &crate::conv3d::Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        let _ = (dtype, g);
+        match kernel {
+            Conv3dKernel::Naive => Conv3dWeightLayout::Standard,
+            Conv3dKernel::Tiled => Conv3dWeightLayout::TiledTransposed,
+        }
+    }
     /// Whether [`Backend::conv3d_vendor`] can run here: `Ok`, or
     /// [`Error::VendorUnavailable`] when the vendor library (MIOpen, cuDNN)
     /// is not installed or the backend has none (host, and the default).
@@ -617,6 +636,14 @@ unsafe impl Backend for Box<dyn Backend> {
     unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
         // SAFETY: the caller's guarantees, forwarded.
         unsafe { (**self).conv3d(kernel, args, s) }
+    }
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &crate::conv3d::Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        (**self).conv3d_weight_layout(kernel, dtype, g)
     }
     fn conv3d_vendor_available(&self) -> Result<()> {
         (**self).conv3d_vendor_available()
