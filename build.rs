@@ -27,6 +27,7 @@ const KERNEL_FILES: &[&str] = &[
     "hip-kernels/fingerprint.hip",
     "hip-kernels/convert_fingerprint.hip",
     "hip-kernels/nonfinite.hip",
+    "hip-kernels/conv3d.hip",
 ];
 /// The translation unit that includes every kernel file.
 const ENTRY: &str = "hip-kernels/kernels.hip";

@@ -1,12 +1,16 @@
 //! `cargo run --release --example conv3d -- INPUT.safetensors OUTPUT.safetensors
 //!   --input NAME --weight NAME [--bias NAME] [--stride a,b,c] [--padding a,b,c]
-//!   [--dilation a,b,c] [--groups g] [--tier auto|vendor|tiled|naive|cpu]`
+//!   [--dilation a,b,c] [--groups g] [--tier auto|vendor|tiled|naive|cpu]
+//!   [--device auto|host|hip|cuda]`
 //!
 //! Runs one 3-D convolution through rocm-safe's fallback chain and writes
 //! its result as the F32 tensor `output` of OUTPUT. Input and weight are
 //! NCDHW; when both are BF16 they stay bf16 (widened exactly inside the
 //! tiers), otherwise every float dtype is read as f32. `--tier` forces one
-//! tier (no fallback); `auto` runs the chain. The report (which tier
+//! tier (no fallback); `auto` runs the chain. `--device` picks whose GPU
+//! tiers the chain has: `auto` the first GPU (else none), `host` the host
+//! backend (the GPU code path with the CPU standing in), `hip`/`cuda`
+//! device 0 of that backend. The report (which tier
 //! served, what failed before it) and the per-tier statistics go to
 //! stdout.
 //!
@@ -18,13 +22,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use rocm_safe::conv3d::{Conv3dChain, Conv3dData, Conv3dParams, Conv3dProblem, TierKind};
+use rocm_safe::device::{BackendKind, Device};
 use rocm_safe::safetensors::{SafeTensors, SafeTensorsWriter, TensorSpec};
 use rocm_safe::{DType, Error};
 
 const USAGE: &str =
     "usage: conv3d INPUT.safetensors OUTPUT.safetensors --input NAME --weight NAME \
 [--bias NAME] [--stride a,b,c] [--padding a,b,c] [--dilation a,b,c] [--groups g] \
-[--tier auto|vendor|tiled|naive|cpu]";
+[--tier auto|vendor|tiled|naive|cpu] [--device auto|host|hip|cuda]";
 
 struct Args {
     file: PathBuf,
@@ -34,6 +39,7 @@ struct Args {
     bias: Option<String>,
     params: Conv3dParams,
     tier: Option<TierKind>,
+    device: Option<BackendKind>,
 }
 
 fn triple(flag: &str, v: &str) -> Result<[usize; 3], String> {
@@ -51,6 +57,7 @@ fn triple(flag: &str, v: &str) -> Result<[usize; 3], String> {
 fn parse_args() -> Result<Args, String> {
     let mut pos = Vec::new();
     let (mut input, mut weight, mut bias, mut tier) = (None, None, None, None);
+    let mut device = None;
     let mut params = Conv3dParams::default();
     let mut it = std::env::args_os().skip(1);
     while let Some(a) = it.next() {
@@ -85,6 +92,15 @@ fn parse_args() -> Result<Args, String> {
                     })?),
                 }
             }
+            "--device" => {
+                device = match value.as_str() {
+                    "auto" => None,
+                    "host" => Some(BackendKind::Host),
+                    "hip" => Some(BackendKind::Hip),
+                    "cuda" => Some(BackendKind::Cuda),
+                    v => return Err(format!("unknown --device {v:?} (auto, host, hip or cuda)")),
+                }
+            }
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -102,6 +118,7 @@ fn parse_args() -> Result<Args, String> {
         bias,
         params,
         tier,
+        device,
     })
 }
 
@@ -168,7 +185,10 @@ fn run(args: &Args) -> Result<String, Error> {
         &ws,
         b.as_deref().map(Conv3dData::F32),
     )?;
-    let mut chain = Conv3dChain::new();
+    let mut chain = match args.device {
+        None => Conv3dChain::new(),
+        Some(kind) => Conv3dChain::for_device(&Device::open(kind, 0)?),
+    };
     chain.options_mut().force = args.tier;
     let (out, report) = chain.run(&p)?;
 

@@ -5,3 +5,4 @@
 #include "fingerprint.hip"
 #include "convert_fingerprint.hip"
 #include "nonfinite.hip"
+#include "conv3d.hip"

@@ -659,6 +659,32 @@ pub enum Error {
         source: cudarc::cudnn::CudnnError,
     },
 
+    /// A backend's vendor convolution library cannot be used here: not
+    /// installed or not on the loader path, a required symbol missing, or
+    /// a backend without one (host). The conv3d chain skips its vendor
+    /// tier then.
+    #[error("{backend}: vendor library {library} unavailable: {reason}")]
+    VendorUnavailable {
+        /// The backend (`"hip"`, `"cuda"`, `"host"`).
+        backend: &'static str,
+        /// The library (`"libMIOpen"`, `"libcudnn"`).
+        library: &'static str,
+        /// Why (the loader's message, the missing symbol, ...).
+        reason: String,
+    },
+
+    /// An MIOpen call of the conv3d vendor tier failed, or its algorithm
+    /// search found no algorithm for the parameters.
+    #[error("conv3d: miopen: {op}: {status} (status {code})")]
+    Conv3dMiopen {
+        /// The MIOpen call.
+        op: &'static str,
+        /// The `miopenStatus_t` code (-1: the search returned no algorithm).
+        code: i32,
+        /// Its name (`"miopenStatusNotImplemented"`, ...).
+        status: &'static str,
+    },
+
     // ----- transfer (src/transfer) ----------------------------------------
     /// Loading a tensor failed on a rung of the transfer ladder and no
     /// further rung was allowed (fallback forbidden or a rung forced).

@@ -172,6 +172,75 @@ fn bf16_inputs_and_forced_cpu_tier() {
     conv3d_common::assert_close("cli bf16", &p, &got, 1e-5);
 }
 
+#[test]
+fn host_device_runs_the_gpu_tiers() {
+    // The host backend's "GPU" tiers: the tiled kernel's path serves a
+    // call it supports (6 output channels over 2 groups is too few for it,
+    // so the naive kernel serves here), the vendor tier is skipped.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.safetensors");
+    let (x, w, b) = write_input(&input);
+    let out = dir.path().join("out.safetensors");
+    let o = run(&[
+        &input,
+        &out,
+        &"--input",
+        &"x",
+        &"--weight",
+        &"w",
+        &"--bias",
+        &"b",
+        &"--groups",
+        &"2",
+        &"--device",
+        &"host",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let stdout = text(&o.stdout);
+    assert!(
+        stdout.contains("report: vendor: skipped (unavailable: host: vendor library"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("tiled: skipped (unsupported: fewer than 8"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("naive: served"), "{stdout}");
+    let got = SafeTensors::open(&out)
+        .unwrap()
+        .read::<f32>("output")
+        .unwrap();
+    let p = Conv3dProblem::new(
+        Conv3dParams::default().with_groups(2),
+        Conv3dData::F32(&x),
+        &[2, 4, 3, 5, 6],
+        Conv3dData::F32(&w),
+        &[6, 2, 3, 3, 3],
+        Some(Conv3dData::F32(&b)),
+    )
+    .unwrap();
+    conv3d_common::assert_close("cli host device", &p, &got, 1e-5);
+    // The vendor tier forced on the host device: nothing serves.
+    let out2 = dir.path().join("out2.safetensors");
+    let o = run(&[
+        &input,
+        &out2,
+        &"--input",
+        &"x",
+        &"--weight",
+        &"w",
+        &"--groups",
+        &"2",
+        &"--device",
+        &"host",
+        &"--tier",
+        &"vendor",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("no tier served the call"));
+    assert!(!out2.exists());
+}
+
 /// Runs with `extra` arguments, expects exit `code`, one stderr line
 /// containing `needle`, and no output file.
 fn refused(extra: &[&str], code: i32, needle: &str) {
@@ -237,6 +306,7 @@ fn bad_names_shapes_and_parameters_fail_cleanly() {
         );
     }
     refused(&with(&["--tier", "gpu"]), 2, "unknown --tier");
+    refused(&with(&["--device", "tpu"]), 2, "unknown --device");
     refused(
         &with(&["--stride", "1,2"]),
         2,

@@ -1,15 +1,21 @@
 //! The conv3d chain: tier order, skip-vs-fail, fall-through on errors and
 //! failed checks (each counted by kind), force/forbid options, reports,
 //! statistics, and typed errors for calls no tier serves. Misbehaving tiers
-//! are test doubles that wrap the CPU tier.
+//! are the real device tiers of the host device under `Faults` where a
+//! fault kind exists (tests/conv3d_faults.rs has one per tier), and test
+//! doubles wrapping the CPU tier for the precise corruptions (an infinity
+//! at the last point, one zeroed point) the chain's checks must catch.
 
 mod conv3d_common;
 
 use conv3d_common::{cases, Data};
 use rocm_safe::conv3d::{
-    sample_points, Conv3dChain, Conv3dData, Conv3dOptions, Conv3dParams, Conv3dProblem, Conv3dTier,
-    CpuTier, Failure, Outcome, Support, TierKind, UnavailableTier,
+    device_tiers, sample_points, Conv3dChain, Conv3dData, Conv3dOptions, Conv3dParams,
+    Conv3dProblem, Conv3dTier, CpuTier, Failure, Outcome, Support, TierKind, UnavailableTier,
 };
+use rocm_safe::device::faults::{FaultKind, FaultPlan, Faults, When};
+use rocm_safe::device::host::HostBackend;
+use rocm_safe::device::{Conv3dKernel, Device};
 use rocm_safe::{DType, Error};
 
 #[derive(Clone, Copy, Debug)]
@@ -116,8 +122,9 @@ fn default_chain_order_and_cpu_serves_without_gpu() {
         "{text}"
     );
     if cfg!(feature = "hip") && !cfg!(feature = "cuda") {
-        // The hip build says why its GPU tiers are missing.
-        assert!(text.contains("not built for hip yet"), "{text}");
+        // The hip build (no AMD device here) says why its GPU tiers are
+        // missing.
+        assert!(text.contains("unavailable: no gpu device (hip: "), "{text}");
     } else if !cfg!(feature = "cuda") {
         assert!(
             text.contains("built without the `hip` and `cuda` features"),
@@ -195,36 +202,39 @@ fn every_failure_falls_through_and_is_counted_by_kind() {
     assert_eq!(by_name("failing").successes + by_name("nan").successes, 0);
 }
 
+/// The host device with `kind` injected into every conv3d call.
+fn faulty_host(kind: FaultKind) -> Device {
+    let (f, _) = Faults::new(HostBackend::new(), FaultPlan::one(kind, When::Always));
+    Device::from_backend(Box::new(f))
+}
+
 #[test]
 fn checks_off_let_a_corrupt_tier_serve() {
-    // Shows the checks are what catches corruption.
+    // Shows the checks are what catches corruption: the naive kernel's NaN
+    // (3 output channels: the tiled kernel declines) is served.
     let (case, data) = data();
     let options = Conv3dOptions {
         verify_samples: 0,
         scan_non_finite: false,
         ..Conv3dOptions::default()
     };
-    let chain = Conv3dChain::with_tiers(
-        vec![fake(TierKind::Tiled, "nan", Mode::Nan), Box::new(CpuTier)],
-        options,
-    );
+    let dev = faulty_host(FaultKind::Conv3dWritesNonFinite);
+    let chain = Conv3dChain::with_tiers(device_tiers(&dev), options);
     let p = data.problem(&case, false);
     let (out, report) = chain.run(&p).unwrap();
-    assert_eq!(report.served().unwrap().name, "nan");
-    assert!(out.iter().any(|v| v.is_nan()));
+    assert_eq!(report.served_by(), Some(TierKind::Naive), "{report}");
+    assert_eq!(out.iter().filter(|v| v.is_nan()).count(), 1);
 }
 
 #[test]
 fn non_finite_inputs_are_not_a_tier_failure() {
     let (case, mut data) = data();
     data.x[0] = f32::NAN;
-    let chain = Conv3dChain::with_tiers(
-        vec![fake(TierKind::Tiled, "good", Mode::Good), Box::new(CpuTier)],
-        Conv3dOptions::default(),
-    );
+    let chain = Conv3dChain::for_device(&Device::host());
     let p = data.problem(&case, false);
     let (out, report) = chain.run(&p).unwrap();
-    assert_eq!(report.served().unwrap().name, "good");
+    assert_eq!(report.served_by(), Some(TierKind::Naive), "{report}");
+    assert_eq!(report.failures().count(), 0);
     assert!(out[0].is_nan());
 }
 
@@ -232,37 +242,92 @@ fn non_finite_inputs_are_not_a_tier_failure() {
 fn force_runs_only_that_kind() {
     let (case, data) = data();
     let p = data.problem(&case, false);
-    let tiers = || {
-        vec![
-            fake(TierKind::Vendor, "failing", Mode::Fails),
-            fake(TierKind::Tiled, "good", Mode::Good),
-            Box::new(CpuTier) as Box<dyn Conv3dTier>,
-        ]
-    };
-    let mut chain = Conv3dChain::with_tiers(tiers(), Conv3dOptions::default());
-    chain.options_mut().force = Some(TierKind::Tiled);
+    let dev = faulty_host(FaultKind::Conv3dLaunchFailure);
+    let mut chain = Conv3dChain::for_device(&dev);
+    chain.options_mut().force = Some(TierKind::Cpu);
     let (_, report) = chain.run(&p).unwrap();
-    assert_eq!(report.served_by(), Some(TierKind::Tiled));
-    assert!(
-        matches!(&report.attempts[0].outcome, Outcome::Skipped(w) if w == "not the forced tier")
-    );
+    assert_eq!(report.served_by(), Some(TierKind::Cpu));
+    for a in &report.attempts[..3] {
+        assert!(
+            matches!(&a.outcome, Outcome::Skipped(w) if w == "not the forced tier"),
+            "{report}"
+        );
+    }
 
     // Forcing a failing tier fails fast: no fallback to the CPU.
-    chain.options_mut().force = Some(TierKind::Vendor);
+    chain.options_mut().force = Some(TierKind::Naive);
     let e = chain.run(&p).unwrap_err();
     let Error::Conv3dNoTier { report } = &e else {
         panic!("{e}")
     };
     assert_eq!(report.failures().count(), 1);
     assert!(
-        matches!(&report.attempts[2].outcome, Outcome::Skipped(w) if w == "not the forced tier")
+        matches!(&report.attempts[3].outcome, Outcome::Skipped(w) if w == "not the forced tier")
     );
+    assert!(
+        e.to_string()
+            .contains("naive: failed (error: conv3d: injected fault: conv3d launch failure)"),
+        "{e}"
+    );
+    let stats = chain.stats();
+    assert_eq!((stats[2].attempts, stats[2].errors), (1, 1));
+    assert_eq!((stats[3].attempts, stats[3].successes), (1, 1));
+
+    // Test doubles: a forced tier is the only one run, whatever its kind.
+    let tiers = vec![
+        fake(TierKind::Vendor, "failing", Mode::Fails),
+        fake(TierKind::Tiled, "good", Mode::Good),
+        Box::new(CpuTier) as Box<dyn Conv3dTier>,
+    ];
+    let mut chain = Conv3dChain::with_tiers(tiers, Conv3dOptions::default());
+    chain.options_mut().force = Some(TierKind::Tiled);
+    let (_, report) = chain.run(&p).unwrap();
+    assert_eq!(report.served().unwrap().name, "good");
+    chain.options_mut().force = Some(TierKind::Vendor);
+    let e = chain.run(&p).unwrap_err();
     assert!(
         e.to_string()
             .contains("failing: failed (error: conv3d tier fake: injected failure)"),
         "{e}"
     );
-    assert_eq!(chain.stats()[2].attempts, 0);
+}
+
+/// The chain of the host device serves every case of the table in both
+/// dtypes: the tiled kernel where it takes the parameters, else the naive
+/// one, the CPU only for zero-size calls; the vendor tier is skipped.
+#[test]
+fn host_device_chain_serves_every_case() {
+    let chain = Conv3dChain::for_device(&Device::host());
+    let names: Vec<String> = chain.tiers().into_iter().map(|(_, n)| n).collect();
+    assert_eq!(names, ["vendor", "tiled", "naive", "cpu"]);
+    let mut served = std::collections::HashMap::new();
+    for case in cases() {
+        let data = Data::new(&case);
+        for bf16 in [false, true] {
+            let p = data.problem(&case, bf16);
+            let (out, report) = chain.run(&p).unwrap();
+            conv3d_common::assert_close(case.name, &p, &out, 1e-5);
+            let by = report.served_by().unwrap();
+            let expected = if Conv3dKernel::Naive.unsupported(&p.geometry).is_some() {
+                TierKind::Cpu
+            } else if Conv3dKernel::Tiled.unsupported(&p.geometry).is_none() {
+                TierKind::Tiled
+            } else {
+                TierKind::Naive
+            };
+            assert_eq!(by, expected, "{}: {report}", case.name);
+            assert!(
+                matches!(&report.attempts[0].outcome, Outcome::Skipped(w) if w.starts_with("unavailable"))
+            );
+            *served.entry(by).or_insert(0) += 1;
+        }
+    }
+    assert!(
+        served[&TierKind::Tiled] >= 12 && served[&TierKind::Naive] >= 12,
+        "{served:?}"
+    );
+    assert_eq!(served[&TierKind::Cpu], 6);
+    assert_eq!(chain.stats()[0].skips, 2 * cases().len() as u64);
 }
 
 #[test]

@@ -1,14 +1,20 @@
 //! Every conv3d tier against the float64 reference over a table of cases
 //! (strides, paddings, dilations, groups, depthwise, kernel sizes 1 and
 //! asymmetric, batch > 1, bias or not, tiny and empty outputs), in f32 and
-//! bf16.
+//! bf16: the CPU tier, and the GPU tiers of the host device (the CPU code
+//! behind the device interface) here, of a CUDA or HIP device with
+//! `--ignored` where there is one; plus the device entry points' errors.
 
 mod conv3d_common;
 
 use conv3d_common::{assert_close, cases, Data};
 use rocm_safe::conv3d::{
-    conv3d_cpu, conv3d_cpu_with, Conv3dTier, CpuKernel, CpuTier, Support, TierKind,
+    conv3d_cpu, conv3d_cpu_with, Conv3dTier, CpuKernel, CpuTier, NaiveTier, Support, TierKind,
+    TiledTier, VendorTier,
 };
+#[allow(unused_imports)]
+use rocm_safe::device::{BackendKind, Conv3dKernel, Device};
+use rocm_safe::Error;
 
 /// Runs `tier` over every case it supports, in both dtypes, and compares
 /// within `rel` (f32) / `rel_bf16` of each point's magnitude. Returns how
@@ -110,132 +116,297 @@ fn every_cpu_kernel_matches_reference() {
     }
 }
 
+/// The GPU tiers of one device against the reference over the case table.
+/// `vendor_tol` is `None` when the device has no vendor library (it must
+/// then be skipped as unavailable on every case).
+fn device_tiers_match_reference(dev: Device, vendor_tol: Option<(f64, f64)>) {
+    // Every case but the zero-size ones (they stay on the CPU).
+    let nonzero = 2 * (cases().len() - 3);
+    assert_eq!(check_tier(&NaiveTier::new(dev.clone())), nonzero);
+    let tiled = check_tier(&TiledTier::new(dev.clone()));
+    assert!(tiled >= 2 * 6, "the tiled tier ran only {tiled} cases");
+    let vendor = VendorTier::new(dev.clone());
+    match vendor_tol {
+        // bf16: the library writes bf16 (rounding 2^-9 of the value).
+        Some((f32_tol, bf16_tol)) => {
+            let ran = check_tier_tol(&vendor, f32_tol, bf16_tol);
+            assert!(ran >= 2 * 10, "the vendor tier ran only {ran} cases");
+        }
+        None => {
+            assert_eq!(check_tier(&vendor), 0);
+            let case = &cases()[0];
+            let data = Data::new(case);
+            assert!(matches!(
+                vendor.support(&data.problem(case, false)),
+                Support::Unavailable(_)
+            ));
+        }
+    }
+    assert!(dev.take_errors().is_empty());
+}
+
+#[test]
+fn host_device_tiers_match_reference_on_every_case() {
+    device_tiers_match_reference(Device::host(), None);
+    let dev = Device::host();
+    assert_eq!(VendorTier::new(dev.clone()).name(), "vendor");
+    assert_eq!(TiledTier::new(dev.clone()).kind(), TierKind::Tiled);
+    assert_eq!(NaiveTier::new(dev).kind(), TierKind::Naive);
+}
+
 #[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
-    use rocm_safe::conv3d::cuda::{CudaNaiveTier, CudaTiledTier, CudnnTier, SharedEngine};
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_device_tiers_match_reference_on_every_case() {
+    let dev = Device::open(BackendKind::Cuda, 0).unwrap();
+    let tol = dev
+        .backend()
+        .conv3d_vendor_available()
+        .is_ok()
+        .then_some((1e-4, 4e-3));
+    device_tiers_match_reference(dev, tol);
+}
+
+#[cfg(feature = "hip")]
+#[test]
+#[ignore = "needs a GPU"]
+fn hip_device_tiers_match_reference_on_every_case() {
+    let dev = Device::open(BackendKind::Hip, 0).unwrap();
+    let tol = dev
+        .backend()
+        .conv3d_vendor_available()
+        .is_ok()
+        .then_some((1e-4, 4e-3));
+    device_tiers_match_reference(dev, tol);
+}
+
+/// The safe device entry points check their operands before any backend
+/// call: lengths, devices, sizes the kernel refuses, zero-size calls, and
+/// a backend without a vendor library.
+fn device_errors_are_typed(dev: Device) {
+    let s = dev.stream().unwrap();
+    let case = &cases()[0];
+    let data = Data::new(case);
+    let g = data.problem(case, false).geometry;
+    let x = s.clone_htod(&data.x).unwrap();
+    let w = s.clone_htod(&data.w).unwrap();
+    let b = s.clone_htod(&data.b).unwrap();
+    let mut y = s.alloc_zeros::<f32>(g.output_len()).unwrap();
+    let mut short = s.alloc_zeros::<f32>(3).unwrap();
+    let e = s
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &x.view(),
+            &w.view(),
+            Some(b.view()),
+            &mut short.view_mut(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::LengthMismatch { op: "conv3d device output", expected, actual: 3 } if expected == g.output_len()),
+        "{e}"
+    );
+    let e = s
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &x.view(),
+            &w.slice(1..).unwrap(),
+            None,
+            &mut y.view_mut(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "conv3d device weight",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = s
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &x.view(),
+            &w.view(),
+            Some(b.slice(..2).unwrap()),
+            &mut y.view_mut(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "conv3d device bias",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = s
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &x.slice(..5).unwrap(),
+            &w.view(),
+            None,
+            &mut y.view_mut(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "conv3d device input",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Views of another device.
+    let other = Device::host();
+    let os = other.stream().unwrap();
+    let ox = os.clone_htod(&data.x).unwrap();
+    let e = s
+        .conv3d(
+            Conv3dKernel::Naive,
+            &g,
+            &ox.view(),
+            &w.view(),
+            None,
+            &mut y.view_mut(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { op: "conv3d" }), "{e}");
+    // 3 output channels: the tiled kernel refuses (fewer than 8 per group).
+    let e = s
+        .conv3d(
+            Conv3dKernel::Tiled,
+            &g,
+            &x.view(),
+            &w.view(),
+            None,
+            &mut y.view_mut(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Conv3dTier { tier: "tiled", .. }), "{e}");
+    assert!(Conv3dKernel::Tiled.unsupported(&g).is_some());
+    // Zero-size calls never reach the backend.
+    let empty = cases()
+        .into_iter()
+        .find(|c| c.name == "empty batch")
+        .unwrap();
+    let ed = Data::new(&empty);
+    let eg = ed.problem(&empty, false).geometry;
+    let ex = s.alloc_zeros::<f32>(0).unwrap();
+    let ew = s.clone_htod(&ed.w).unwrap();
+    let mut ey = s.alloc_zeros::<f32>(0).unwrap();
+    let e = s
+        .conv3d(
+            Conv3dKernel::Naive,
+            &eg,
+            &ex.view(),
+            &ew.view(),
+            None,
+            &mut ey.view_mut(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::Conv3dTier { tier: "naive", .. }), "{e}");
+    let e = s
+        .conv3d_vendor(&eg, &ex.view(), &ew.view(), None, &mut ey.view_mut())
+        .unwrap_err();
+    assert!(matches!(e, Error::Conv3dTier { tier: "vendor", .. }), "{e}");
+    // A correct call works, and equals the CPU tier.
+    s.conv3d(
+        Conv3dKernel::Naive,
+        &g,
+        &x.view(),
+        &w.view(),
+        Some(b.view()),
+        &mut y.view_mut(),
+    )
+    .unwrap();
+    let got = y.to_vec().unwrap();
+    let p = data.problem(case, false);
+    let mut want = vec![0f32; g.output_len()];
+    conv3d_cpu(&p, &mut want).unwrap();
+    assert_close("device naive", &p, &got, 1e-5);
+}
+
+#[test]
+fn host_device_errors_are_typed() {
+    let dev = Device::host();
+    device_errors_are_typed(dev.clone());
+    // The host backend has no vendor library.
+    let s = dev.stream().unwrap();
+    let case = &cases()[0];
+    let data = Data::new(case);
+    let g = data.problem(case, false).geometry;
+    let x = s.clone_htod(&data.x).unwrap();
+    let w = s.clone_htod(&data.w).unwrap();
+    let mut y = s.alloc_zeros::<f32>(g.output_len()).unwrap();
+    let e = s
+        .conv3d_vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::VendorUnavailable {
+                backend: "host",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(dev.backend().conv3d_vendor_available().is_err());
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a GPU"]
+fn cuda_device_errors_are_typed() {
+    device_errors_are_typed(Device::open(BackendKind::Cuda, 0).unwrap());
+}
+
+#[cfg(feature = "hip")]
+#[test]
+#[ignore = "needs a GPU"]
+fn hip_device_errors_are_typed() {
+    device_errors_are_typed(Device::open(BackendKind::Hip, 0).unwrap());
+}
+
+/// On a GPU the default chain is served there (not by the CPU), and a
+/// depthwise call skips the tiled tier as unsupported.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+#[test]
+#[ignore = "needs a GPU"]
+fn default_chain_is_served_on_the_gpu() {
     use rocm_safe::conv3d::{Conv3dChain, Outcome};
-
-    fn engine() -> SharedEngine {
-        let e = SharedEngine::new(0);
-        if let Err(why) = e.get() {
-            panic!("no cuda engine: {why}");
-        }
-        e
+    let case = &cases()[0];
+    let data = Data::new(case);
+    let chain = Conv3dChain::new();
+    for bf16 in [false, true] {
+        let p = data.problem(case, bf16);
+        let (out, report) = chain.run(&p).unwrap();
+        assert_close("chain on gpu", &p, &out, 4e-3);
+        assert_ne!(report.served_by(), Some(TierKind::Cpu), "{report}");
+        println!("bf16={bf16}: {report}");
     }
-
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn naive_kernel_matches_reference_on_every_case() {
-        let ran = check_tier(&CudaNaiveTier(engine()));
-        // Every case but the zero-size ones (they stay on the CPU).
-        assert_eq!(ran, 2 * (cases().len() - 3));
-    }
-
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn tiled_kernel_matches_reference_on_every_case() {
-        let ran = check_tier(&CudaTiledTier(engine()));
-        assert!(ran >= 2 * 6, "the tiled tier ran only {ran} cases");
-    }
-
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn cudnn_matches_reference_on_every_case() {
-        // bf16: cuDNN writes bf16 (rounding 2^-9 of the value).
-        let ran = check_tier_tol(&CudnnTier(engine()), 1e-4, 4e-3);
-        assert!(
-            ran >= 2 * 10,
-            "the cudnn tier ran only {ran} cases (is libcudnn on LD_LIBRARY_PATH?)"
-        );
-    }
-
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn device_length_and_size_errors_are_typed() {
-        use rocm_safe::conv3d::cuda::{CudaConv3d, GpuKernel};
-        let engine = CudaConv3d::open(0).unwrap();
-        let case = &cases()[0];
-        let data = Data::new(case);
-        let p = data.problem(case, false);
-        let dp = engine.upload(&p).unwrap();
-        let mut short = engine.stream().alloc_zeros::<f32>(3).unwrap();
-        let e = engine
-            .forward(GpuKernel::Naive, &dp, &mut short)
-            .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                rocm_safe::Error::LengthMismatch {
-                    op: "conv3d cuda output",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        let y = engine.alloc_output(&dp).unwrap();
-        let e = engine.download(&y, &mut [0f32; 2]).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                rocm_safe::Error::LengthMismatch {
-                    op: "conv3d cuda download",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        // The tiled kernel refuses what its grid or tile layout cannot take.
-        let dw = cases().into_iter().find(|c| c.name == "depthwise").unwrap();
-        let dwd = Data::new(&dw);
-        let dwp = engine.upload(&dwd.problem(&dw, false)).unwrap();
-        let mut out = engine.alloc_output(&dwp).unwrap();
-        let e = engine
-            .forward(GpuKernel::Tiled, &dwp, &mut out)
-            .unwrap_err();
-        assert!(
-            matches!(e, rocm_safe::Error::Conv3dTier { tier: "tiled", .. }),
-            "{e}"
-        );
-        // Zero-size problems are not sent to the device.
-        let empty = cases()
-            .into_iter()
-            .find(|c| c.name == "empty batch")
-            .unwrap();
-        let ed = Data::new(&empty);
-        let e = engine.upload(&ed.problem(&empty, false)).unwrap_err();
-        assert!(
-            matches!(e, rocm_safe::Error::Conv3dTier { tier: "cuda", .. }),
-            "{e}"
-        );
-    }
-
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn default_chain_is_served_on_the_gpu() {
-        let case = &cases()[0];
-        let data = Data::new(case);
-        let chain = Conv3dChain::new();
-        for bf16 in [false, true] {
-            let p = data.problem(case, bf16);
-            let (out, report) = chain.run(&p).unwrap();
-            assert_close("chain on gpu", &p, &out, 4e-3);
-            assert_ne!(report.served_by(), Some(TierKind::Cpu), "{report}");
-            println!("bf16={bf16}: {report}");
-        }
-        // A depthwise case: the tiled tier declines, cuDNN or naive serve.
-        let case = cases().into_iter().find(|c| c.name == "depthwise").unwrap();
-        let data = Data::new(&case);
-        let mut chain = Conv3dChain::new();
-        chain.options_mut().forbid = vec![TierKind::Vendor];
-        let (out, report) = chain.run(&data.problem(&case, false)).unwrap();
-        assert_close("depthwise on gpu", &data.problem(&case, false), &out, 1e-5);
-        assert!(
-            matches!(&report.attempts[1].outcome, Outcome::Skipped(w) if w.starts_with("unsupported")),
-            "{report}"
-        );
-        assert_eq!(report.served_by(), Some(TierKind::Naive), "{report}");
-    }
+    let case = cases().into_iter().find(|c| c.name == "depthwise").unwrap();
+    let data = Data::new(&case);
+    let mut chain = Conv3dChain::new();
+    chain.options_mut().forbid = vec![TierKind::Vendor];
+    let (out, report) = chain.run(&data.problem(&case, false)).unwrap();
+    assert_close("depthwise on gpu", &data.problem(&case, false), &out, 1e-5);
+    assert!(
+        matches!(&report.attempts[1].outcome, Outcome::Skipped(w) if w.starts_with("unsupported")),
+        "{report}"
+    );
+    assert_eq!(report.served_by(), Some(TierKind::Naive), "{report}");
 }
 
 #[test]

@@ -353,12 +353,22 @@ impl Default for Conv3dChain {
 }
 
 impl Conv3dChain {
-    /// The default chain for this build, with default options: the GPU
-    /// tiers this build has (on the default device), then the CPU tier.
-    /// Tiers this build lacks are present as [`UnavailableTier`]s, so the
-    /// report says why they were skipped.
+    /// The default chain for this build, with default options: the tiers
+    /// of the first GPU this build and machine have (HIP, then CUDA; see
+    /// [`Conv3dChain::for_device`]), then the CPU tier. Without a GPU the
+    /// GPU tiers are [`UnavailableTier`]s, so the report says why they were
+    /// skipped. The GPU is opened once per process and shared by these
+    /// chains.
     pub fn new() -> Self {
         Self::with_tiers(super::default_tiers(), Conv3dOptions::default())
+    }
+
+    /// The chain of `device` with default options: its vendor library,
+    /// tiled and naive kernels ([`super::device_tiers`]), then the CPU.
+    /// On the host backend the "GPU" tiers run the CPU code over host
+    /// memory and the vendor tier is skipped as unavailable.
+    pub fn for_device(device: &crate::device::Device) -> Self {
+        Self::with_tiers(super::device_tiers(device), Conv3dOptions::default())
     }
 
     /// A chain of the given tiers, tried in the given order.

@@ -14,18 +14,21 @@
 //!   failures by kind and time per tier.
 //! - Every tier accumulates in f32; bf16 inputs are widened exactly.
 //!
-//! With the `cuda` feature the GPU tiers are `cuda::CudnnTier`,
-//! `cuda::CudaTiledTier` and `cuda::CudaNaiveTier` on device 0 (each
-//! skipped as unavailable where its library or device is missing). In a
-//! build without it (default, or `hip` alone for now) the GPU tiers are
-//! [`UnavailableTier`]s and every call is served by [`CpuTier`].
+//! The GPU tiers ([`VendorTier`], [`TiledTier`], [`NaiveTier`]) belong to
+//! one [`crate::device::Device`] and run through its backend, so
+//! they work on HIP, CUDA, the host backend (the CPU standing in for a GPU,
+//! which runs the whole GPU path in CI) and under
+//! [`Faults`](crate::device::faults::Faults).
+//! [`Conv3dChain::for_device`] builds the chain of one device;
+//! [`Conv3dChain::new`] uses the first GPU this build and machine have
+//! (HIP, then CUDA) and otherwise puts [`UnavailableTier`]s (saying why)
+//! before the CPU tier.
 
 mod chain;
 mod cpu;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 mod params;
 mod reference;
+mod tiers;
 
 pub use chain::{
     sample_points, Attempt, Conv3dChain, Conv3dOptions, Conv3dReport, Conv3dTier, CpuTier, Failure,
@@ -34,37 +37,57 @@ pub use chain::{
 pub use cpu::{conv3d_cpu, conv3d_cpu_with, release_cpu_scratch, CpuKernel};
 pub use params::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem};
 pub use reference::{reference, reference_point, RefPoint};
+pub use tiers::{device_tiers, NaiveTier, TiledTier, VendorTier};
 
-/// The tiers of [`Conv3dChain::new`] in this build.
-#[cfg(feature = "cuda")]
-fn default_tiers() -> Vec<Box<dyn Conv3dTier>> {
-    let mut tiers = cuda::tiers();
-    tiers.push(Box::new(CpuTier));
-    tiers
+use std::sync::OnceLock;
+
+use crate::device::{BackendKind, Device};
+
+/// The first GPU device this build has and this machine shows (HIP, then
+/// CUDA), or why there is none; opened once per process and shared, so
+/// every [`Conv3dChain::new`] reuses its loaded kernels and vendor-library
+/// handle and plans.
+fn default_gpu() -> std::result::Result<Device, String> {
+    static GPU: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
+    GPU.get_or_init(open_default_gpu).clone()
 }
 
-/// The tiers of [`Conv3dChain::new`] in this build.
-#[cfg(not(feature = "cuda"))]
-fn default_tiers() -> Vec<Box<dyn Conv3dTier>> {
-    let missing = if cfg!(feature = "hip") {
-        "the conv3d gpu tiers are not built for hip yet (MIOpen is not bound and \
-         conv3d.hip is not in the hip code objects)"
+fn open_default_gpu() -> std::result::Result<Device, String> {
+    let mut why = Vec::new();
+    for kind in [BackendKind::Hip, BackendKind::Cuda] {
+        if !kind.is_built() {
+            continue;
+        }
+        match Device::open(kind, 0) {
+            Ok(d) => return Ok(d),
+            Err(e) => why.push(e.to_string()),
+        }
+    }
+    if why.is_empty() {
+        Err("this build has no gpu backend (built without the `hip` and `cuda` features)".into())
     } else {
-        "this build has no gpu backend (built without the `hip` and `cuda` features)"
-    };
-    vec![
-        Box::new(UnavailableTier {
-            kind: TierKind::Vendor,
-            reason: missing.to_owned(),
-        }),
-        Box::new(UnavailableTier {
-            kind: TierKind::Tiled,
-            reason: missing.to_owned(),
-        }),
-        Box::new(UnavailableTier {
-            kind: TierKind::Naive,
-            reason: missing.to_owned(),
-        }),
-        Box::new(CpuTier),
-    ]
+        Err(format!("no gpu device ({})", why.join("; ")))
+    }
+}
+
+/// The tiers of [`Conv3dChain::new`].
+fn default_tiers() -> Vec<Box<dyn Conv3dTier>> {
+    match default_gpu() {
+        Ok(device) => device_tiers(&device),
+        Err(reason) => vec![
+            Box::new(UnavailableTier {
+                kind: TierKind::Vendor,
+                reason: reason.clone(),
+            }),
+            Box::new(UnavailableTier {
+                kind: TierKind::Tiled,
+                reason: reason.clone(),
+            }),
+            Box::new(UnavailableTier {
+                kind: TierKind::Naive,
+                reason,
+            }),
+            Box::new(CpuTier),
+        ],
+    }
 }

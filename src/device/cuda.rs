@@ -9,17 +9,20 @@
 //! compute capability for the process.
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use cudarc::driver::DriverError;
 
-use super::kernels::{self, Kernel};
+use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
+use super::cudnn::Cudnn;
+use super::kernels::{self, Kernel, KernelCall};
 use super::{
     Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream, VisibleDevices,
 };
+use crate::conv3d::Conv3dGeometry;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -247,6 +250,8 @@ pub struct CudaBackend {
     dev: sys::CUdevice,
     ctx: Ctx,
     module: Mutex<Option<Arc<Module>>>,
+    /// cuDNN's handle and plans, created on the first vendor call.
+    cudnn: Mutex<Option<Cudnn>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -277,6 +282,7 @@ impl CudaBackend {
             dev,
             ctx: Ctx(ctx),
             module: Mutex::new(None),
+            cudnn: Mutex::new(None),
         };
         b.bind()?;
         Ok(b)
@@ -318,6 +324,16 @@ impl CudaBackend {
                 .map_err(|e| err("cuModuleGetFunction", e))?;
             funcs.insert(k, f);
         }
+        // Optional: the tensor-core conv3d kernel exists for sm_80 and newer
+        // only (conv3d.hip compiles it out below); absent, the scalar tiled
+        // kernel serves bf16.
+        let mma = Kernel::Conv3dTiledBf16Mma;
+        if let Ok(name) = CString::new(mma.symbol()) {
+            // SAFETY: `module` was just loaded in the current context.
+            if let Ok(f) = unsafe { cu::module::get_function(module, name) } {
+                funcs.insert(mma, f);
+            }
+        }
         Ok(Module {
             module,
             funcs,
@@ -338,38 +354,39 @@ impl CudaBackend {
         Ok(m)
     }
 
+    /// Launches `call` on `s`.
+    ///
     /// # Safety
-    /// `args` point to live values of the kernel's parameter types, and the
-    /// memory they reference satisfies the kernel's contract.
-    unsafe fn launch(
-        &self,
-        k: Kernel,
-        items: u64,
-        s: RawStream,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
+    /// The memory `call`'s arguments reference satisfies the kernel's
+    /// contract (its constructor in `kernels.rs` documents the parameters).
+    unsafe fn launch(&self, mut call: KernelCall, s: RawStream) -> Result<()> {
         let m = self.module()?;
-        let f = *m.funcs.get(&k).ok_or(Error::KernelUnavailable {
+        let f = *m.funcs.get(&call.kernel).ok_or(Error::KernelUnavailable {
             backend: "cuda",
             arch: self.info.arch.clone(),
-            built: k.symbol().into(),
+            built: call.kernel.symbol().into(),
         })?;
-        let grid = kernels::grid_for(k, items, self.info.multiprocessors);
         self.bind()?;
-        // SAFETY: `f` is a function of the loaded module; the caller vouches
-        // for the arguments; 256 threads per block is what every kernel
-        // expects.
+        let [gx, gy, gz] = call.grid;
+        let mut args = call.arg_ptrs();
+        // SAFETY: `f` is a function of the loaded module; `args` point into
+        // `call`, alive until the launch returns (the driver copies the
+        // values); the caller vouches for the memory they reference.
         unsafe {
             cu::launch_kernel(
                 f,
-                (grid, 1, 1),
-                (kernels::BLOCK, 1, 1),
-                0,
-                s.0 as usize as sys::CUstream,
-                args,
+                (gx, gy, gz),
+                (call.block, 1, 1),
+                call.shared_bytes,
+                stream(s),
+                &mut args,
             )
         }
         .map_err(|e| err("cuLaunchKernel", e))
+    }
+
+    fn mps(&self) -> u32 {
+        self.info.multiprocessors
     }
 }
 
@@ -379,14 +396,23 @@ fn stream(s: RawStream) -> sys::CUstream {
 fn event(e: RawEvent) -> sys::CUevent {
     e.0 as usize as sys::CUevent
 }
-fn arg<T>(v: &mut T) -> *mut c_void {
-    (v as *mut T).cast()
-}
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         // Errors here have nowhere to go (the device is being closed); they
         // are dropped, never printed or panicked.
+        let dnn = match self.cudnn.get_mut() {
+            Ok(c) => c.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(c) = dnn {
+            if self.bind().is_ok() {
+                drop(c);
+            } else {
+                // Its handle lives in a context we cannot make current.
+                std::mem::forget(c);
+            }
+        }
         let m = match self.module.get_mut() {
             Ok(m) => m.take(),
             Err(p) => p.into_inner().take(),
@@ -579,18 +605,9 @@ unsafe impl Backend for CudaBackend {
         n: u64,
         s: RawStream,
     ) -> Result<()> {
-        let k = Kernel::convert(op)?;
-        let (mut a, mut b, mut c) = (src.0, dst.0, n);
-        // SAFETY: the kernel takes (const src*, dst*, u64 n); the caller
-        // guarantees the ranges.
-        unsafe {
-            self.launch(
-                k,
-                n.div_ceil(8),
-                s,
-                &mut [arg(&mut a), arg(&mut b), arg(&mut c)],
-            )
-        }
+        let call = KernelCall::convert(op, src, dst, n, self.mps())?;
+        // SAFETY: the ranges are the caller's (trait contract).
+        unsafe { self.launch(call, s) }
     }
 
     unsafe fn fingerprint_sum(
@@ -601,17 +618,9 @@ unsafe impl Backend for CudaBackend {
         acc: DevicePtr,
         s: RawStream,
     ) -> Result<()> {
-        let (mut a, mut b, mut c, mut d) = (src.0, bytes, first_word, acc.0);
-        // SAFETY: the kernel takes (const u8*, u64 nbytes, u64 first_word,
-        // u64* acc); the caller guarantees the ranges.
-        unsafe {
-            self.launch(
-                Kernel::FingerprintSum,
-                bytes.div_ceil(16),
-                s,
-                &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
-            )
-        }
+        let call = KernelCall::fingerprint_sum(src, bytes, first_word, acc, self.mps());
+        // SAFETY: the ranges are the caller's (trait contract).
+        unsafe { self.launch(call, s) }
     }
 
     unsafe fn convert_fingerprint(
@@ -623,18 +632,9 @@ unsafe impl Backend for CudaBackend {
         acc: DevicePtr,
         s: RawStream,
     ) -> Result<()> {
-        let k = Kernel::convert_fingerprint(op)?;
-        let (mut a, mut b, mut c, mut d) = (src.0, dst.0, n, acc.0);
-        // SAFETY: the kernel takes (const u16*, u32*, u64 n, u64* acc); the
-        // caller guarantees the ranges.
-        unsafe {
-            self.launch(
-                k,
-                n.div_ceil(8),
-                s,
-                &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
-            )
-        }
+        let call = KernelCall::convert_fingerprint(op, src, dst, n, acc, self.mps())?;
+        // SAFETY: the ranges are the caller's (trait contract).
+        unsafe { self.launch(call, s) }
     }
 
     unsafe fn nonfinite(
@@ -646,18 +646,65 @@ unsafe impl Backend for CudaBackend {
         counts: DevicePtr,
         s: RawStream,
     ) -> Result<()> {
-        let k = Kernel::nonfinite(dtype)?;
-        let (mut a, mut b, mut c, mut d) = (ptr.0, n, u32::from(clamp), counts.0);
-        // SAFETY: the kernel takes (T*, u64 n, u32 clamp, u64* counts); the
-        // caller guarantees the ranges.
-        unsafe {
-            self.launch(
-                k,
-                n,
-                s,
-                &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
-            )
+        let call = KernelCall::nonfinite(dtype, ptr, n, clamp, counts, self.mps())?;
+        // SAFETY: the ranges are the caller's (trait contract).
+        unsafe { self.launch(call, s) }
+    }
+
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        let has_mma = || {
+            self.module()
+                .is_ok_and(|m| m.funcs.contains_key(&Kernel::Conv3dTiledBf16Mma))
+        };
+        match kernel {
+            Conv3dKernel::Naive => Conv3dWeightLayout::Standard,
+            Conv3dKernel::Tiled if dtype == DType::BF16 && has_mma() => {
+                Conv3dWeightLayout::packed_for(g).unwrap_or(Conv3dWeightLayout::TiledTransposed)
+            }
+            Conv3dKernel::Tiled => Conv3dWeightLayout::TiledTransposed,
         }
+    }
+
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        // The caller arranged the weight in this (deterministic) layout.
+        let call = match self.conv3d_weight_layout(kernel, args.dtype, &args.geometry) {
+            Conv3dWeightLayout::TiledPacked { rows, cols } => {
+                KernelCall::conv3d_tiled_mma(args, rows, cols)?
+            }
+            _ => KernelCall::conv3d(kernel, args)?,
+        };
+        // SAFETY: the ranges are the caller's (trait contract); the grid is
+        // the one the kernel expects (checked by `KernelCall::conv3d`).
+        unsafe { self.launch(call, s) }
+    }
+
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        super::cudnn::available()
+    }
+
+    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        let mut slot = match self.cudnn.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        self.bind()?;
+        let c = match &mut *slot {
+            Some(c) => c,
+            None => slot.insert(Cudnn::new()?),
+        };
+        let launch = |call| {
+            // SAFETY: vendor_conv3d launches only its epilogues, over the
+            // caller's output and bias and its own scratch, on `s`.
+            unsafe { self.launch(call, s) }
+        };
+        // SAFETY: the caller's guarantees; `launch` queues on `s` of this
+        // device, whose cuDNN handle `c` is, with its context current.
+        unsafe { vendor_conv3d(self, c, args, s, &launch) }
     }
 
     // ----- memory figures and versions (diagnostics) ---------------------

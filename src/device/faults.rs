@@ -12,6 +12,11 @@
 //! | `OutOfMemoryOnAlloc` | device allocations | [`Error::OutOfMemory`] |
 //! | `LaunchFailure` | every kernel | the launch fails ([`Error::InjectedFault`]) |
 //! | `TeardownFailure` | frees, stream and event destruction | fails ([`Error::InjectedFault`]); the resource is leaked, as after a sticky device error |
+//! | `Conv3dLaunchFailure` | conv3d kernels and vendor calls | the call fails ([`Error::InjectedFault`]) |
+//! | `Conv3dWritesZeros` | conv3d kernels and vendor calls | the call runs, then its whole output is zeroed |
+//! | `Conv3dWritesGarbage` | conv3d kernels and vendor calls | the call runs, then its whole output is overwritten with seeded finite values of magnitude up to 1e4 |
+//! | `Conv3dWritesNonFinite` | conv3d kernels and vendor calls | the call runs, then one output point (at a seeded place) is set to NaN |
+//! | `VendorNoAlgorithm` | vendor conv3d calls | the call fails as MIOpen's "no suitable algorithm" does ([`Error::InjectedFault`]) |
 //!
 //! Which operations are hit is decided by each rule's [`When`], counting
 //! the operations a kind applies to; [`When::Random`] draws from a
@@ -22,6 +27,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::conv3d::{Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 use super::{Backend, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -45,10 +51,20 @@ pub enum FaultKind {
     LaunchFailure,
     /// Freeing memory or destroying a stream or event fails (and leaks).
     TeardownFailure,
+    /// A conv3d kernel or vendor call fails.
+    Conv3dLaunchFailure,
+    /// A conv3d kernel or vendor call writes zeros.
+    Conv3dWritesZeros,
+    /// A conv3d kernel or vendor call writes garbage (finite values).
+    Conv3dWritesGarbage,
+    /// A conv3d kernel or vendor call writes a NaN.
+    Conv3dWritesNonFinite,
+    /// The vendor library finds no algorithm for a conv3d.
+    VendorNoAlgorithm,
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 8] = [
+    const ALL: [FaultKind; 13] = [
         FaultKind::CopyLandsZeros,
         FaultKind::CopyLandsGarbage,
         FaultKind::CopyLandsStale,
@@ -57,6 +73,11 @@ impl FaultKind {
         FaultKind::OutOfMemoryOnAlloc,
         FaultKind::LaunchFailure,
         FaultKind::TeardownFailure,
+        FaultKind::Conv3dLaunchFailure,
+        FaultKind::Conv3dWritesZeros,
+        FaultKind::Conv3dWritesGarbage,
+        FaultKind::Conv3dWritesNonFinite,
+        FaultKind::VendorNoAlgorithm,
     ];
 
     fn index(self) -> usize {
@@ -75,6 +96,11 @@ impl std::fmt::Display for FaultKind {
             FaultKind::OutOfMemoryOnAlloc => "out of memory on allocation",
             FaultKind::LaunchFailure => "kernel launch failure",
             FaultKind::TeardownFailure => "teardown failure",
+            FaultKind::Conv3dLaunchFailure => "conv3d launch failure",
+            FaultKind::Conv3dWritesZeros => "conv3d writes zeros",
+            FaultKind::Conv3dWritesGarbage => "conv3d writes garbage",
+            FaultKind::Conv3dWritesNonFinite => "conv3d writes a nan",
+            FaultKind::VendorNoAlgorithm => "vendor library finds no algorithm",
         };
         f.write_str(s)
     }
@@ -138,7 +164,7 @@ pub struct InjectedFault {
 
 #[derive(Debug)]
 struct State {
-    counts: [u64; 8],
+    counts: [u64; FaultKind::ALL.len()],
     rng: u64,
     log: Vec<InjectedFault>,
 }
@@ -192,7 +218,7 @@ impl<B: Backend> Faults<B> {
         let shared = Arc::new(Shared {
             enabled: AtomicBool::new(true),
             state: Mutex::new(State {
-                counts: [0; 8],
+                counts: [0; FaultKind::ALL.len()],
                 rng: plan.seed,
                 log: Vec::new(),
             }),
@@ -297,6 +323,66 @@ impl<B: Backend> Faults<B> {
             return Err(Self::injected(FaultKind::LaunchFailure, op));
         }
         Ok(())
+    }
+
+    fn rng(&self) -> u64 {
+        let mut st = match self.shared.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        splitmix(&mut st.rng)
+    }
+
+    /// The conv3d faults around `run` (the real call on `inner`).
+    ///
+    /// # Safety
+    /// As [`Backend::conv3d`] for `a` and `s`.
+    unsafe fn conv3d_faults(
+        &self,
+        op: &'static str,
+        a: &Conv3dLaunch,
+        s: RawStream,
+        run: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        self.launch(op)?;
+        if self.fires(FaultKind::Conv3dLaunchFailure, op) {
+            return Err(Self::injected(FaultKind::Conv3dLaunchFailure, op));
+        }
+        run()?;
+        let bytes = a.output_bytes();
+        let n = a.geometry.output_len();
+        if self.fires(FaultKind::Conv3dWritesZeros, op) {
+            // SAFETY: the output range is valid for `bytes` (caller).
+            return unsafe { self.inner.memset_zero(a.output, bytes, s) };
+        }
+        let garbage = self.fires(FaultKind::Conv3dWritesGarbage, op);
+        let nan = !garbage && self.fires(FaultKind::Conv3dWritesNonFinite, op);
+        let (data, at): (Vec<f32>, usize) = if garbage {
+            let mut x = self.rng();
+            let v = (0..n)
+                .map(|_| {
+                    x = mix64_step(x);
+                    // Finite, in [-1e4, 1e4), never a plausible result.
+                    ((x >> 40) % 20_000) as f32 - 10_000.0 + 0.5
+                })
+                .collect();
+            (v, 0)
+        } else if nan {
+            (vec![f32::NAN], (self.rng() % n.max(1) as u64) as usize)
+        } else {
+            return Ok(());
+        };
+        // SAFETY: `at + data.len() <= n` output elements, inside the
+        // caller's output range; `data` lives until the synchronize below.
+        unsafe {
+            self.inner.copy_htod(
+                a.output.offset((at * 4) as u64),
+                data.as_ptr().cast(),
+                data.len() * 4,
+                s,
+            )?;
+            self.inner.stream_synchronize(s)
+        }
     }
 }
 
@@ -513,6 +599,40 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         self.launch("nonfinite")?;
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.nonfinite(dtype, ptr, n, clamp, counts, s) }
+    }
+
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees unchanged; the faults
+        // write only inside the output range.
+        unsafe { self.conv3d_faults("conv3d", args, s, || self.inner.conv3d(kernel, args, s)) }
+    }
+
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &crate::conv3d::Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        self.inner.conv3d_weight_layout(kernel, dtype, g)
+    }
+
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        self.inner.conv3d_vendor_available()
+    }
+
+    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        if self.fires(FaultKind::VendorNoAlgorithm, "conv3d_vendor") {
+            return Err(Self::injected(
+                FaultKind::VendorNoAlgorithm,
+                "conv3d_vendor",
+            ));
+        }
+        // SAFETY: as in `conv3d`.
+        unsafe {
+            self.conv3d_faults("conv3d_vendor", args, s, || {
+                self.inner.conv3d_vendor(args, s)
+            })
+        }
     }
 
     // ----- memory figures and versions (diagnostics) ---------------------

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use super::conv3d::{host_conv3d, Conv3dKernel, Conv3dLaunch};
 use super::{Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream};
 use crate::convert::fingerprint::term;
 use crate::dtype::DType;
@@ -372,6 +373,28 @@ unsafe impl Backend for HostBackend {
             add_u64(counts.offset(8), inf);
         }
         Ok(())
+    }
+
+    unsafe fn conv3d(
+        &self,
+        kernel: Conv3dKernel,
+        args: &Conv3dLaunch,
+        _s: RawStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees are host_conv3d's.
+        unsafe { host_conv3d(kernel, args) }
+    }
+
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        Err(Error::VendorUnavailable {
+            backend: "host",
+            library: "none",
+            reason: "the host backend has no vendor convolution library".into(),
+        })
+    }
+
+    unsafe fn conv3d_vendor(&self, _args: &Conv3dLaunch, _s: RawStream) -> Result<()> {
+        self.conv3d_vendor_available()
     }
 
     // ----- memory figures and versions (diagnostics) ---------------------

@@ -1,9 +1,14 @@
 //! The kernels of `hip-kernels/` as the GPU backends name and launch them.
+// Without a GPU backend in the build nothing launches kernels.
+#![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
 #[cfg(any(feature = "hip", feature = "cuda"))]
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
-use super::ConvertOp;
+use std::ffi::c_void;
+
+use super::conv3d::{Conv3dKernel, Conv3dLaunch};
+use super::{ConvertOp, DevicePtr};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -25,11 +30,19 @@ pub(crate) enum Kernel {
     NonfiniteF32,
     NonfiniteBf16,
     NonfiniteF16,
+    Conv3dNaiveF32,
+    Conv3dNaiveBf16,
+    Conv3dTiledF32,
+    Conv3dTiledBf16,
+    Conv3dBiasF32,
+    Conv3dWidenBiasBf16,
+    /// Optional (CUDA sm_80+ only): not in [`Kernel::ALL`].
+    Conv3dTiledBf16Mma,
 }
 
 #[allow(dead_code)]
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 10] = [
+    pub(crate) const ALL: [Kernel; 16] = [
         Kernel::ConvertBf16F32,
         Kernel::ConvertF16F32,
         Kernel::ConvertF32Bf16,
@@ -40,6 +53,12 @@ impl Kernel {
         Kernel::NonfiniteF32,
         Kernel::NonfiniteBf16,
         Kernel::NonfiniteF16,
+        Kernel::Conv3dNaiveF32,
+        Kernel::Conv3dNaiveBf16,
+        Kernel::Conv3dTiledF32,
+        Kernel::Conv3dTiledBf16,
+        Kernel::Conv3dBiasF32,
+        Kernel::Conv3dWidenBiasBf16,
     ];
 
     /// The extern "C" symbol.
@@ -55,6 +74,13 @@ impl Kernel {
             Kernel::NonfiniteF32 => "nonfinite_f32",
             Kernel::NonfiniteBf16 => "nonfinite_bf16",
             Kernel::NonfiniteF16 => "nonfinite_f16",
+            Kernel::Conv3dNaiveF32 => "conv3d_naive_f32",
+            Kernel::Conv3dNaiveBf16 => "conv3d_naive_bf16",
+            Kernel::Conv3dTiledF32 => "conv3d_tiled_f32",
+            Kernel::Conv3dTiledBf16 => "conv3d_tiled_bf16",
+            Kernel::Conv3dBiasF32 => "conv3d_bias_f32",
+            Kernel::Conv3dWidenBiasBf16 => "conv3d_widen_bias_bf16",
+            Kernel::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
 
@@ -118,10 +144,463 @@ pub(crate) fn grid_for(k: Kernel, items: u64, mps: u32) -> u32 {
     u32::try_from(need.min(cap)).unwrap_or(u32::MAX)
 }
 
+/// The sizes a conv3d kernel gets by value (`rs_conv3d_args` in
+/// conv3d.hip, field for field).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Conv3dArgs {
+    n: u64,
+    c: u64,
+    d: u64,
+    h: u64,
+    w: u64,
+    k: u64,
+    kd: u64,
+    kh: u64,
+    kw: u64,
+    od: u64,
+    oh: u64,
+    ow: u64,
+    sd: u64,
+    sh: u64,
+    sw: u64,
+    pd: u64,
+    ph: u64,
+    pw: u64,
+    dd: u64,
+    dh: u64,
+    dw: u64,
+    groups: u64,
+    has_bias: u64,
+}
+
+// 23 u64s, no padding: the kernel's struct exactly.
+const _: () = assert!(std::mem::size_of::<Conv3dArgs>() == 23 * 8);
+
+impl Conv3dArgs {
+    fn new(a: &Conv3dLaunch) -> Self {
+        let g = &a.geometry;
+        let u = |v: usize| v as u64;
+        let p = &g.params;
+        Conv3dArgs {
+            n: u(g.batch),
+            c: u(g.in_channels),
+            d: u(g.input[0]),
+            h: u(g.input[1]),
+            w: u(g.input[2]),
+            k: u(g.out_channels),
+            kd: u(g.kernel[0]),
+            kh: u(g.kernel[1]),
+            kw: u(g.kernel[2]),
+            od: u(g.output[0]),
+            oh: u(g.output[1]),
+            ow: u(g.output[2]),
+            sd: u(p.stride[0]),
+            sh: u(p.stride[1]),
+            sw: u(p.stride[2]),
+            pd: u(p.padding[0]),
+            ph: u(p.padding[1]),
+            pw: u(p.padding[2]),
+            dd: u(p.dilation[0]),
+            dh: u(p.dilation[1]),
+            dw: u(p.dilation[2]),
+            groups: u(p.groups),
+            has_bias: u64::from(a.bias.is_some()),
+        }
+    }
+}
+
+/// One kernel argument, by value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)]
+pub(crate) enum KernelArg {
+    /// A 64-bit integer or a device address.
+    U64(u64),
+    /// A 32-bit integer.
+    U32(u32),
+    /// The conv3d sizes struct.
+    Conv3d(Conv3dArgs),
+}
+
+/// One kernel launch described independently of the backend: the kernel,
+/// its grid, block and dynamic shared memory, and its arguments in the
+/// kernel's parameter order. Each constructor below is the one place where
+/// a kernel's parameter list is written down; both GPU backends marshal
+/// the result the same way ([`KernelCall::arg_ptrs`] into
+/// `cuLaunchKernel` / `hipModuleLaunchKernel`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(dead_code)]
+pub(crate) struct KernelCall {
+    pub(crate) kernel: Kernel,
+    pub(crate) grid: [u32; 3],
+    pub(crate) block: u32,
+    pub(crate) shared_bytes: u32,
+    pub(crate) args: Vec<KernelArg>,
+}
+
+#[allow(dead_code)]
+impl KernelCall {
+    fn one_d(kernel: Kernel, items: u64, mps: u32, args: Vec<KernelArg>) -> KernelCall {
+        KernelCall {
+            kernel,
+            grid: [grid_for(kernel, items, mps), 1, 1],
+            block: BLOCK,
+            shared_bytes: 0,
+            args,
+        }
+    }
+
+    /// Pointers to each argument's value, in order: what the launch APIs
+    /// take as `kernelParams`. Valid while `self` is neither moved nor
+    /// changed.
+    pub(crate) fn arg_ptrs(&mut self) -> Vec<*mut c_void> {
+        self.args
+            .iter_mut()
+            .map(|a| match a {
+                KernelArg::U64(v) => (v as *mut u64).cast(),
+                KernelArg::U32(v) => (v as *mut u32).cast(),
+                KernelArg::Conv3d(v) => (v as *mut Conv3dArgs).cast(),
+            })
+            .collect()
+    }
+
+    /// `convert_{src}_{dst}(const src*, dst*, u64 n)`, 8 elements per item.
+    pub(crate) fn convert(
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        mps: u32,
+    ) -> Result<KernelCall> {
+        let k = Kernel::convert(op)?;
+        Ok(Self::one_d(
+            k,
+            n.div_ceil(8),
+            mps,
+            vec![
+                KernelArg::U64(src.0),
+                KernelArg::U64(dst.0),
+                KernelArg::U64(n),
+            ],
+        ))
+    }
+
+    /// `fingerprint_sum_u8(const u8*, u64 nbytes, u64 first_word, u64* acc)`,
+    /// 16 bytes per item.
+    pub(crate) fn fingerprint_sum(
+        src: DevicePtr,
+        bytes: u64,
+        first_word: u64,
+        acc: DevicePtr,
+        mps: u32,
+    ) -> KernelCall {
+        Self::one_d(
+            Kernel::FingerprintSum,
+            bytes.div_ceil(16),
+            mps,
+            vec![
+                KernelArg::U64(src.0),
+                KernelArg::U64(bytes),
+                KernelArg::U64(first_word),
+                KernelArg::U64(acc.0),
+            ],
+        )
+    }
+
+    /// `convert_fingerprint_{src}_f32(const u16*, u32*, u64 n, u64* acc)`.
+    pub(crate) fn convert_fingerprint(
+        op: ConvertOp,
+        src: DevicePtr,
+        dst: DevicePtr,
+        n: u64,
+        acc: DevicePtr,
+        mps: u32,
+    ) -> Result<KernelCall> {
+        let k = Kernel::convert_fingerprint(op)?;
+        Ok(Self::one_d(
+            k,
+            n.div_ceil(8),
+            mps,
+            vec![
+                KernelArg::U64(src.0),
+                KernelArg::U64(dst.0),
+                KernelArg::U64(n),
+                KernelArg::U64(acc.0),
+            ],
+        ))
+    }
+
+    /// `nonfinite_{t}(T*, u64 n, u32 clamp, u64* counts)`.
+    pub(crate) fn nonfinite(
+        dtype: DType,
+        ptr: DevicePtr,
+        n: u64,
+        clamp: bool,
+        counts: DevicePtr,
+        mps: u32,
+    ) -> Result<KernelCall> {
+        let k = Kernel::nonfinite(dtype)?;
+        Ok(Self::one_d(
+            k,
+            n,
+            mps,
+            vec![
+                KernelArg::U64(ptr.0),
+                KernelArg::U64(n),
+                KernelArg::U32(u32::from(clamp)),
+                KernelArg::U64(counts.0),
+            ],
+        ))
+    }
+
+    /// `conv3d_{naive,tiled}_{f32,bf16}(const T* x, const T* w, const
+    /// float* bias, float* y, rs_conv3d_args a)`. Without a bias the bias
+    /// address is 0 and `a.has_bias` is 0 (the kernels never read it then).
+    pub(crate) fn conv3d(kernel: Conv3dKernel, a: &Conv3dLaunch) -> Result<KernelCall> {
+        let k = match (kernel, a.dtype) {
+            (Conv3dKernel::Naive, DType::F32) => Kernel::Conv3dNaiveF32,
+            (Conv3dKernel::Naive, DType::BF16) => Kernel::Conv3dNaiveBf16,
+            (Conv3dKernel::Tiled, DType::F32) => Kernel::Conv3dTiledF32,
+            (Conv3dKernel::Tiled, DType::BF16) => Kernel::Conv3dTiledBf16,
+            (_, other) => {
+                return Err(Error::Conv3dDType {
+                    tensor: "input",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        Ok(KernelCall {
+            kernel: k,
+            grid: kernel.grid(&a.geometry)?,
+            block: BLOCK,
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::U64(a.input.0),
+                KernelArg::U64(a.weight.0),
+                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
+                KernelArg::U64(a.output.0),
+                KernelArg::Conv3d(Conv3dArgs::new(a)),
+            ],
+        })
+    }
+
+    /// `conv3d_tiled_bf16_mma(const u16* x, const u16* wp, const float*
+    /// bias, float* y, rs_conv3d_args a, u64 rp, u64 mp)`: the weight packed
+    /// `[G][mp][rp]` ([`super::Conv3dWeightLayout::TiledPacked`] with
+    /// `rows = mp`, `cols = rp`); grid `(ceil(P / 128), mp / 128, G)`.
+    pub(crate) fn conv3d_tiled_mma(
+        a: &Conv3dLaunch,
+        rows: usize,
+        cols: usize,
+    ) -> Result<KernelCall> {
+        let g = &a.geometry;
+        let packed = super::Conv3dWeightLayout::packed_for(g);
+        if a.dtype != DType::BF16
+            || packed != Some(super::Conv3dWeightLayout::TiledPacked { rows, cols })
+        {
+            return Err(Error::Conv3dTier {
+                tier: "tiled",
+                reason: "the tensor-core kernel does not take this call",
+            });
+        }
+        let [gx, _, gz] = Conv3dKernel::Tiled.grid(g)?;
+        Ok(KernelCall {
+            kernel: Kernel::Conv3dTiledBf16Mma,
+            // rows / 128 <= 65535: checked by `packed_for`.
+            grid: [gx, u32::try_from(rows / 128).unwrap_or(u32::MAX), gz],
+            block: BLOCK,
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::U64(a.input.0),
+                KernelArg::U64(a.weight.0),
+                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
+                KernelArg::U64(a.output.0),
+                KernelArg::Conv3d(Conv3dArgs::new(a)),
+                KernelArg::U64(cols as u64),
+                KernelArg::U64(rows as u64),
+            ],
+        })
+    }
+
+    /// The vendor tier's epilogue: `conv3d_bias_f32(float* y, const float*
+    /// bias, u64 total, u64 spatial, u64 k)` (adds the bias in place).
+    pub(crate) fn conv3d_bias(a: &Conv3dLaunch, bias: DevicePtr, mps: u32) -> KernelCall {
+        let g = &a.geometry;
+        Self::one_d(
+            Kernel::Conv3dBiasF32,
+            g.output_len() as u64,
+            mps,
+            vec![
+                KernelArg::U64(a.output.0),
+                KernelArg::U64(bias.0),
+                KernelArg::U64(g.output_len() as u64),
+                KernelArg::U64(g.output.iter().product::<usize>() as u64),
+                KernelArg::U64(g.out_channels as u64),
+            ],
+        )
+    }
+
+    /// The vendor tier's bf16 epilogue: `conv3d_widen_bias_bf16(const u16*
+    /// src, float* y, const float* bias, u64 total, u64 spatial, u64 k, u64
+    /// has_bias)` widens the library's bf16 output `src` into `a.output`.
+    pub(crate) fn conv3d_widen_bias(a: &Conv3dLaunch, src: DevicePtr, mps: u32) -> KernelCall {
+        let g = &a.geometry;
+        Self::one_d(
+            Kernel::Conv3dWidenBiasBf16,
+            g.output_len() as u64,
+            mps,
+            vec![
+                KernelArg::U64(src.0),
+                KernelArg::U64(a.output.0),
+                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
+                KernelArg::U64(g.output_len() as u64),
+                KernelArg::U64(g.output.iter().product::<usize>() as u64),
+                KernelArg::U64(g.out_channels as u64),
+                KernelArg::U64(u64::from(a.bias.is_some())),
+            ],
+        )
+    }
+}
+
 fn unsupported(op: &'static str, c: ConvertOp) -> Error {
     Error::UnsupportedConversion {
         op,
         from: c.from,
         to: c.to,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
+
+    fn read_u64(p: *mut c_void) -> u64 {
+        // SAFETY: the test reads back pointers `arg_ptrs` made to u64s.
+        unsafe { *p.cast::<u64>() }
+    }
+
+    #[test]
+    fn calls_carry_the_kernel_parameter_lists() {
+        let op = ConvertOp {
+            from: DType::BF16,
+            to: DType::F32,
+        };
+        let mut c = KernelCall::convert(op, DevicePtr(16), DevicePtr(32), 1000, 4).unwrap();
+        assert_eq!(c.kernel, Kernel::ConvertBf16F32);
+        assert_eq!((c.grid, c.block, c.shared_bytes), ([1, 1, 1], BLOCK, 0));
+        let p = c.arg_ptrs();
+        assert_eq!(
+            p.iter().map(|&q| read_u64(q)).collect::<Vec<_>>(),
+            [16, 32, 1000]
+        );
+        let mut c =
+            KernelCall::nonfinite(DType::F16, DevicePtr(8), 5, true, DevicePtr(64), 4).unwrap();
+        assert_eq!(c.args[2], KernelArg::U32(1));
+        let p = c.arg_ptrs();
+        // SAFETY: the third argument is a u32.
+        assert_eq!(unsafe { *p[2].cast::<u32>() }, 1);
+        assert!(KernelCall::nonfinite(DType::I8, DevicePtr(8), 5, true, DevicePtr(64), 4).is_err());
+        let f = KernelCall::fingerprint_sum(DevicePtr(8), 1 << 20, 3, DevicePtr(64), 2);
+        assert_eq!(f.args.len(), 4);
+        assert_eq!(
+            f.grid[0],
+            grid_for(Kernel::FingerprintSum, (1 << 20) / 16, 2)
+        );
+    }
+
+    #[test]
+    fn conv3d_calls_size_their_grid_and_args() {
+        let x = vec![0f32; 2 * 6 * 7 * 9 * 11];
+        let w = vec![0f32; 16 * 6 * 27];
+        let p = Conv3dProblem::new(
+            Conv3dParams::default()
+                .with_stride([2; 3])
+                .with_padding([2; 3]),
+            Conv3dData::F32(&x),
+            &[2, 6, 7, 9, 11],
+            Conv3dData::F32(&w),
+            &[16, 6, 3, 3, 3],
+            None,
+        )
+        .unwrap();
+        let g = p.geometry;
+        let a = Conv3dLaunch {
+            geometry: g,
+            dtype: DType::BF16,
+            input: DevicePtr(256),
+            weight: DevicePtr(512),
+            bias: None,
+            output: DevicePtr(1024),
+        };
+        let mut c = KernelCall::conv3d(Conv3dKernel::Tiled, &a).unwrap();
+        assert_eq!(c.kernel, Kernel::Conv3dTiledBf16);
+        let points = 2 * g.output.iter().product::<usize>();
+        assert_eq!(c.grid, [points.div_ceil(128) as u32, 1, 1]);
+        let ptrs = c.arg_ptrs();
+        assert_eq!(ptrs.len(), 5);
+        assert_eq!(
+            ptrs[..4].iter().map(|&q| read_u64(q)).collect::<Vec<_>>(),
+            [256, 512, 0, 1024]
+        );
+        // SAFETY: the fifth argument is the args struct.
+        let args = unsafe { *ptrs[4].cast::<Conv3dArgs>() };
+        assert_eq!((args.n, args.c, args.k, args.has_bias), (2, 6, 16, 0));
+        assert_eq!(
+            (args.od, args.sd, args.pd, args.groups),
+            (g.output[0] as u64, 2, 2, 1)
+        );
+        let naive = KernelCall::conv3d(
+            Conv3dKernel::Naive,
+            &Conv3dLaunch {
+                dtype: DType::F32,
+                bias: Some(DevicePtr(8)),
+                ..a
+            },
+        )
+        .unwrap();
+        assert_eq!(naive.kernel, Kernel::Conv3dNaiveF32);
+        assert_eq!(naive.args[2], KernelArg::U64(8));
+        assert_eq!(naive.grid, [g.output_len().div_ceil(256) as u32, 1, 1]);
+        assert!(KernelCall::conv3d(
+            Conv3dKernel::Naive,
+            &Conv3dLaunch {
+                dtype: DType::F16,
+                ..a
+            }
+        )
+        .is_err());
+        let w = KernelCall::conv3d_widen_bias(&a, DevicePtr(4096), 4);
+        assert_eq!(w.args.len(), 7);
+        assert_eq!(w.args[6], KernelArg::U64(0));
+        let b = KernelCall::conv3d_bias(&a, DevicePtr(8), 4);
+        assert_eq!(b.args[4], KernelArg::U64(16));
+        // The tensor-core kernel: packed weights, grid y = rows / 128.
+        let Some(super::super::Conv3dWeightLayout::TiledPacked { rows, cols }) =
+            super::super::Conv3dWeightLayout::packed_for(&g)
+        else {
+            panic!("the packed layout takes this geometry");
+        };
+        assert_eq!((rows, cols), (128, (6 * 27usize).next_multiple_of(32)));
+        let m = KernelCall::conv3d_tiled_mma(&a, rows, cols).unwrap();
+        assert_eq!(m.kernel, Kernel::Conv3dTiledBf16Mma);
+        assert_eq!(m.grid, [points.div_ceil(128) as u32, 1, 1]);
+        assert_eq!(m.args.len(), 7);
+        assert_eq!(
+            &m.args[5..],
+            &[KernelArg::U64(cols as u64), KernelArg::U64(128)]
+        );
+        assert!(KernelCall::conv3d_tiled_mma(&a, rows, cols + 32).is_err());
+        assert!(KernelCall::conv3d_tiled_mma(
+            &Conv3dLaunch {
+                dtype: DType::F32,
+                ..a
+            },
+            rows,
+            cols
+        )
+        .is_err());
+        assert!(!Kernel::ALL.contains(&Kernel::Conv3dTiledBf16Mma));
     }
 }

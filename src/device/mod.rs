@@ -8,6 +8,7 @@
 //! | device memory | [`DeviceBuffer<T>`] | owns its allocation; `Drop` waits for the device, then frees |
 //! | a range of device memory | [`DeviceView`], [`DeviceViewMut`] | borrowed, any element offset |
 //! | page-locked host memory | [`PinnedBuffer<T>`] | async copies; host access waits for them |
+//! | a conv3d on the device | [`Stream::conv3d`], [`Stream::conv3d_vendor`] | the conv3d chain's GPU tiers; [`Conv3dLaunch`] at the backend |
 //!
 //! Backends implement [`Backend`], a raw, object-safe interface (addresses,
 //! handles, byte counts): [`host`] (always; device memory is host memory and
@@ -55,9 +56,14 @@
 //! # }
 //! ```
 
+mod conv3d;
+#[cfg(feature = "cuda")]
+mod cudnn;
 pub mod faults;
 pub mod host;
 mod kernels;
+#[cfg(any(feature = "hip", test))]
+pub(crate) mod miopen;
 mod visible;
 
 #[cfg(feature = "cuda")]
@@ -74,6 +80,7 @@ use crate::convert::Element;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+pub use conv3d::{tiled_weight_layout, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 pub use visible::VisibleDevices;
 
 /// Which implementation runs a [`Device`].
@@ -406,6 +413,83 @@ pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
         s: RawStream,
     ) -> Result<()>;
 
+    // ----- conv3d (device/conv3d.rs; the chain's GPU tiers) ---------------
+    /// Queues `kernel` (`hip-kernels/conv3d.hip`) computing the convolution
+    /// `args` describes: its weight in the layout `kernel` reads, the f32
+    /// output written in full. The host backend computes it on the CPU.
+    ///
+    /// Errors: [`Error::Conv3dTier`] for sizes the kernel does not take
+    /// ([`Conv3dKernel::unsupported`]), [`Error::Conv3dDType`] for a dtype
+    /// other than F32 and BF16, or the launch error.
+    ///
+    /// # Safety
+    /// See the trait docs: every address in `args` is a live allocation of
+    /// this backend holding what [`Conv3dLaunch`] documents (lengths from
+    /// its geometry, each address aligned to its element), `output` is not
+    /// accessed by anything else until `s` reaches the call, `s` is live,
+    /// and the call is not zero-sized.
+    ///
+    /// The default (for backends without conv3d kernels, such as wrappers
+    /// written before conv3d existed) refuses with [`Error::Conv3dTier`].
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        let _ = (args, s);
+        Err(Error::Conv3dTier {
+            tier: kernel.name(),
+            reason: "this backend has no conv3d kernels",
+        })
+    }
+    /// The weight layout `kernel` reads here for a call `g` with inputs of
+    /// `dtype`: the caller arranges the weight so before [`Backend::conv3d`]
+    /// (and the safe entry point checks its length by it). The default is
+    /// [`Conv3dWeightLayout::Standard`] for the naive kernel and
+    /// [`Conv3dWeightLayout::TiledTransposed`] for the tiled one; the CUDA
+    /// backend answers [`Conv3dWeightLayout::TiledPacked`] for bf16 where its
+    /// tensor-core kernel exists and takes `g`. Deterministic for a backend.
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &crate::conv3d::Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        let _ = (dtype, g);
+        match kernel {
+            Conv3dKernel::Naive => Conv3dWeightLayout::Standard,
+            Conv3dKernel::Tiled => Conv3dWeightLayout::TiledTransposed,
+        }
+    }
+    /// Whether [`Backend::conv3d_vendor`] can run here: `Ok`, or
+    /// [`Error::VendorUnavailable`] when the vendor library (MIOpen, cuDNN)
+    /// is not installed or the backend has none (host, and the default).
+    /// Cheap after the first call; a chain skips its vendor tier on `Err`.
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        Err(Error::VendorUnavailable {
+            backend: self.info().kind.name(),
+            library: "none",
+            reason: "this backend has no vendor convolution library".into(),
+        })
+    }
+    /// Computes the convolution `args` describes (weight in the standard
+    /// layout) with the vendor library on `s`; may wait for `s` before it
+    /// returns (to free the library's workspace).
+    ///
+    /// Errors: [`Error::VendorUnavailable`]; the library's refusal
+    /// ([`Error::Conv3dMiopen`], `Error::Conv3dCudnn`: no algorithm for the
+    /// parameters, ...); allocation or launch errors.
+    ///
+    /// The default returns [`Backend::conv3d_vendor_available`]'s error.
+    ///
+    /// # Safety
+    /// As [`Backend::conv3d`].
+    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        let _ = (args, s);
+        self.conv3d_vendor_available()?;
+        Err(Error::VendorUnavailable {
+            backend: self.info().kind.name(),
+            library: "none",
+            reason: "this backend implements no vendor convolution call".into(),
+        })
+    }
+
     // ----- memory figures and versions (diagnostics) ---------------------
     /// `(free, total)` device memory in bytes as the runtime reports it
     /// (`hipMemGetInfo`, `cuMemGetInfo`). On an APU this may be the
@@ -566,6 +650,26 @@ unsafe impl Backend for Box<dyn Backend> {
     ) -> Result<()> {
         // SAFETY: the caller's guarantees, forwarded.
         unsafe { (**self).nonfinite(dtype, ptr, n, clamp, counts, s) }
+    }
+
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).conv3d(kernel, args, s) }
+    }
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &crate::conv3d::Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        (**self).conv3d_weight_layout(kernel, dtype, g)
+    }
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        (**self).conv3d_vendor_available()
+    }
+    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { (**self).conv3d_vendor(args, s) }
     }
 
     // ----- memory figures and versions (diagnostics) ---------------------

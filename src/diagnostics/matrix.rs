@@ -215,30 +215,16 @@ impl SmallConv {
     }
 }
 
-/// The conv3d tiers of device `kind:ordinal`'s chain, in order, ending with
-/// the CPU tier. (Written against the chain's public API on main: the GPU
-/// tiers exist for CUDA devices; HIP has none yet.)
+/// The conv3d tiers of device `kind:ordinal`'s chain, in order (vendor,
+/// tiled, naive, CPU: `conv3d::device_tiers`); when the device cannot be
+/// opened, its GPU tiers are unavailable for that reason and the CPU tier
+/// remains.
 fn device_tiers(kind: BackendKind, ordinal: usize) -> Vec<Box<dyn Conv3dTier>> {
-    let _ = ordinal;
-    let mut tiers: Vec<Box<dyn Conv3dTier>> = match kind {
-        BackendKind::Host => Vec::new(),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => {
-            use crate::conv3d::cuda::{CudaNaiveTier, CudaTiledTier, CudnnTier, SharedEngine};
-            let e = SharedEngine::new(ordinal);
-            vec![
-                Box::new(CudnnTier(e.clone())),
-                Box::new(CudaTiledTier(e.clone())),
-                Box::new(CudaNaiveTier(e)),
-            ]
-        }
-        _ => {
-            let reason = format!(
-                "no conv3d gpu tiers for {} devices in this build (MIOpen is not bound and \
-                 conv3d.hip is not in the hip code objects)",
-                kind.name()
-            );
-            [
+    match crate::device::Device::open(kind, ordinal) {
+        Ok(d) => crate::conv3d::device_tiers(&d),
+        Err(e) => {
+            let reason = format!("{}:{ordinal} cannot be opened: {e}", kind.name());
+            let mut tiers: Vec<Box<dyn Conv3dTier>> = [
                 crate::conv3d::TierKind::Vendor,
                 crate::conv3d::TierKind::Tiled,
                 crate::conv3d::TierKind::Naive,
@@ -250,11 +236,11 @@ fn device_tiers(kind: BackendKind, ordinal: usize) -> Vec<Box<dyn Conv3dTier>> {
                     reason: reason.clone(),
                 }) as Box<dyn Conv3dTier>
             })
-            .collect()
+            .collect();
+            tiers.push(Box::new(CpuTier));
+            tiers
         }
-    };
-    tiers.push(Box::new(CpuTier));
-    tiers
+    }
 }
 
 /// The index of the first output that differs from the f64 reference by
@@ -406,7 +392,8 @@ pub fn conv3d_cells(
 /// How many cells (and progress steps) [`conv3d_cells`] makes for a device
 /// of `kind`: one per tier of its chain, plus the chain.
 pub fn conv3d_cell_count(kind: BackendKind) -> usize {
-    device_tiers(kind, 0).len() + 1
+    let _ = kind; // every device's chain has the same four tiers
+    crate::conv3d::TierKind::ALL.len() + 1
 }
 
 #[cfg(test)]
@@ -436,25 +423,41 @@ mod tests {
         let cells = conv3d_cells(BackendKind::Host, 0, &mut |s| steps.push(s.to_owned()));
         assert_eq!(cells.len(), conv3d_cell_count(BackendKind::Host));
         assert_eq!(steps.len(), cells.len());
-        // The host device's chain is the CPU tier alone.
-        let cpu = &cells[0];
+        // The host device's chain: no vendor library (skipped), the tiled
+        // and naive kernels emulated on the CPU, the CPU tier; each checked
+        // in full against the f64 reference.
+        let tiers: Vec<(&str, Option<&str>)> = cells
+            .iter()
+            .map(|c| (c.operation.as_str(), c.tier.as_deref()))
+            .collect();
         assert_eq!(
-            (cpu.operation.as_str(), cpu.tier.as_deref()),
-            ("conv3d tier", Some("cpu"))
+            tiers,
+            [
+                ("conv3d tier", Some("vendor")),
+                ("conv3d tier", Some("tiled")),
+                ("conv3d tier", Some("naive")),
+                ("conv3d tier", Some("cpu")),
+                ("conv3d", None),
+            ]
         );
-        assert_eq!(cpu.compat, Compat::Verified, "{cpu:?}");
-        assert!(
-            cpu.detail.contains("match the f64 reference"),
-            "{}",
-            cpu.detail
-        );
-        let chain = cells.last().unwrap();
-        assert_eq!(
-            (chain.operation.as_str(), chain.tier.as_deref()),
-            ("conv3d", None)
-        );
-        assert_eq!(chain.compat, Compat::Verified, "{chain:?}");
-        assert!(chain.detail.contains("served by cpu"), "{}", chain.detail);
+        match &cells[0].compat {
+            Compat::Skipped { why } => assert!(why.contains("unavailable"), "{why}"),
+            other => panic!("vendor on host: {other:?}"),
+        }
+        for c in &cells[1..4] {
+            assert_eq!(c.compat, Compat::Verified, "{c:?}");
+            assert!(c.detail.contains("match the f64 reference"), "{}", c.detail);
+        }
+        // No vendor library: the chain falls back to the tiled kernel.
+        let chain = &cells[4];
+        match &chain.compat {
+            Compat::FallsBack { to, why } => {
+                assert_eq!(to, "tiled");
+                assert!(why.contains("vendor"), "{why}");
+            }
+            other => panic!("chain on host: {other:?}"),
+        }
+        assert!(chain.detail.contains("served by tiled"), "{}", chain.detail);
     }
 
     #[test]

@@ -23,7 +23,9 @@ use hip_runtime_sys as sys;
 
 pub use result::HipError;
 
-use super::kernels::{self, Kernel};
+use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch};
+use super::kernels::{self, Kernel, KernelCall};
+use super::miopen::Miopen;
 use super::{
     Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream, VisibleDevices,
 };
@@ -255,6 +257,8 @@ pub struct HipBackend {
     info: DeviceInfo,
     ordinal: i32,
     module: Mutex<Option<Arc<Module>>>,
+    /// MIOpen's handle and plans, created on the first vendor call.
+    miopen: Mutex<Option<Miopen>>,
 }
 
 impl std::fmt::Debug for HipBackend {
@@ -273,9 +277,6 @@ fn event(e: RawEvent) -> sys::hipEvent_t {
 }
 fn dptr(p: DevicePtr) -> *mut c_void {
     p.0 as usize as *mut c_void
-}
-fn arg<T>(v: &mut T) -> *mut c_void {
-    (v as *mut T).cast()
 }
 
 impl HipBackend {
@@ -298,6 +299,7 @@ impl HipBackend {
             info: describe(ordinal)?,
             ordinal: o,
             module: Mutex::new(None),
+            miopen: Mutex::new(None),
         })
     }
 
@@ -349,28 +351,38 @@ impl HipBackend {
         Ok(m)
     }
 
+    /// Launches `call` on `s`.
+    ///
     /// # Safety
-    /// `args` point to live values of the kernel's parameter types, and the
-    /// memory they reference satisfies the kernel's contract.
-    unsafe fn launch(
-        &self,
-        k: Kernel,
-        items: u64,
-        s: RawStream,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
+    /// The memory `call`'s arguments reference satisfies the kernel's
+    /// contract (its constructor in `kernels.rs` documents the parameters).
+    unsafe fn launch(&self, mut call: KernelCall, s: RawStream) -> Result<()> {
         let m = self.module()?;
-        let f = *m.funcs.get(&k).ok_or(Error::KernelUnavailable {
+        let f = *m.funcs.get(&call.kernel).ok_or(Error::KernelUnavailable {
             backend: "hip",
             arch: self.info.arch.clone(),
-            built: k.symbol().into(),
+            built: call.kernel.symbol().into(),
         })?;
-        let grid = kernels::grid_for(k, items, self.info.multiprocessors);
         self.bind()?;
-        // SAFETY: `f` belongs to the loaded module; the caller vouches for
-        // the arguments; every kernel expects BLOCK threads per block.
-        unsafe { result::module::launch(f, grid, kernels::BLOCK, stream(s), args) }
-            .map_err(|e| err("hipModuleLaunchKernel", e))
+        let mut args = call.arg_ptrs();
+        // SAFETY: `f` belongs to the loaded module; `args` point into `call`,
+        // alive until the launch returns (HIP copies the values); the
+        // caller vouches for the memory they reference.
+        unsafe {
+            result::module::launch(
+                f,
+                call.grid,
+                call.block,
+                call.shared_bytes,
+                stream(s),
+                &mut args,
+            )
+        }
+        .map_err(|e| err("hipModuleLaunchKernel", e))
+    }
+
+    fn mps(&self) -> u32 {
+        self.info.multiprocessors
     }
 }
 
@@ -378,6 +390,18 @@ impl Drop for HipBackend {
     fn drop(&mut self) {
         // Errors here have nowhere to go (the device is being closed); they
         // are dropped, never printed or panicked.
+        let miopen = match self.miopen.get_mut() {
+            Ok(m) => m.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(m) = miopen {
+            if self.bind().is_ok() {
+                drop(m);
+            } else {
+                // Its handle belongs to a device we cannot select: leak it.
+                std::mem::forget(m);
+            }
+        }
         let m = match self.module.get_mut() {
             Ok(m) => m.take(),
             Err(p) => p.into_inner().take(),
@@ -570,17 +594,9 @@ unsafe impl Backend for HipBackend {
         n: u64,
         s: RawStream,
     ) -> Result<()> {
-        let k = Kernel::convert(op)?;
-        let (mut a, mut b, mut c) = (src.0, dst.0, n);
-        // SAFETY: the kernel takes (const src*, dst*, u64 n); ranges per caller.
-        unsafe {
-            self.launch(
-                k,
-                n.div_ceil(8),
-                s,
-                &mut [arg(&mut a), arg(&mut b), arg(&mut c)],
-            )
-        }
+        let call = KernelCall::convert(op, src, dst, n, self.mps())?;
+        // SAFETY: the ranges are the caller's (trait contract).
+        unsafe { self.launch(call, s) }
     }
 
     unsafe fn fingerprint_sum(
@@ -591,16 +607,9 @@ unsafe impl Backend for HipBackend {
         acc: DevicePtr,
         s: RawStream,
     ) -> Result<()> {
-        let (mut a, mut b, mut c, mut d) = (src.0, bytes, first_word, acc.0);
-        // SAFETY: the kernel takes (const u8*, u64, u64, u64*); ranges per caller.
-        unsafe {
-            self.launch(
-                Kernel::FingerprintSum,
-                bytes.div_ceil(16),
-                s,
-                &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
-            )
-        }
+        let call = KernelCall::fingerprint_sum(src, bytes, first_word, acc, self.mps());
+        // SAFETY: the ranges are the caller's (trait contract).
+        unsafe { self.launch(call, s) }
     }
 
     unsafe fn convert_fingerprint(
@@ -612,17 +621,9 @@ unsafe impl Backend for HipBackend {
         acc: DevicePtr,
         s: RawStream,
     ) -> Result<()> {
-        let k = Kernel::convert_fingerprint(op)?;
-        let (mut a, mut b, mut c, mut d) = (src.0, dst.0, n, acc.0);
-        // SAFETY: the kernel takes (const u16*, u32*, u64, u64*); ranges per caller.
-        unsafe {
-            self.launch(
-                k,
-                n.div_ceil(8),
-                s,
-                &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
-            )
-        }
+        let call = KernelCall::convert_fingerprint(op, src, dst, n, acc, self.mps())?;
+        // SAFETY: the ranges are the caller's (trait contract).
+        unsafe { self.launch(call, s) }
     }
 
     unsafe fn nonfinite(
@@ -634,17 +635,40 @@ unsafe impl Backend for HipBackend {
         counts: DevicePtr,
         s: RawStream,
     ) -> Result<()> {
-        let k = Kernel::nonfinite(dtype)?;
-        let (mut a, mut b, mut c, mut d) = (ptr.0, n, u32::from(clamp), counts.0);
-        // SAFETY: the kernel takes (T*, u64, u32, u64*); ranges per caller.
-        unsafe {
-            self.launch(
-                k,
-                n,
-                s,
-                &mut [arg(&mut a), arg(&mut b), arg(&mut c), arg(&mut d)],
-            )
-        }
+        let call = KernelCall::nonfinite(dtype, ptr, n, clamp, counts, self.mps())?;
+        // SAFETY: the ranges are the caller's (trait contract).
+        unsafe { self.launch(call, s) }
+    }
+
+    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        let call = KernelCall::conv3d(kernel, args)?;
+        // SAFETY: the ranges are the caller's (trait contract); the grid is
+        // the one the kernel expects (checked by `KernelCall::conv3d`).
+        unsafe { self.launch(call, s) }
+    }
+
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        super::miopen::library().map(|_| ())
+    }
+
+    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        let mut slot = match self.miopen.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        self.bind()?;
+        let m = match &mut *slot {
+            Some(m) => m,
+            None => slot.insert(Miopen::new()?),
+        };
+        let launch = |call| {
+            // SAFETY: vendor_conv3d launches only its epilogues, over the
+            // caller's output and bias and its own scratch, on `s`.
+            unsafe { self.launch(call, s) }
+        };
+        // SAFETY: the caller's guarantees; `launch` queues on `s` of this
+        // device, whose MIOpen handle `m` is, with the device selected.
+        unsafe { vendor_conv3d(self, m, args, s, &launch) }
     }
 
     // ----- memory figures and versions (diagnostics) ---------------------

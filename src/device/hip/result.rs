@@ -362,16 +362,18 @@ pub mod module {
         Ok(unsafe { f.assume_init() })
     }
 
-    /// `hipModuleLaunchKernel` with a 1-D grid.
+    /// `hipModuleLaunchKernel` with a 3-D grid of 1-D blocks.
     ///
     /// # Safety
     /// `f` is a function of a loaded module; `params` point to live values
     /// of its parameter types; the memory they reference is valid for the
-    /// kernel's accesses until the stream reaches it.
+    /// kernel's accesses until the stream reaches it; `shared_bytes` is what
+    /// the kernel needs beyond its static shared memory.
     pub unsafe fn launch(
         f: sys::hipFunction_t,
-        grid: u32,
+        grid: [u32; 3],
         block: u32,
+        shared_bytes: u32,
         stream: sys::hipStream_t,
         params: &mut [*mut c_void],
     ) -> Result<(), HipError> {
@@ -379,13 +381,13 @@ pub mod module {
         unsafe {
             sys::hipModuleLaunchKernel(
                 f,
-                grid,
-                1,
-                1,
+                grid[0],
+                grid[1],
+                grid[2],
                 block,
                 1,
                 1,
-                0,
+                shared_bytes,
                 stream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),

@@ -1,0 +1,637 @@
+//! MIOpen, the HIP backend's vendor convolution library, loaded at run time
+//! (`dlopen` of `libMIOpen.so.1` / `libMIOpen.so` through libc; never
+//! unloaded, as MIOpen keeps process-wide state). Only the calls the conv3d
+//! vendor tier needs are bound, with the C signatures of MIOpen's
+//! `include/miopen/miopen.h`:
+//!
+//! ```c
+//! miopenStatus_t miopenCreate(miopenHandle_t* handle);
+//! miopenStatus_t miopenDestroy(miopenHandle_t handle);
+//! miopenStatus_t miopenSetStream(miopenHandle_t handle, miopenAcceleratorQueue_t streamID);
+//! miopenStatus_t miopenCreateTensorDescriptor(miopenTensorDescriptor_t* tensorDesc);
+//! miopenStatus_t miopenSetTensorDescriptor(miopenTensorDescriptor_t tensorDesc,
+//!     miopenDataType_t dataType, int nbDims, int* dimsA, int* stridesA);
+//! miopenStatus_t miopenDestroyTensorDescriptor(miopenTensorDescriptor_t tensorDesc);
+//! miopenStatus_t miopenCreateConvolutionDescriptor(miopenConvolutionDescriptor_t* convDesc);
+//! miopenStatus_t miopenInitConvolutionNdDescriptor(miopenConvolutionDescriptor_t convDesc,
+//!     int spatialDim, int* padA, int* strideA, int* dilationA, miopenConvolutionMode_t c_mode);
+//! miopenStatus_t miopenSetConvolutionGroupCount(miopenConvolutionDescriptor_t convDesc,
+//!     int groupCount);
+//! miopenStatus_t miopenDestroyConvolutionDescriptor(miopenConvolutionDescriptor_t convDesc);
+//! miopenStatus_t miopenConvolutionForwardGetWorkSpaceSize(miopenHandle_t handle,
+//!     const miopenTensorDescriptor_t wDesc, const miopenTensorDescriptor_t xDesc,
+//!     const miopenConvolutionDescriptor_t convDesc, const miopenTensorDescriptor_t yDesc,
+//!     size_t* workSpaceSize);
+//! miopenStatus_t miopenFindConvolutionForwardAlgorithm(miopenHandle_t handle,
+//!     const miopenTensorDescriptor_t xDesc, const void* x,
+//!     const miopenTensorDescriptor_t wDesc, const void* w,
+//!     const miopenConvolutionDescriptor_t convDesc,
+//!     const miopenTensorDescriptor_t yDesc, void* y,
+//!     const int requestAlgoCount, int* returnedAlgoCount,
+//!     miopenConvAlgoPerf_t* perfResults, void* workSpace, size_t workSpaceSize,
+//!     bool exhaustiveSearch);
+//! miopenStatus_t miopenConvolutionForward(miopenHandle_t handle, const void* alpha,
+//!     const miopenTensorDescriptor_t xDesc, const void* x,
+//!     const miopenTensorDescriptor_t wDesc, const void* w,
+//!     const miopenConvolutionDescriptor_t convDesc, miopenConvFwdAlgorithm_t algo,
+//!     const void* beta, const miopenTensorDescriptor_t yDesc, void* y,
+//!     void* workSpace, size_t workSpaceSize);
+//! ```
+//!
+//! C enums (`miopenStatus_t`, `miopenDataType_t`, ...) are taken as `int`,
+//! so an unknown status code is just a number, never undefined behaviour.
+//!
+//! The algorithm is chosen once per (geometry, dtype) with
+//! `miopenFindConvolutionForwardAlgorithm` (find mode, not exhaustive) and
+//! cached with its descriptors. MIOpen writes an output of the input's
+//! dtype: for bf16 the backend gives it a bf16 scratch buffer and widens it
+//! into the f32 output (with the bias) with `conv3d_widen_bias_bf16`.
+
+#![cfg_attr(not(feature = "hip"), allow(dead_code))]
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::OnceLock;
+
+use super::conv3d::Conv3dLaunch;
+#[cfg(feature = "hip")]
+use super::conv3d::VendorConv;
+use super::DevicePtr;
+#[cfg(feature = "hip")]
+use super::RawStream;
+use crate::conv3d::Conv3dGeometry;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+type Handle = *mut c_void;
+type TensorDesc = *mut c_void;
+type ConvDesc = *mut c_void;
+type Status = c_int;
+
+/// `miopenFloat`.
+const MIOPEN_FLOAT: c_int = 1;
+/// `miopenBFloat16`.
+const MIOPEN_BFLOAT16: c_int = 5;
+/// `miopenConvolution` (cross-correlation, what PyTorch's conv3d computes).
+const MIOPEN_CONVOLUTION: c_int = 0;
+/// The code [`check`] reports when the search returned no algorithm.
+pub(crate) const NO_ALGORITHM: c_int = -1;
+
+/// `miopenConvAlgoPerf_t`: a union of 4-byte enums, a float, a size_t.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct ConvAlgoPerf {
+    fwd_algo: c_int,
+    time: f32,
+    memory: usize,
+}
+
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<ConvAlgoPerf>() == 16);
+
+/// The bound functions.
+#[derive(Debug)]
+pub(crate) struct Lib {
+    create: unsafe extern "C" fn(*mut Handle) -> Status,
+    destroy: unsafe extern "C" fn(Handle) -> Status,
+    set_stream: unsafe extern "C" fn(Handle, *mut c_void) -> Status,
+    create_tensor: unsafe extern "C" fn(*mut TensorDesc) -> Status,
+    set_tensor: unsafe extern "C" fn(TensorDesc, c_int, c_int, *mut c_int, *mut c_int) -> Status,
+    destroy_tensor: unsafe extern "C" fn(TensorDesc) -> Status,
+    create_conv: unsafe extern "C" fn(*mut ConvDesc) -> Status,
+    init_conv_nd:
+        unsafe extern "C" fn(ConvDesc, c_int, *mut c_int, *mut c_int, *mut c_int, c_int) -> Status,
+    set_group_count: unsafe extern "C" fn(ConvDesc, c_int) -> Status,
+    destroy_conv: unsafe extern "C" fn(ConvDesc) -> Status,
+    workspace: unsafe extern "C" fn(
+        Handle,
+        TensorDesc,
+        TensorDesc,
+        ConvDesc,
+        TensorDesc,
+        *mut usize,
+    ) -> Status,
+    #[allow(clippy::type_complexity)]
+    find: unsafe extern "C" fn(
+        Handle,
+        TensorDesc,
+        *const c_void,
+        TensorDesc,
+        *const c_void,
+        ConvDesc,
+        TensorDesc,
+        *mut c_void,
+        c_int,
+        *mut c_int,
+        *mut ConvAlgoPerf,
+        *mut c_void,
+        usize,
+        bool,
+    ) -> Status,
+    #[allow(clippy::type_complexity)]
+    forward: unsafe extern "C" fn(
+        Handle,
+        *const c_void,
+        TensorDesc,
+        *const c_void,
+        TensorDesc,
+        *const c_void,
+        ConvDesc,
+        c_int,
+        *const c_void,
+        TensorDesc,
+        *mut c_void,
+        *mut c_void,
+        usize,
+    ) -> Status,
+}
+
+/// The library names tried, in order.
+const NAMES: &[&str] = &["libMIOpen.so.1", "libMIOpen.so"];
+
+fn unavailable(reason: String) -> Error {
+    Error::VendorUnavailable {
+        backend: "hip",
+        library: "libMIOpen",
+        reason,
+    }
+}
+
+/// The loaded library (loaded on the first call), or
+/// [`Error::VendorUnavailable`] saying why it cannot be used.
+pub(crate) fn library() -> Result<&'static Lib> {
+    static LIB: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
+    LIB.get_or_init(|| load(NAMES))
+        .as_ref()
+        .map_err(|reason| unavailable(reason.clone()))
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated string valid until
+    // the next dl* call on this thread; it is copied at once.
+    let p = unsafe { libc::dlerror() };
+    if p.is_null() {
+        return "unknown dlopen error".into();
+    }
+    // SAFETY: non-null and NUL-terminated (above).
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Opens the first of `names` that loads and binds the functions.
+fn load(names: &[&str]) -> std::result::Result<Lib, String> {
+    let mut errors = Vec::new();
+    for name in names {
+        let Ok(cname) = CString::new(*name) else {
+            continue;
+        };
+        // SAFETY: dlopen of a NUL-terminated name; the library's
+        // initialisers run. The handle is never closed (MIOpen keeps
+        // process-wide state), so the bound functions stay valid.
+        let h = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if h.is_null() {
+            errors.push(dlerror());
+            continue;
+        }
+        // SAFETY: `h` is a live handle that is never closed.
+        return unsafe { bind(h) }.map_err(|sym| format!("{name}: symbol {sym} not found"));
+    }
+    Err(format!(
+        "not found on the loader path ({})",
+        errors.join("; ")
+    ))
+}
+
+/// # Safety
+/// `h` is a live dlopen handle that is never closed.
+// The transmutes' target types are the `Lib` fields' declared signatures
+// (written once, there), inferred from the field each `sym!` initialises.
+#[allow(clippy::missing_transmute_annotations)]
+unsafe fn bind(h: *mut c_void) -> std::result::Result<Lib, &'static str> {
+    macro_rules! sym {
+        ($name:literal) => {{
+            let c: &CStr = $name;
+            // SAFETY: `h` is live (caller); `c` is NUL-terminated.
+            let p = unsafe { libc::dlsym(h, c.as_ptr() as *const c_char) };
+            if p.is_null() {
+                return Err(c.to_str().unwrap_or("?"));
+            }
+            // SAFETY: the symbol is MIOpen's exported C function of this
+            // name, whose signature (miopen.h, quoted in the module docs)
+            // is the field's function pointer type; a data pointer and a
+            // function pointer have the same size on the supported targets.
+            unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+        }};
+    }
+    Ok(Lib {
+        create: sym!(c"miopenCreate"),
+        destroy: sym!(c"miopenDestroy"),
+        set_stream: sym!(c"miopenSetStream"),
+        create_tensor: sym!(c"miopenCreateTensorDescriptor"),
+        set_tensor: sym!(c"miopenSetTensorDescriptor"),
+        destroy_tensor: sym!(c"miopenDestroyTensorDescriptor"),
+        create_conv: sym!(c"miopenCreateConvolutionDescriptor"),
+        init_conv_nd: sym!(c"miopenInitConvolutionNdDescriptor"),
+        set_group_count: sym!(c"miopenSetConvolutionGroupCount"),
+        destroy_conv: sym!(c"miopenDestroyConvolutionDescriptor"),
+        workspace: sym!(c"miopenConvolutionForwardGetWorkSpaceSize"),
+        find: sym!(c"miopenFindConvolutionForwardAlgorithm"),
+        forward: sym!(c"miopenConvolutionForward"),
+    })
+}
+
+/// The name of a `miopenStatus_t` code.
+pub(crate) fn status_name(code: c_int) -> &'static str {
+    match code {
+        0 => "miopenStatusSuccess",
+        1 => "miopenStatusNotInitialized",
+        2 => "miopenStatusInvalidValue",
+        3 => "miopenStatusBadParm",
+        4 => "miopenStatusAllocFailed",
+        5 => "miopenStatusInternalError",
+        6 => "miopenStatusNotImplemented",
+        7 => "miopenStatusUnknownError",
+        8 => "miopenStatusUnsupportedOp",
+        9 => "miopenStatusGpuOperationsSkipped",
+        10 => "miopenStatusVersionMismatch",
+        NO_ALGORITHM => "no suitable algorithm (the search returned none)",
+        _ => "unknown miopenStatus",
+    }
+}
+
+/// `Ok` for `miopenStatusSuccess`, else [`Error::Conv3dMiopen`].
+pub(crate) fn check(op: &'static str, code: c_int) -> Result<()> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(Error::Conv3dMiopen {
+            op,
+            code,
+            status: status_name(code),
+        })
+    }
+}
+
+fn c_int_of(v: usize) -> Result<c_int> {
+    c_int::try_from(v).map_err(|_| Error::Conv3dTier {
+        tier: "miopen",
+        reason: "a size does not fit miopen's 32-bit dimensions",
+    })
+}
+
+/// Dimensions and contiguous strides of a 5-d shape as `int`s.
+fn dims(s: [usize; 5]) -> Result<([c_int; 5], [c_int; 5])> {
+    let mut d: [c_int; 5] = [0; 5];
+    for (o, &v) in d.iter_mut().zip(&s) {
+        *o = c_int_of(v)?;
+    }
+    let mut st: [c_int; 5] = [1; 5];
+    for i in (0..4).rev() {
+        st[i] = st[i + 1].checked_mul(d[i + 1]).ok_or(Error::Conv3dTier {
+            tier: "miopen",
+            reason: "a size does not fit miopen's 32-bit dimensions",
+        })?;
+    }
+    Ok((d, st))
+}
+
+/// Descriptors and the chosen algorithm of one (geometry, dtype).
+#[derive(Debug)]
+struct Plan {
+    x: TensorDesc,
+    w: TensorDesc,
+    y: TensorDesc,
+    conv: ConvDesc,
+    workspace: usize,
+    algo: Option<c_int>,
+}
+
+/// A MIOpen handle and its plans (one per HIP device, used under a lock).
+#[derive(Debug)]
+pub(crate) struct Miopen {
+    lib: &'static Lib,
+    handle: Handle,
+    plans: HashMap<(Conv3dGeometry, DType), Plan>,
+}
+
+// SAFETY: the handle and descriptors are heap objects of MIOpen that may be
+// used from any thread, one thread at a time; `Miopen` is only used behind
+// the backend's Mutex.
+unsafe impl Send for Miopen {}
+
+impl Miopen {
+    /// Creates a handle (the HIP device must be current).
+    ///
+    /// Errors: [`Error::VendorUnavailable`], or [`Error::Conv3dMiopen`].
+    pub(crate) fn new() -> Result<Miopen> {
+        let lib = library()?;
+        let mut handle: Handle = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        check("miopenCreate", unsafe { (lib.create)(&mut handle) })?;
+        Ok(Miopen {
+            lib,
+            handle,
+            plans: HashMap::new(),
+        })
+    }
+
+    fn tensor(&self, dtype: c_int, shape: [usize; 5]) -> Result<TensorDesc> {
+        let (mut d, mut s) = dims(shape)?;
+        let mut t: TensorDesc = std::ptr::null_mut();
+        // SAFETY: writes one descriptor.
+        check("miopenCreateTensorDescriptor", unsafe {
+            (self.lib.create_tensor)(&mut t)
+        })?;
+        // SAFETY: `t` was just created; `d` and `s` hold 5 ints each.
+        let r = check("miopenSetTensorDescriptor", unsafe {
+            (self.lib.set_tensor)(t, dtype, 5, d.as_mut_ptr(), s.as_mut_ptr())
+        });
+        if let Err(e) = r {
+            // SAFETY: created above, destroyed once.
+            unsafe { (self.lib.destroy_tensor)(t) };
+            return Err(e);
+        }
+        Ok(t)
+    }
+
+    fn build(&self, a: &Conv3dLaunch) -> Result<Plan> {
+        let g = &a.geometry;
+        let dtype = match a.dtype {
+            DType::F32 => MIOPEN_FLOAT,
+            DType::BF16 => MIOPEN_BFLOAT16,
+            other => {
+                return Err(Error::Conv3dDType {
+                    tensor: "input",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let p = &g.params;
+        let mut pads = [0; 3];
+        let mut strides = [0; 3];
+        let mut dils = [0; 3];
+        for i in 0..3 {
+            pads[i] = c_int_of(p.padding[i])?;
+            strides[i] = c_int_of(p.stride[i])?;
+            dils[i] = c_int_of(p.dilation[i])?;
+        }
+        let groups = c_int_of(p.groups)?;
+        let mut plan = Plan {
+            x: std::ptr::null_mut(),
+            w: std::ptr::null_mut(),
+            y: std::ptr::null_mut(),
+            conv: std::ptr::null_mut(),
+            workspace: 0,
+            algo: None,
+        };
+        // Whatever fails below, `plan` destroys what was created.
+        let r = (|| -> Result<()> {
+            plan.x = self.tensor(dtype, g.input_shape())?;
+            plan.w = self.tensor(dtype, g.weight_shape())?;
+            plan.y = self.tensor(dtype, g.output_shape())?;
+            // SAFETY: writes one descriptor.
+            check("miopenCreateConvolutionDescriptor", unsafe {
+                (self.lib.create_conv)(&mut plan.conv)
+            })?;
+            // SAFETY: a live descriptor; three arrays of 3 ints.
+            check("miopenInitConvolutionNdDescriptor", unsafe {
+                (self.lib.init_conv_nd)(
+                    plan.conv,
+                    3,
+                    pads.as_mut_ptr(),
+                    strides.as_mut_ptr(),
+                    dils.as_mut_ptr(),
+                    MIOPEN_CONVOLUTION,
+                )
+            })?;
+            // SAFETY: a live descriptor.
+            check("miopenSetConvolutionGroupCount", unsafe {
+                (self.lib.set_group_count)(plan.conv, groups)
+            })?;
+            // SAFETY: live handle and descriptors; writes one size_t.
+            check("miopenConvolutionForwardGetWorkSpaceSize", unsafe {
+                (self.lib.workspace)(
+                    self.handle,
+                    plan.w,
+                    plan.x,
+                    plan.conv,
+                    plan.y,
+                    &mut plan.workspace,
+                )
+            })?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => Ok(plan),
+            Err(e) => {
+                self.destroy(plan);
+                Err(e)
+            }
+        }
+    }
+
+    fn destroy(&self, p: Plan) {
+        // Errors have nowhere to go; every non-null descriptor was created
+        // by us and is destroyed once, here.
+        for t in [p.x, p.w, p.y] {
+            if !t.is_null() {
+                // SAFETY: see above.
+                unsafe { (self.lib.destroy_tensor)(t) };
+            }
+        }
+        if !p.conv.is_null() {
+            // SAFETY: see above.
+            unsafe { (self.lib.destroy_conv)(p.conv) };
+        }
+    }
+
+    /// The workspace bytes `a` needs (sets up its plan on first use).
+    fn plan_workspace(&mut self, a: &Conv3dLaunch) -> Result<usize> {
+        let key = (a.geometry, a.dtype);
+        if let Some(p) = self.plans.get(&key) {
+            return Ok(p.workspace);
+        }
+        let plan = self.build(a)?;
+        let ws = plan.workspace;
+        self.plans.insert(key, plan);
+        Ok(ws)
+    }
+
+    /// The convolution of `a` into `y` on `stream`, after choosing the
+    /// algorithm with a find on the first call of this plan.
+    ///
+    /// # Safety
+    /// As [`VendorConv::forward`].
+    unsafe fn run(
+        &mut self,
+        a: &Conv3dLaunch,
+        stream: *mut c_void,
+        y: DevicePtr,
+        workspace: DevicePtr,
+    ) -> Result<()> {
+        let ws_bytes = self.plan_workspace(a)?;
+        let key = (a.geometry, a.dtype);
+        let (lib, handle) = (self.lib, self.handle);
+        let Some(plan) = self.plans.get_mut(&key) else {
+            return Err(Error::Conv3dTier {
+                tier: "miopen",
+                reason: "the plan vanished",
+            });
+        };
+        let ptr = |p: DevicePtr| p.0 as usize as *mut c_void;
+        // SAFETY: live handle; a live stream (caller).
+        check("miopenSetStream", unsafe {
+            (lib.set_stream)(handle, stream)
+        })?;
+        let algo = match plan.algo {
+            Some(a) => a,
+            None => {
+                let mut perf = [ConvAlgoPerf::default(); 4];
+                let mut n: c_int = 0;
+                // SAFETY: live handle and descriptors matching the buffers
+                // (caller), `perf` holds 4 results, the workspace is as
+                // large as MIOpen asked for.
+                check("miopenFindConvolutionForwardAlgorithm", unsafe {
+                    (lib.find)(
+                        handle,
+                        plan.x,
+                        ptr(a.input),
+                        plan.w,
+                        ptr(a.weight),
+                        plan.conv,
+                        plan.y,
+                        ptr(y),
+                        4,
+                        &mut n,
+                        perf.as_mut_ptr(),
+                        ptr(workspace),
+                        ws_bytes,
+                        false,
+                    )
+                })?;
+                let best = perf
+                    .get(..usize::try_from(n).unwrap_or(0).min(4))
+                    .and_then(|p| p.iter().find(|p| p.memory <= ws_bytes));
+                let Some(best) = best else {
+                    return check("miopenFindConvolutionForwardAlgorithm", NO_ALGORITHM);
+                };
+                plan.algo = Some(best.fwd_algo);
+                best.fwd_algo
+            }
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: as for the find; alpha and beta are host floats (MIOpen's
+        // scaling parameters are float for float and bfloat16 data).
+        check("miopenConvolutionForward", unsafe {
+            (lib.forward)(
+                handle,
+                (&alpha as *const f32).cast(),
+                plan.x,
+                ptr(a.input),
+                plan.w,
+                ptr(a.weight),
+                plan.conv,
+                algo,
+                (&beta as *const f32).cast(),
+                plan.y,
+                ptr(y),
+                ptr(workspace),
+                ws_bytes,
+            )
+        })
+    }
+}
+
+#[cfg(feature = "hip")]
+impl VendorConv for Miopen {
+    fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize> {
+        self.plan_workspace(a)
+    }
+    unsafe fn forward(
+        &mut self,
+        a: &Conv3dLaunch,
+        stream: RawStream,
+        y: DevicePtr,
+        workspace: DevicePtr,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees (the same contract).
+        unsafe { self.run(a, stream.0 as usize as *mut c_void, y, workspace) }
+    }
+}
+
+impl Drop for Miopen {
+    fn drop(&mut self) {
+        let plans: Vec<Plan> = self.plans.drain().map(|(_, p)| p).collect();
+        for p in plans {
+            self.destroy(p);
+        }
+        // SAFETY: created in `new`, destroyed once; errors have nowhere to
+        // go.
+        unsafe { (self.lib.destroy)(self.handle) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_map_to_typed_errors() {
+        assert!(check("miopenCreate", 0).is_ok());
+        let e = check("miopenFindConvolutionForwardAlgorithm", 3).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Conv3dMiopen {
+                    op: "miopenFindConvolutionForwardAlgorithm",
+                    code: 3,
+                    status: "miopenStatusBadParm"
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(status_name(6), "miopenStatusNotImplemented");
+        assert_eq!(status_name(10), "miopenStatusVersionMismatch");
+        assert_eq!(status_name(77), "unknown miopenStatus");
+        let e = check("miopenFindConvolutionForwardAlgorithm", NO_ALGORITHM).unwrap_err();
+        assert!(e.to_string().contains("no suitable algorithm"), "{e}");
+        assert!(e.to_string().starts_with("conv3d: miopen: "), "{e}");
+    }
+
+    #[test]
+    fn missing_library_and_symbols_are_typed() {
+        let e = load(&["libMIOpen-rocm-safe-absent.so"]).unwrap_err();
+        assert!(e.contains("not found on the loader path"), "{e}");
+        assert!(e.contains("libMIOpen-rocm-safe-absent.so"), "{e}");
+        // A library that loads but is not MIOpen.
+        let e = load(&["libc.so.6"]).unwrap_err();
+        assert_eq!(e, "libc.so.6: symbol miopenCreate not found");
+        // This machine's MIOpen: either absent (a typed error naming it)
+        // or present and bound.
+        match library() {
+            Err(Error::VendorUnavailable {
+                backend: "hip",
+                library: "libMIOpen",
+                reason,
+            }) => assert!(reason.contains("libMIOpen"), "{reason}"),
+            Err(other) => panic!("{other}"),
+            // Loaded: `load` returns Ok only when every symbol was bound.
+            Ok(lib) => assert!(format!("{lib:?}").contains("create")),
+        }
+    }
+
+    #[test]
+    fn sizes_beyond_32_bits_are_typed() {
+        let (d, s) = dims([2, 3, 4, 5, 6]).unwrap();
+        assert_eq!(d, [2, 3, 4, 5, 6]);
+        assert_eq!(s, [360, 120, 30, 6, 1]);
+        assert!(matches!(
+            dims([1, 1, 1, 1, 1 << 40]),
+            Err(Error::Conv3dTier { tier: "miopen", .. })
+        ));
+        assert!(matches!(
+            dims([1, 1 << 16, 1 << 16, 2, 1]),
+            Err(Error::Conv3dTier { tier: "miopen", .. })
+        ));
+    }
+}
