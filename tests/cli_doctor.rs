@@ -194,10 +194,16 @@ fn json_report_has_the_documented_fields_and_exit_0() {
             .unwrap_or_else(|| panic!("no {op} {tier:?} cell on host:0"))
     };
     assert_eq!(cell("staged copy bf16->f32", None)["status"], "verified");
-    assert_eq!(cell("conv3d tier", Some("cpu"))["status"], "verified");
+    // The host device: no vendor library, its tiled and naive kernels
+    // emulated on the CPU, the CPU tier; the chain falls back to tiled.
+    assert_eq!(cell("conv3d tier", Some("vendor"))["status"], "skipped");
+    for t in ["tiled", "naive", "cpu"] {
+        assert_eq!(cell("conv3d tier", Some(t))["status"], "verified", "{t}");
+    }
     let conv = cell("conv3d", None);
-    assert_eq!(conv["status"], "verified", "{conv}");
-    assert!(conv["detail"].as_str().unwrap().contains("served by cpu"));
+    assert_eq!(conv["status"], "falls_back", "{conv}");
+    assert_eq!(conv["to"], "tiled", "{conv}");
+    assert!(conv["detail"].as_str().unwrap().contains("served by tiled"));
     // --arch gives advice without a device; the override is flagged.
     let advice = r["advice"].as_array().unwrap();
     let ovr = advice
