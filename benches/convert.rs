@@ -184,6 +184,9 @@ fn pairs(c: &mut Criterion) {
     g.finish();
 }
 
+/// Both sums of the piece starting at a byte offset.
+type PieceSums = dyn Fn(usize, &[u8]) -> (u64, u64) + Sync;
+
 fn raw_widened_sums(c: &mut Criterion) {
     use rayon::prelude::*;
     const PIECE: usize = 1 << 20;
@@ -196,12 +199,12 @@ fn raw_widened_sums(c: &mut Criterion) {
         let mut src = vec![0u8; 2 * n];
         convert::convert_bytes(DType::F32, bytemuck::cast_slice(&vals), from, &mut src).unwrap();
         // The loader's pieces: word position of each piece's start.
-        let two_passes = |start: usize, piece: &[u8]| {
+        let two_passes = move |start: usize, piece: &[u8]| {
             let raw = fingerprint::sum_bytes((start / 4) as u64, piece);
             let conv = convert::expected_fingerprint(from, piece, DType::F32).unwrap();
             (raw, conv.0)
         };
-        let fused = |start: usize, piece: &[u8]| {
+        let fused = move |start: usize, piece: &[u8]| {
             let s = fingerprint::sum_raw_and_widened(from, (start / 4) as u64, piece).unwrap();
             (s.raw, s.widened)
         };
@@ -216,13 +219,13 @@ fn raw_widened_sums(c: &mut Criterion) {
             pool.install(|| b.iter(|| fused(0, black_box(one))))
         });
         g.throughput(Throughput::Bytes(all.len() as u64));
-        let serial = |f: &dyn Fn(usize, &[u8]) -> (u64, u64)| {
+        let serial = |f: &PieceSums| {
             all.chunks(PIECE)
                 .enumerate()
                 .map(|(k, p)| f(k * PIECE, p))
                 .fold(0u64, |s, (r, w)| s.wrapping_add(r ^ w))
         };
-        let parallel = |f: &(dyn Fn(usize, &[u8]) -> (u64, u64) + Sync)| {
+        let parallel = |f: &PieceSums| {
             all.par_chunks(PIECE)
                 .enumerate()
                 .map(|(k, p)| f(k * PIECE, p))
