@@ -568,19 +568,39 @@ mod x86 {
     const ROWS8: [[[u32; 8]; 6]; 32] = fused_rows::<8, 32>();
     const ROWS16: [[[u32; 16]; 6]; 16] = fused_rows::<16, 16>();
 
-    /// The exact widening of the low and the high f16 halves of `N` words,
-    /// with the scalar reference (for vectors holding a subnormal, an
-    /// infinity or a NaN).
-    #[cold]
-    #[inline(never)]
-    fn widen_f16_halves<const N: usize>(words: [u32; N]) -> ([u32; N], [u32; N]) {
-        let mut lo = [0u32; N];
-        let mut hi = [0u32; N];
-        for ((l, h), w) in lo.iter_mut().zip(hi.iter_mut()).zip(words) {
-            *l = crate::convert::scalar::f16_to_f32(w as u16);
-            *h = crate::convert::scalar::f16_to_f32((w >> 16) as u16);
+    /// The exact f16 -> f32 widening of 8 values, for any value: `em` holds
+    /// each value's exponent and mantissa (`h & 0x7fff`), `sign` its sign
+    /// in bit 31. Integer operations only, as [`crate::convert::scalar::f16_to_f32`]:
+    /// a subnormal mantissa is normalised by shifting it left by 8, 4, 2
+    /// and 1 places, each shift taken while the result stays below 2^11
+    /// (the greedy sum is the shift `k` that puts its top bit at bit 10,
+    /// and a zero shift for normal numbers); then the rebiased value is
+    /// `(m << 13) + ((112 - k) << 23)` (the top bit at 10 lands on the
+    /// exponent's lowest bit). Infinities and NaNs get another `112 << 23`
+    /// (exponent 31 -> 255), zeros stay zero.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn widen8_f16_any(em: __m256i, sign: __m256i) -> __m256i {
+        #[target_feature(enable = "avx2")]
+        #[inline]
+        fn norm<const S: i32>(m: __m256i, k: __m256i) -> (__m256i, __m256i) {
+            let take = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x800 >> S), m);
+            let by = _mm256_and_si256(take, _mm256_set1_epi32(S));
+            (_mm256_sllv_epi32(m, by), _mm256_add_epi32(k, by))
         }
-        (lo, hi)
+        let zero = _mm256_setzero_si256();
+        let (m, k) = norm::<8>(em, zero);
+        let (m, k) = norm::<4>(m, k);
+        let (m, k) = norm::<2>(m, k);
+        let (m, k) = norm::<1>(m, k);
+        let bias = _mm256_set1_epi32(112 << 23);
+        let r = _mm256_sub_epi32(
+            _mm256_add_epi32(_mm256_slli_epi32::<13>(m), bias),
+            _mm256_slli_epi32::<23>(k),
+        );
+        let inf_nan = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff));
+        let r = _mm256_add_epi32(r, _mm256_and_si256(inf_nan, bias));
+        _mm256_or_si256(sign, _mm256_andnot_si256(_mm256_cmpeq_epi32(em, zero), r))
     }
 
     /// The f32 widenings of the low and the high 16-bit elements of the 8
@@ -594,9 +614,14 @@ mod x86 {
             return (_mm256_slli_epi32::<16>(v), _mm256_and_si256(v, hi_mask));
         }
         // f16: zeros and normal numbers (the usual case) by rebiasing the
-        // exponent; any other value sends the vector to the reference.
+        // exponent; a vector holding any other value takes the general form.
         let em = _mm256_and_si256(v, _mm256_set1_epi16(0x7fff));
         let zero = _mm256_setzero_si256();
+        let sign = _mm256_set1_epi32(0x8000_0000_u32 as i32);
+        let lo_em = _mm256_and_si256(em, _mm256_set1_epi32(0xffff));
+        let lo_sign = _mm256_and_si256(_mm256_slli_epi32::<16>(v), sign);
+        let hi_em = _mm256_srli_epi32::<16>(em);
+        let hi_sign = _mm256_and_si256(v, sign);
         let special = _mm256_or_si256(
             _mm256_cmpgt_epi16(em, _mm256_set1_epi16(0x7bff)),
             _mm256_and_si256(
@@ -605,19 +630,16 @@ mod x86 {
             ),
         );
         if _mm256_movemask_epi8(special) != 0 {
-            let (lo, hi) = widen_f16_halves::<8>(bytemuck::cast(v));
-            return (bytemuck::cast(lo), bytemuck::cast(hi));
+            return (
+                widen8_f16_any(lo_em, lo_sign),
+                widen8_f16_any(hi_em, hi_sign),
+            );
         }
-        let sign = _mm256_set1_epi32(0x8000_0000_u32 as i32);
         let bias = _mm256_set1_epi32(112 << 23);
         let normal = |em: __m256i, sign: __m256i| {
             let r = _mm256_add_epi32(_mm256_slli_epi32::<13>(em), bias);
             _mm256_or_si256(sign, _mm256_andnot_si256(_mm256_cmpeq_epi32(em, zero), r))
         };
-        let lo_em = _mm256_and_si256(em, _mm256_set1_epi32(0xffff));
-        let lo_sign = _mm256_and_si256(_mm256_slli_epi32::<16>(v), sign);
-        let hi_em = _mm256_srli_epi32::<16>(em);
-        let hi_sign = _mm256_and_si256(v, sign);
         (normal(lo_em, lo_sign), normal(hi_em, hi_sign))
     }
 
@@ -733,22 +755,15 @@ mod x86 {
             | _mm512_cmpgt_epu32_mask(hi_em, inf)
             | _mm512_cmplt_epu32_mask(_mm512_sub_epi32(lo_em, one), sub)
             | _mm512_cmplt_epu32_mask(_mm512_sub_epi32(hi_em, one), sub);
+        let sign = _mm512_set1_epi32(0x8000_0000_u32 as i32);
+        let lo_sign = _mm512_and_si512(_mm512_slli_epi32::<16>(v), sign);
+        let hi_sign = _mm512_and_si512(v, sign);
         if special != 0 {
-            let words: [u32; 16] = {
-                let mut b = [0u8; 64];
-                // SAFETY: `b` is 64 writable bytes, `_mm512_storeu_si512`
-                // accepts any alignment, and the CPU has AVX-512F (this
-                // function's target feature).
-                unsafe { _mm512_storeu_si512(b.as_mut_ptr().cast(), v) };
-                bytemuck::cast(b)
-            };
-            let (lo, hi) = widen_f16_halves::<16>(words);
             return (
-                load16(bytemuck::cast_ref(&lo)),
-                load16(bytemuck::cast_ref(&hi)),
+                widen16_f16_any(lo_em, lo_sign),
+                widen16_f16_any(hi_em, hi_sign),
             );
         }
-        let sign = _mm512_set1_epi32(0x8000_0000_u32 as i32);
         let bias = _mm512_set1_epi32(112 << 23);
         // Zero stays zero (the mask keeps only non-zero lanes), normal
         // numbers are rebiased; the sign bit is put back on both.
@@ -759,10 +774,35 @@ mod x86 {
                 _mm512_maskz_add_epi32(nz, _mm512_slli_epi32::<13>(em), bias),
             )
         };
-        (
-            normal(lo_em, _mm512_and_si512(_mm512_slli_epi32::<16>(v), sign)),
-            normal(hi_em, _mm512_and_si512(v, sign)),
-        )
+        (normal(lo_em, lo_sign), normal(hi_em, hi_sign))
+    }
+
+    /// [`widen8_f16_any`] with AVX-512: 16 values.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn widen16_f16_any(em: __m512i, sign: __m512i) -> __m512i {
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        fn norm<const S: u32>(m: __m512i, k: __m512i) -> (__m512i, __m512i) {
+            let take = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x800 >> S));
+            (
+                _mm512_mask_slli_epi32::<S>(m, take, m),
+                _mm512_mask_add_epi32(k, take, k, _mm512_set1_epi32(S as i32)),
+            )
+        }
+        let (m, k) = norm::<8>(em, _mm512_setzero_si512());
+        let (m, k) = norm::<4>(m, k);
+        let (m, k) = norm::<2>(m, k);
+        let (m, k) = norm::<1>(m, k);
+        let bias = _mm512_set1_epi32(112 << 23);
+        let r = _mm512_sub_epi32(
+            _mm512_add_epi32(_mm512_slli_epi32::<13>(m), bias),
+            _mm512_slli_epi32::<23>(k),
+        );
+        let inf_nan = _mm512_cmpgt_epu32_mask(em, _mm512_set1_epi32(0x7bff));
+        let r = _mm512_mask_add_epi32(r, inf_nan, r, bias);
+        let nz = _mm512_test_epi32_mask(em, em);
+        _mm512_or_si512(sign, _mm512_maskz_mov_epi32(nz, r))
     }
 
     /// [`super::fused_blocks`] with AVX-512: each 64-byte load is 16 raw
