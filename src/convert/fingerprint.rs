@@ -373,7 +373,7 @@ fn fused_blocks<const F16: bool>(
     {
         if x86::has_avx512() {
             // SAFETY: `fused_blocks_avx512` only needs the AVX-512
-            // foundation instructions (it is otherwise an ordinary safe
+            // foundation and byte/word instructions (it is otherwise an ordinary safe
             // function apart from its loads, argued inside), and the CPU
             // running this code was just detected to have them.
             return unsafe { x86::fused_blocks_avx512::<F16>(first_raw, first_wide, blocks) };
@@ -531,11 +531,12 @@ mod x86 {
         lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
     }
 
-    /// Whether the running CPU has the AVX-512 foundation instructions
-    /// (cached by the standard library).
+    /// Whether the running CPU has the AVX-512 foundation and byte/word
+    /// instructions (cached by the standard library).
     #[inline(always)]
     pub(super) fn has_avx512() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
     }
 
     /// The lane keys for `V` vectors of `N` words covering one raw block of
@@ -703,18 +704,18 @@ mod x86 {
     }
 
     /// Loads 64 bytes (16 words) into a vector.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
     fn load16(b: &[u8; 64]) -> __m512i {
         // SAFETY: `b` is a reference to 64 initialised bytes, so the 64-byte
         // read at its address is in bounds; `_mm512_loadu_si512` accepts
-        // any alignment, and the CPU has AVX-512F (this function's target
-        // feature).
+        // any alignment, and the CPU has AVX-512F (one of this function's
+        // target features).
         unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
     }
 
     /// [`step`] with AVX-512: 16 words per vector.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
     fn step16(
         w: __m512i,
@@ -737,24 +738,24 @@ mod x86 {
     }
 
     /// [`widen8`] with AVX-512: 16 words.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
     fn widen16<const F16: bool>(v: __m512i) -> (__m512i, __m512i) {
         let hi_mask = _mm512_set1_epi32(0xffff_0000_u32 as i32);
         if !F16 {
             return (_mm512_slli_epi32::<16>(v), _mm512_and_si512(v, hi_mask));
         }
-        let lo_em = _mm512_and_si512(v, _mm512_set1_epi32(0x7fff));
-        let hi_em = _mm512_and_si512(_mm512_srli_epi32::<16>(v), _mm512_set1_epi32(0x7fff));
         // Special: an infinity or NaN (em > 0x7bff) or a subnormal
-        // (em - 1 < 0x3ff, unsigned: em = 0 wraps to the top).
-        let one = _mm512_set1_epi32(1);
-        let inf = _mm512_set1_epi32(0x7bff);
-        let sub = _mm512_set1_epi32(0x3ff);
-        let special = _mm512_cmpgt_epu32_mask(lo_em, inf)
-            | _mm512_cmpgt_epu32_mask(hi_em, inf)
-            | _mm512_cmplt_epu32_mask(_mm512_sub_epi32(lo_em, one), sub)
-            | _mm512_cmplt_epu32_mask(_mm512_sub_epi32(hi_em, one), sub);
+        // (em - 1 < 0x3ff, unsigned: em = 0 wraps to the top), tested on
+        // the 32 16-bit values at once.
+        let em = _mm512_and_si512(v, _mm512_set1_epi16(0x7fff));
+        let special = _mm512_cmpgt_epu16_mask(em, _mm512_set1_epi16(0x7bff))
+            | _mm512_cmplt_epu16_mask(
+                _mm512_sub_epi16(em, _mm512_set1_epi16(1)),
+                _mm512_set1_epi16(0x3ff),
+            );
+        let lo_em = _mm512_and_si512(em, _mm512_set1_epi32(0xffff));
+        let hi_em = _mm512_srli_epi32::<16>(em);
         let sign = _mm512_set1_epi32(0x8000_0000_u32 as i32);
         let lo_sign = _mm512_and_si512(_mm512_slli_epi32::<16>(v), sign);
         let hi_sign = _mm512_and_si512(v, sign);
@@ -778,10 +779,10 @@ mod x86 {
     }
 
     /// [`widen8_f16_any`] with AVX-512: 16 values.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw")]
     #[inline]
     fn widen16_f16_any(em: __m512i, sign: __m512i) -> __m512i {
-        #[target_feature(enable = "avx512f")]
+        #[target_feature(enable = "avx512f,avx512bw")]
         #[inline]
         fn norm<const S: u32>(m: __m512i, k: __m512i) -> (__m512i, __m512i) {
             let take = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x800 >> S));
@@ -805,10 +806,10 @@ mod x86 {
         _mm512_or_si512(sign, _mm512_maskz_mov_epi32(nz, r))
     }
 
-    /// [`super::fused_blocks`] with AVX-512: each 64-byte load is 16 raw
+    /// [`super::fused_blocks`] with AVX-512 (F and BW): each 64-byte load is 16 raw
     /// words and the 32 elements whose widenings are summed against the
     /// lane keys of [`ROWS16`].
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) fn fused_blocks_avx512<const F16: bool>(
         first_raw: u64,
         first_wide: u64,
@@ -1268,7 +1269,7 @@ mod tests {
                             got.push(("avx2", s));
                         }
                         if x86::has_avx512() {
-                            // SAFETY: AVX-512F was just detected.
+                            // SAFETY: AVX-512F and AVX-512BW were just detected.
                             let s = unsafe {
                                 if f16 {
                                     x86::fused_blocks_avx512::<true>(first, 2 * first, blocks)
