@@ -43,12 +43,17 @@
 //!   sums of all pieces (wrapping) and [`finish`] with the total byte length.
 //! - [`Fingerprinter`]: the same for a buffer that arrives in order, in
 //!   pieces of any length (not necessarily whole words).
+//! - [`sum_raw_and_widened`]: for a piece of a bf16 or f16 buffer, both the
+//!   partial sum of its bytes and that of their f32 widening, in one pass
+//!   (what a verified bf16/f16 -> f32 upload checks).
 //!
 //! Inside a 256-word block the block key is constant, so the loops work
 //! block by block with the lane keys taken from precomputed tables
 //! ([`LANE_ADD`], [`LANE_MUL`]): a portable loop the compiler vectorises
 //! (SSE2 on x86-64), and on x86-64 an AVX2 loop chosen at run time, which
-//! also computes block keys ahead and prefetches the data 4 KiB ahead.
+//! also computes block keys ahead and prefetches the data 4 KiB ahead
+//! (for [`sum_raw_and_widened`] also an AVX-512 loop, chosen first when the
+//! CPU has AVX-512F and AVX-512BW).
 //! [`term`] is the one-word reference; [`sum_bytes`] and [`sum_words`] equal
 //! the sum of [`term`] over the words (tested).
 
@@ -288,7 +293,8 @@ impl RawAndWidened {
 /// elsewhere. The words before the first whole block and after the last
 /// one (less than 1 KiB each) take the separate loops.
 ///
-/// Returns `None` when `from` is neither [`DType::BF16`] nor [`DType::F16`].
+/// Returns `None` when `from` is neither [`DType::BF16`](crate::DType::BF16)
+/// nor [`DType::F16`](crate::DType::F16).
 ///
 /// ```
 /// use rocm_safe::convert::fingerprint::{sum_bytes, sum_raw_and_widened};
