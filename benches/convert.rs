@@ -11,6 +11,16 @@
 //!   memory read bandwidth).
 //! - `expected_fingerprint`: bf16 -> f32 of 32 Mi elements (the hash of the
 //!   128 MiB output, without writing it), `Throughput::Bytes(6 n)` as above.
+//! - `raw_widened_sums`: the transfer loader's two host sums of a bf16 or
+//!   f16 piece (the fingerprint partial sum of the bytes and that of their
+//!   f32 widening), `two_passes` (`sum_bytes`, then the widened sum as
+//!   `expected_fingerprint` computes it) against `fused`
+//!   (`sum_raw_and_widened`, one pass); weight-like data,
+//!   `Throughput::Bytes` of the source. `1MiB_1thread`: one 1 MiB piece
+//!   (the loader's read size, in cache) in a 1-thread pool;
+//!   `128MiB_1thread`: a 128 MiB buffer in 1 MiB pieces in a 1-thread
+//!   pool; `128MiB_rayon`: the same pieces over the whole pool (as the
+//!   loader runs them).
 //! - `pairs`: every converting pair on 4 Mi weight-like elements (uniform
 //!   in [-0.1, 0.1]), all threads, `Throughput::Bytes` of source plus
 //!   destination.
@@ -174,5 +184,75 @@ fn pairs(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bf16_to_f32, fingerprint_group, pairs);
+/// Both sums of the piece starting at a byte offset.
+type PieceSums = dyn Fn(usize, &[u8]) -> (u64, u64) + Sync;
+
+fn raw_widened_sums(c: &mut Criterion) {
+    use rayon::prelude::*;
+    const PIECE: usize = 1 << 20;
+    let n = 64 << 20;
+    let vals = weights(n);
+    let pool = one_thread_pool();
+    let mut g = c.benchmark_group("raw_widened_sums");
+    configure(&mut g);
+    for from in [DType::BF16, DType::F16] {
+        let mut src = vec![0u8; 2 * n];
+        convert::convert_bytes(DType::F32, bytemuck::cast_slice(&vals), from, &mut src).unwrap();
+        // The loader's pieces: word position of each piece's start.
+        let two_passes = move |start: usize, piece: &[u8]| {
+            let raw = fingerprint::sum_bytes((start / 4) as u64, piece);
+            let conv = convert::expected_fingerprint(from, piece, DType::F32).unwrap();
+            (raw, conv.0)
+        };
+        let fused = move |start: usize, piece: &[u8]| {
+            let s = fingerprint::sum_raw_and_widened(from, (start / 4) as u64, piece).unwrap();
+            (s.raw, s.widened)
+        };
+        let one = &src[..PIECE];
+        let all = &src[..];
+        let name = from.name();
+        g.throughput(Throughput::Bytes(PIECE as u64));
+        g.bench_function(format!("{name}/two_passes/1MiB_1thread"), |b| {
+            pool.install(|| b.iter(|| two_passes(0, black_box(one))))
+        });
+        g.bench_function(format!("{name}/fused/1MiB_1thread"), |b| {
+            pool.install(|| b.iter(|| fused(0, black_box(one))))
+        });
+        g.throughput(Throughput::Bytes(all.len() as u64));
+        let serial = |f: &PieceSums| {
+            all.chunks(PIECE)
+                .enumerate()
+                .map(|(k, p)| f(k * PIECE, p))
+                .fold(0u64, |s, (r, w)| s.wrapping_add(r ^ w))
+        };
+        let parallel = |f: &PieceSums| {
+            all.par_chunks(PIECE)
+                .enumerate()
+                .map(|(k, p)| f(k * PIECE, p))
+                .map(|(r, w)| r ^ w)
+                .reduce(|| 0, u64::wrapping_add)
+        };
+        g.bench_function(format!("{name}/two_passes/128MiB_1thread"), |b| {
+            pool.install(|| b.iter(|| serial(&two_passes)))
+        });
+        g.bench_function(format!("{name}/fused/128MiB_1thread"), |b| {
+            pool.install(|| b.iter(|| serial(&fused)))
+        });
+        g.bench_function(format!("{name}/two_passes/128MiB_rayon"), |b| {
+            b.iter(|| parallel(&two_passes))
+        });
+        g.bench_function(format!("{name}/fused/128MiB_rayon"), |b| {
+            b.iter(|| parallel(&fused))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bf16_to_f32,
+    fingerprint_group,
+    raw_widened_sums,
+    pairs
+);
 criterion_main!(benches);

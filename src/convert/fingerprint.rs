@@ -43,12 +43,17 @@
 //!   sums of all pieces (wrapping) and [`finish`] with the total byte length.
 //! - [`Fingerprinter`]: the same for a buffer that arrives in order, in
 //!   pieces of any length (not necessarily whole words).
+//! - [`sum_raw_and_widened`]: for a piece of a bf16 or f16 buffer, both the
+//!   partial sum of its bytes and that of their f32 widening, in one pass
+//!   (what a verified bf16/f16 -> f32 upload checks).
 //!
 //! Inside a 256-word block the block key is constant, so the loops work
 //! block by block with the lane keys taken from precomputed tables
 //! ([`LANE_ADD`], [`LANE_MUL`]): a portable loop the compiler vectorises
 //! (SSE2 on x86-64), and on x86-64 an AVX2 loop chosen at run time, which
-//! also computes block keys ahead and prefetches the data 4 KiB ahead.
+//! also computes block keys ahead and prefetches the data 4 KiB ahead
+//! (for [`sum_raw_and_widened`] also an AVX-512 loop, chosen first when the
+//! CPU has AVX-512F and AVX-512BW).
 //! [`term`] is the one-word reference; [`sum_bytes`] and [`sum_words`] equal
 //! the sum of [`term`] over the words (tested).
 
@@ -232,6 +237,200 @@ pub(crate) fn sum_bf16_as_f32_blocks(first_block: u64, blocks: &[[u8; 512]]) -> 
     s
 }
 
+// ----- raw and widened sums in one pass --------------------------------------
+
+/// The two partial sums that verify a piece of a bf16 or f16 buffer widened
+/// to f32 (see [`sum_raw_and_widened`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RawAndWidened {
+    /// The partial sum of the piece's own bytes: exactly
+    /// [`sum_bytes`]`(start_word, bytes)`.
+    pub raw: u64,
+    /// The partial sum of the exact f32 widening of the piece's whole
+    /// elements, whose first word is word `2 * start_word` of the f32
+    /// output.
+    pub widened: u64,
+}
+
+impl RawAndWidened {
+    /// Both sums added (wrapping): the sums of the union of two disjoint
+    /// pieces.
+    #[inline]
+    #[must_use]
+    pub const fn add(self, o: RawAndWidened) -> RawAndWidened {
+        RawAndWidened {
+            raw: self.raw.wrapping_add(o.raw),
+            widened: self.widened.wrapping_add(o.widened),
+        }
+    }
+}
+
+/// Both partial sums that verify a bf16 -> f32 or f16 -> f32 piece, in one
+/// pass over its bytes: the sum of the bytes themselves (what a copy must
+/// deliver) and the sum of their f32 widening (what the conversion must
+/// write), without writing the widening anywhere.
+///
+/// `bytes` is a piece of a buffer of `from` elements whose first byte is
+/// byte `4 * start_word` of that buffer: it starts on a word of the buffer
+/// (element `2 * start_word`), and its widening starts on word
+/// `2 * start_word` of the f32 output. Any alignment of `bytes` in memory
+/// and any `start_word` are accepted (`start_word + bytes.len()` below 2^61,
+/// as for every buffer that fits in memory). Then
+///
+/// - `raw == sum_bytes(start_word, bytes)` (a trailing partial word is
+///   zero-padded, as there: so `bytes` must end at a word boundary of the
+///   buffer or at its end);
+/// - `widened == sum_bytes(2 * start_word, w)` where `w` is the exact
+///   widening ([`super::scalar::bf16_to_f32`] or
+///   [`super::scalar::f16_to_f32`]) of the whole elements of `bytes` (a
+///   trailing odd byte is not an element and is left out of `widened`).
+///
+/// Every 1 KiB of `bytes` that is a whole keyed block of the buffer (it
+/// starts at a word position that is a multiple of [`BLOCK_WORDS`]) is one
+/// block of the raw sum and two blocks of the widened sum; those are summed
+/// together, each 32-byte (or, with AVX-512, 64-byte) load feeding both
+/// sums: AVX-512 or AVX2 loops chosen at run time on x86-64, a portable loop
+/// elsewhere. The words before the first whole block and after the last
+/// one (less than 1 KiB each) take the separate loops.
+///
+/// Returns `None` when `from` is neither [`DType::BF16`](crate::DType::BF16)
+/// nor [`DType::F16`](crate::DType::F16).
+///
+/// ```
+/// use rocm_safe::convert::fingerprint::{sum_bytes, sum_raw_and_widened};
+/// use rocm_safe::DType;
+/// let bf16: Vec<u8> = (0..4096u32).map(|i| (i * 37) as u8).collect();
+/// let f32: Vec<u8> = bf16
+///     .chunks_exact(2)
+///     .flat_map(|h| [0, 0, h[0], h[1]])
+///     .collect();
+/// let s = sum_raw_and_widened(DType::BF16, 256, &bf16).unwrap();
+/// assert_eq!(s.raw, sum_bytes(256, &bf16));
+/// assert_eq!(s.widened, sum_bytes(512, &f32));
+/// ```
+pub fn sum_raw_and_widened(
+    from: crate::dtype::DType,
+    start_word: u64,
+    bytes: &[u8],
+) -> Option<RawAndWidened> {
+    use crate::dtype::DType;
+    match from {
+        DType::BF16 => Some(raw_and_widened::<false>(start_word, bytes)),
+        DType::F16 => Some(raw_and_widened::<true>(start_word, bytes)),
+        _ => None,
+    }
+}
+
+/// The exact f32 widening of one bf16 (`F16 == false`) or f16 value.
+#[inline(always)]
+fn widen<const F16: bool>(h: u16) -> u32 {
+    if F16 {
+        super::kernels::f16_to_f32(h)
+    } else {
+        super::scalar::bf16_to_f32(h)
+    }
+}
+
+/// [`sum_raw_and_widened`] for bf16 (`F16 == false`) or f16.
+fn raw_and_widened<const F16: bool>(start_word: u64, bytes: &[u8]) -> RawAndWidened {
+    // Head: up to the first word position that starts a block.
+    let lane = (start_word % BLOCK_WORDS) as usize;
+    let head_len = if lane == 0 { 0 } else { 4 * (256 - lane) };
+    let (head, rest) = bytes.split_at_checked(head_len).unwrap_or((bytes, &[]));
+    let mut s = raw_and_widened_separately::<F16>(start_word, head);
+    let word = start_word.wrapping_add((head.len() / 4) as u64);
+    // Whole blocks: raw block `word / 256` is widened blocks `2 * that`
+    // and `2 * that + 1`.
+    let (blocks, tail) = rest.as_chunks::<1024>();
+    let first = word / BLOCK_WORDS;
+    s = s.add(fused_blocks::<F16>(first, first.wrapping_mul(2), blocks));
+    let word = word.wrapping_add(BLOCK_WORDS.wrapping_mul(blocks.len() as u64));
+    s.add(raw_and_widened_separately::<F16>(word, tail))
+}
+
+/// [`sum_raw_and_widened`] of a short piece with the separate loops: the
+/// raw sum by [`sum_bytes`], the widened one by widening into a buffer.
+fn raw_and_widened_separately<const F16: bool>(start_word: u64, bytes: &[u8]) -> RawAndWidened {
+    let raw = sum_bytes(start_word, bytes);
+    let mut widened = 0u64;
+    let mut word = start_word.wrapping_mul(2);
+    let mut buf = [[0u8; 4]; 512];
+    for piece in bytes.chunks(1024) {
+        let (elems, _) = piece.as_chunks::<2>();
+        for (o, &h) in buf.iter_mut().zip(elems) {
+            *o = widen::<F16>(u16::from_le_bytes(h)).to_le_bytes();
+        }
+        let out = buf.get(..elems.len()).unwrap_or(&[]);
+        widened = widened.wrapping_add(sum_bytes(word, out.as_flattened()));
+        word = word.wrapping_add(elems.len() as u64);
+    }
+    RawAndWidened { raw, widened }
+}
+
+/// Both sums of whole 1 KiB source blocks, the first being raw block
+/// `first_raw` and widened blocks `first_wide` and `first_wide + 1`:
+/// AVX-512 or AVX2 code when the CPU has it, else the portable loop.
+fn fused_blocks<const F16: bool>(
+    first_raw: u64,
+    first_wide: u64,
+    blocks: &[[u8; 1024]],
+) -> RawAndWidened {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx512() {
+            // SAFETY: `fused_blocks_avx512` only needs the AVX-512
+            // foundation and byte/word instructions (it is otherwise an ordinary safe
+            // function apart from its loads, argued inside), and the CPU
+            // running this code was just detected to have them.
+            return unsafe { x86::fused_blocks_avx512::<F16>(first_raw, first_wide, blocks) };
+        }
+        if super::kernels::has_avx2() {
+            // SAFETY: `fused_blocks_avx2` only needs the AVX2 instruction
+            // set (it is otherwise an ordinary safe function), and the CPU
+            // running this code was just detected to have it.
+            return unsafe { x86::fused_blocks_avx2::<F16>(first_raw, first_wide, blocks) };
+        }
+    }
+    fused_blocks_portable::<F16>(first_raw, first_wide, blocks)
+}
+
+/// [`fused_blocks`] without SIMD intrinsics: each 1 KiB block is summed as
+/// it is, then widened into a 2 KiB buffer and summed again while it is in
+/// the L1 cache (the loops vectorise).
+fn fused_blocks_portable<const F16: bool>(
+    first_raw: u64,
+    first_wide: u64,
+    blocks: &[[u8; 1024]],
+) -> RawAndWidened {
+    let mut s = RawAndWidened::default();
+    let mut wide = [[0u8; 8]; 256];
+    for (k, b) in (0u64..).zip(blocks) {
+        let (pairs, _) = b.as_chunks::<8>();
+        if let Ok(pairs) = <&[[u8; 8]; 128]>::try_from(pairs) {
+            s.raw = s
+                .raw
+                .wrapping_add(full_block(first_raw.wrapping_add(k), pairs));
+        }
+        for (o, h) in wide.iter_mut().zip(b.as_chunks::<4>().0) {
+            let lo = widen::<F16>(u16::from_le_bytes([h[0], h[1]])) as u64;
+            let hi = widen::<F16>(u16::from_le_bytes([h[2], h[3]])) as u64;
+            *o = (lo | hi << 32).to_le_bytes();
+        }
+        let (w0, w1) = wide.split_at(128);
+        let wb = first_wide.wrapping_add(2 * k);
+        if let (Ok(w0), Ok(w1)) = (
+            <&[[u8; 8]; 128]>::try_from(w0),
+            <&[[u8; 8]; 128]>::try_from(w1),
+        ) {
+            s.widened = s
+                .widened
+                .wrapping_add(full_block(wb, w0))
+                .wrapping_add(full_block(wb.wrapping_add(1), w1));
+        }
+    }
+    s
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -336,6 +535,335 @@ mod x86 {
         }
         let lanes: [u64; 4] = bytemuck::cast(total);
         lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
+    }
+
+    /// Whether the running CPU has the AVX-512 foundation and byte/word
+    /// instructions (cached by the standard library).
+    #[inline(always)]
+    pub(super) fn has_avx512() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+    }
+
+    /// The lane keys for `V` vectors of `N` words covering one raw block of
+    /// 256 words, for the fused raw and widened sums. Row `k` holds, for the
+    /// words `r = N k + i` of vector `k`: `[raw add, raw mul, even add, even
+    /// mul, odd add, odd mul]`, where "even" is the widening of the word's
+    /// low element (widened lane `2 r mod 256`) and "odd" that of its high
+    /// element (lane `2 r + 1 mod 256`). The first `V / 2` rows fall in the
+    /// first of the two widened blocks, the others in the second.
+    const fn fused_rows<const N: usize, const V: usize>() -> [[[u32; N]; 6]; V] {
+        let mut rows = [[[0u32; N]; 6]; V];
+        let mut k = 0;
+        while k < V {
+            let mut i = 0;
+            while i < N {
+                let r = N * k + i;
+                let wide = (2 * r) % 256;
+                rows[k][0][i] = LANE_ADD[r];
+                rows[k][1][i] = LANE_MUL[r];
+                rows[k][2][i] = LANE_ADD[wide];
+                rows[k][3][i] = LANE_MUL[wide];
+                rows[k][4][i] = LANE_ADD[wide + 1];
+                rows[k][5][i] = LANE_MUL[wide + 1];
+                i += 1;
+            }
+            k += 1;
+        }
+        rows
+    }
+    const ROWS8: [[[u32; 8]; 6]; 32] = fused_rows::<8, 32>();
+    const ROWS16: [[[u32; 16]; 6]; 16] = fused_rows::<16, 16>();
+
+    /// The exact f16 -> f32 widening of 8 values, for any value: `em` holds
+    /// each value's exponent and mantissa (`h & 0x7fff`), `sign` its sign
+    /// in bit 31. Integer operations only, as [`crate::convert::scalar::f16_to_f32`]:
+    /// a subnormal mantissa is normalised by shifting it left by 8, 4, 2
+    /// and 1 places, each shift taken while the result stays below 2^11
+    /// (the greedy sum is the shift `k` that puts its top bit at bit 10,
+    /// and a zero shift for normal numbers); then the rebiased value is
+    /// `(m << 13) + ((112 - k) << 23)` (the top bit at 10 lands on the
+    /// exponent's lowest bit). Infinities and NaNs get another `112 << 23`
+    /// (exponent 31 -> 255), zeros stay zero.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn widen8_f16_any(em: __m256i, sign: __m256i) -> __m256i {
+        #[target_feature(enable = "avx2")]
+        #[inline]
+        fn norm<const S: i32>(m: __m256i, k: __m256i) -> (__m256i, __m256i) {
+            let take = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x800 >> S), m);
+            let by = _mm256_and_si256(take, _mm256_set1_epi32(S));
+            (_mm256_sllv_epi32(m, by), _mm256_add_epi32(k, by))
+        }
+        let zero = _mm256_setzero_si256();
+        let (m, k) = norm::<8>(em, zero);
+        let (m, k) = norm::<4>(m, k);
+        let (m, k) = norm::<2>(m, k);
+        let (m, k) = norm::<1>(m, k);
+        let bias = _mm256_set1_epi32(112 << 23);
+        let r = _mm256_sub_epi32(
+            _mm256_add_epi32(_mm256_slli_epi32::<13>(m), bias),
+            _mm256_slli_epi32::<23>(k),
+        );
+        let inf_nan = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff));
+        let r = _mm256_add_epi32(r, _mm256_and_si256(inf_nan, bias));
+        _mm256_or_si256(sign, _mm256_andnot_si256(_mm256_cmpeq_epi32(em, zero), r))
+    }
+
+    /// The f32 widenings of the low and the high 16-bit elements of the 8
+    /// words `v` (bf16 for `F16 == false`, else f16).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn widen8<const F16: bool>(v: __m256i) -> (__m256i, __m256i) {
+        if !F16 {
+            // bf16: the bit pattern shifted into the high half.
+            let hi_mask = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+            return (_mm256_slli_epi32::<16>(v), _mm256_and_si256(v, hi_mask));
+        }
+        // f16: zeros and normal numbers (the usual case) by rebiasing the
+        // exponent; a vector holding any other value takes the general form.
+        let em = _mm256_and_si256(v, _mm256_set1_epi16(0x7fff));
+        let zero = _mm256_setzero_si256();
+        let sign = _mm256_set1_epi32(0x8000_0000_u32 as i32);
+        let lo_em = _mm256_and_si256(em, _mm256_set1_epi32(0xffff));
+        let lo_sign = _mm256_and_si256(_mm256_slli_epi32::<16>(v), sign);
+        let hi_em = _mm256_srli_epi32::<16>(em);
+        let hi_sign = _mm256_and_si256(v, sign);
+        let special = _mm256_or_si256(
+            _mm256_cmpgt_epi16(em, _mm256_set1_epi16(0x7bff)),
+            _mm256_and_si256(
+                _mm256_cmpgt_epi16(em, zero),
+                _mm256_cmpgt_epi16(_mm256_set1_epi16(0x0400), em),
+            ),
+        );
+        if _mm256_movemask_epi8(special) != 0 {
+            return (
+                widen8_f16_any(lo_em, lo_sign),
+                widen8_f16_any(hi_em, hi_sign),
+            );
+        }
+        let bias = _mm256_set1_epi32(112 << 23);
+        let normal = |em: __m256i, sign: __m256i| {
+            let r = _mm256_add_epi32(_mm256_slli_epi32::<13>(em), bias);
+            _mm256_or_si256(sign, _mm256_andnot_si256(_mm256_cmpeq_epi32(em, zero), r))
+        };
+        (normal(lo_em, lo_sign), normal(hi_em, hi_sign))
+    }
+
+    /// [`super::fused_blocks`] with AVX2: each 32-byte load is 8 raw words
+    /// and the 16 elements whose widenings are summed against the lane
+    /// keys of [`ROWS8`].
+    #[target_feature(enable = "avx2")]
+    pub(super) fn fused_blocks_avx2<const F16: bool>(
+        first_raw: u64,
+        first_wide: u64,
+        blocks: &[[u8; 1024]],
+    ) -> super::RawAndWidened {
+        // Block keys ahead, as in `sum_blocks_avx2`: three per block.
+        const AHEAD: usize = 8;
+        const PREFETCH_BYTES: usize = 4096;
+        let mut raw_total = _mm256_setzero_si256();
+        let mut wide_total = _mm256_setzero_si256();
+        let bcast = |(a, m): (u32, u32)| (_mm256_set1_epi32(a as i32), _mm256_set1_epi32(m as i32));
+        for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
+            let mut keys = [[(0u32, 0u32); 3]; AHEAD];
+            for (j, k) in (0u64..).zip(keys.iter_mut()) {
+                let b = group * AHEAD as u64 + j;
+                let w = first_wide.wrapping_add(2 * b);
+                *k = [
+                    block_consts(first_raw.wrapping_add(b)),
+                    block_consts(w),
+                    block_consts(w.wrapping_add(1)),
+                ];
+            }
+            for (b, [rk, wk0, wk1]) in bs.iter().zip(&keys) {
+                let ahead = b.as_ptr().wrapping_add(PREFETCH_BYTES);
+                for line in 0..16 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+                }
+                let rk = bcast(*rk);
+                let mut raw = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                let mut wide = raw;
+                let (vectors, _) = b.as_chunks::<32>();
+                for ((vs, rows), wk) in vectors.chunks(16).zip(ROWS8.chunks(16)).zip([*wk0, *wk1]) {
+                    let wk = bcast(wk);
+                    for (v, [ra, rm, ea, em, oa, om]) in vs.iter().zip(rows) {
+                        let v: __m256i = bytemuck::cast(*v);
+                        raw = step(v, *ra, *rm, rk, raw);
+                        let (lo, hi) = widen8::<F16>(v);
+                        wide = step(lo, *ea, *em, wk, wide);
+                        wide = step(hi, *oa, *om, wk, wide);
+                    }
+                }
+                raw_total = _mm256_add_epi64(raw_total, _mm256_add_epi64(raw.0, raw.1));
+                wide_total = _mm256_add_epi64(wide_total, _mm256_add_epi64(wide.0, wide.1));
+            }
+        }
+        let fold = |v: __m256i| {
+            let lanes: [u64; 4] = bytemuck::cast(v);
+            lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
+        };
+        super::RawAndWidened {
+            raw: fold(raw_total),
+            widened: fold(wide_total),
+        }
+    }
+
+    /// Loads 64 bytes (16 words) into a vector.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn load16(b: &[u8; 64]) -> __m512i {
+        // SAFETY: `b` is a reference to 64 initialised bytes, so the 64-byte
+        // read at its address is in bounds; `_mm512_loadu_si512` accepts
+        // any alignment, and the CPU has AVX-512F (one of this function's
+        // target features).
+        unsafe { _mm512_loadu_si512(b.as_ptr().cast()) }
+    }
+
+    /// [`step`] with AVX-512: 16 words per vector.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn step16(
+        w: __m512i,
+        a: &[u32; 16],
+        m: &[u32; 16],
+        (ba, bm): (__m512i, __m512i),
+        (even, odd): (__m512i, __m512i),
+    ) -> (__m512i, __m512i) {
+        let a = load16(bytemuck::cast_ref(a));
+        let m = load16(bytemuck::cast_ref(m));
+        let x = _mm512_add_epi32(w, _mm512_xor_si512(a, ba));
+        let m = _mm512_xor_si512(m, bm);
+        (
+            _mm512_add_epi64(even, _mm512_mul_epu32(x, m)),
+            _mm512_add_epi64(
+                odd,
+                _mm512_mul_epu32(_mm512_srli_epi64::<32>(x), _mm512_srli_epi64::<32>(m)),
+            ),
+        )
+    }
+
+    /// [`widen8`] with AVX-512: 16 words.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn widen16<const F16: bool>(v: __m512i) -> (__m512i, __m512i) {
+        let hi_mask = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+        if !F16 {
+            return (_mm512_slli_epi32::<16>(v), _mm512_and_si512(v, hi_mask));
+        }
+        // Special: an infinity or NaN (em > 0x7bff) or a subnormal
+        // (em - 1 < 0x3ff, unsigned: em = 0 wraps to the top), tested on
+        // the 32 16-bit values at once.
+        let em = _mm512_and_si512(v, _mm512_set1_epi16(0x7fff));
+        let special = _mm512_cmpgt_epu16_mask(em, _mm512_set1_epi16(0x7bff))
+            | _mm512_cmplt_epu16_mask(
+                _mm512_sub_epi16(em, _mm512_set1_epi16(1)),
+                _mm512_set1_epi16(0x3ff),
+            );
+        let lo_em = _mm512_and_si512(em, _mm512_set1_epi32(0xffff));
+        let hi_em = _mm512_srli_epi32::<16>(em);
+        let sign = _mm512_set1_epi32(0x8000_0000_u32 as i32);
+        let lo_sign = _mm512_and_si512(_mm512_slli_epi32::<16>(v), sign);
+        let hi_sign = _mm512_and_si512(v, sign);
+        if special != 0 {
+            return (
+                widen16_f16_any(lo_em, lo_sign),
+                widen16_f16_any(hi_em, hi_sign),
+            );
+        }
+        let bias = _mm512_set1_epi32(112 << 23);
+        // Zero stays zero (the mask keeps only non-zero lanes), normal
+        // numbers are rebiased; the sign bit is put back on both.
+        let normal = |em: __m512i, sign: __m512i| {
+            let nz = _mm512_test_epi32_mask(em, em);
+            _mm512_or_si512(
+                sign,
+                _mm512_maskz_add_epi32(nz, _mm512_slli_epi32::<13>(em), bias),
+            )
+        };
+        (normal(lo_em, lo_sign), normal(hi_em, hi_sign))
+    }
+
+    /// [`widen8_f16_any`] with AVX-512: 16 values.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
+    fn widen16_f16_any(em: __m512i, sign: __m512i) -> __m512i {
+        #[target_feature(enable = "avx512f,avx512bw")]
+        #[inline]
+        fn norm<const S: u32>(m: __m512i, k: __m512i) -> (__m512i, __m512i) {
+            let take = _mm512_cmplt_epu32_mask(m, _mm512_set1_epi32(0x800 >> S));
+            (
+                _mm512_mask_slli_epi32::<S>(m, take, m),
+                _mm512_mask_add_epi32(k, take, k, _mm512_set1_epi32(S as i32)),
+            )
+        }
+        let (m, k) = norm::<8>(em, _mm512_setzero_si512());
+        let (m, k) = norm::<4>(m, k);
+        let (m, k) = norm::<2>(m, k);
+        let (m, k) = norm::<1>(m, k);
+        let bias = _mm512_set1_epi32(112 << 23);
+        let r = _mm512_sub_epi32(
+            _mm512_add_epi32(_mm512_slli_epi32::<13>(m), bias),
+            _mm512_slli_epi32::<23>(k),
+        );
+        let inf_nan = _mm512_cmpgt_epu32_mask(em, _mm512_set1_epi32(0x7bff));
+        let r = _mm512_mask_add_epi32(r, inf_nan, r, bias);
+        let nz = _mm512_test_epi32_mask(em, em);
+        _mm512_or_si512(sign, _mm512_maskz_mov_epi32(nz, r))
+    }
+
+    /// [`super::fused_blocks`] with AVX-512 (F and BW): each 64-byte load is 16 raw
+    /// words and the 32 elements whose widenings are summed against the
+    /// lane keys of [`ROWS16`].
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) fn fused_blocks_avx512<const F16: bool>(
+        first_raw: u64,
+        first_wide: u64,
+        blocks: &[[u8; 1024]],
+    ) -> super::RawAndWidened {
+        const AHEAD: usize = 8;
+        const PREFETCH_BYTES: usize = 4096;
+        let mut raw_total = _mm512_setzero_si512();
+        let mut wide_total = _mm512_setzero_si512();
+        let bcast = |(a, m): (u32, u32)| (_mm512_set1_epi32(a as i32), _mm512_set1_epi32(m as i32));
+        for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
+            let mut keys = [[(0u32, 0u32); 3]; AHEAD];
+            for (j, k) in (0u64..).zip(keys.iter_mut()) {
+                let b = group * AHEAD as u64 + j;
+                let w = first_wide.wrapping_add(2 * b);
+                *k = [
+                    block_consts(first_raw.wrapping_add(b)),
+                    block_consts(w),
+                    block_consts(w.wrapping_add(1)),
+                ];
+            }
+            for (b, [rk, wk0, wk1]) in bs.iter().zip(&keys) {
+                let ahead = b.as_ptr().wrapping_add(PREFETCH_BYTES);
+                for line in 0..16 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+                }
+                let rk = bcast(*rk);
+                let mut raw = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                let mut wide = raw;
+                let (vectors, _) = b.as_chunks::<64>();
+                for ((vs, rows), wk) in vectors.chunks(8).zip(ROWS16.chunks(8)).zip([*wk0, *wk1]) {
+                    let wk = bcast(wk);
+                    for (v, [ra, rm, ea, em, oa, om]) in vs.iter().zip(rows) {
+                        let v = load16(v);
+                        raw = step16(v, ra, rm, rk, raw);
+                        let (lo, hi) = widen16::<F16>(v);
+                        wide = step16(lo, ea, em, wk, wide);
+                        wide = step16(hi, oa, om, wk, wide);
+                    }
+                }
+                raw_total = _mm512_add_epi64(raw_total, _mm512_add_epi64(raw.0, raw.1));
+                wide_total = _mm512_add_epi64(wide_total, _mm512_add_epi64(wide.0, wide.1));
+            }
+        }
+        super::RawAndWidened {
+            raw: _mm512_reduce_add_epi64(raw_total) as u64,
+            widened: _mm512_reduce_add_epi64(wide_total) as u64,
+        }
     }
 
     /// [`super::sum_blocks`] with AVX2: 8 words per vector; the word sums
@@ -635,6 +1163,263 @@ mod tests {
                 let fused = unsafe { x86::sum_bf16_as_f32_blocks_avx2(first, blocks) };
                 assert_eq!(fused, want);
             }
+        }
+    }
+
+    /// Deterministic pseudo-random bytes.
+    fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                mix64(s) as u8
+            })
+            .collect()
+    }
+
+    /// Mostly normal f16 values (as in real tensors) with zeros, both
+    /// infinities, NaNs (quiet and signalling) and subnormals planted at
+    /// varying positions; as bf16 the same bits are ordinary values.
+    fn mostly_normal_f16(n: usize, seed: u64) -> Vec<u8> {
+        const SPECIAL: [u16; 10] = [
+            0x0000, 0x8000, 0x0001, 0x83ff, 0x03ff, 0x7c00, 0xfc00, 0x7e01, 0x7c01, 0xffff,
+        ];
+        let mut s = seed;
+        (0..n)
+            .flat_map(|i| {
+                s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let r = mix64(s);
+                let h = if i % 97 == 13 {
+                    SPECIAL[(r >> 40) as usize % SPECIAL.len()]
+                } else {
+                    (r as u16 & 0x83ff) | ((1 + (r >> 16) as u16 % 30) << 10)
+                };
+                h.to_le_bytes()
+            })
+            .collect()
+    }
+
+    /// The definition: `(raw, widened)` of `bytes` at word `start` as sums
+    /// of [`term`] over the words and over the widened elements.
+    fn fused_by_definition(f16: bool, start: u64, bytes: &[u8]) -> RawAndWidened {
+        let raw = bytes.chunks(4).enumerate().fold(0u64, |acc, (k, w)| {
+            let mut b = [0u8; 4];
+            b[..w.len()].copy_from_slice(w);
+            acc.wrapping_add(term(start + k as u64, u32::from_le_bytes(b)))
+        });
+        let widened = bytes.chunks_exact(2).enumerate().fold(0u64, |acc, (k, h)| {
+            let h = u16::from_le_bytes([h[0], h[1]]);
+            let w = if f16 {
+                crate::convert::scalar::f16_to_f32(h)
+            } else {
+                crate::convert::scalar::bf16_to_f32(h)
+            };
+            acc.wrapping_add(term(2 * start + k as u64, w))
+        });
+        RawAndWidened { raw, widened }
+    }
+
+    /// The two separate existing sums: [`sum_bytes`] of the bytes and
+    /// [`sum_bytes`] of the output of `convert_bytes`.
+    fn fused_by_separate_sums(f16: bool, start: u64, bytes: &[u8]) -> RawAndWidened {
+        use crate::dtype::DType;
+        let from = if f16 { DType::F16 } else { DType::BF16 };
+        let whole = &bytes[..bytes.len() / 2 * 2];
+        let mut out = vec![0u8; 2 * whole.len()];
+        crate::convert::convert_bytes(from, whole, DType::F32, &mut out).unwrap();
+        RawAndWidened {
+            raw: sum_bytes(start, bytes),
+            widened: sum_bytes(2 * start, &out),
+        }
+    }
+
+    /// Every build of the fused block loop (portable, AVX2, AVX-512 where
+    /// the CPU has them) against the definition, for bf16 and f16 over
+    /// every 16-bit pattern in both halves of a word, random words, and
+    /// mostly normal data with planted special values.
+    #[test]
+    fn fused_block_builds_equal_the_definition() {
+        let every: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
+        let every_swapped: Vec<u8> = (0..=u16::MAX).flat_map(|h| (h ^ 1).to_le_bytes()).collect();
+        let inputs = [
+            every,
+            every_swapped,
+            random_bytes(37 * 1024, 7),
+            mostly_normal_f16(40 * 512, 8),
+        ];
+        for bytes in &inputs {
+            let (blocks, _) = bytes.as_chunks::<1024>();
+            let whole = blocks.as_flattened();
+            for first in [0u64, 3, 1 << 40] {
+                for f16 in [false, true] {
+                    let want = fused_by_definition(f16, first * BLOCK_WORDS, whole);
+                    let mut got = vec![(
+                        "portable",
+                        if f16 {
+                            fused_blocks_portable::<true>(first, 2 * first, blocks)
+                        } else {
+                            fused_blocks_portable::<false>(first, 2 * first, blocks)
+                        },
+                    )];
+                    #[cfg(target_arch = "x86_64")]
+                    {
+                        if super::super::kernels::has_avx2() {
+                            // SAFETY: AVX2 was just detected.
+                            let s = unsafe {
+                                if f16 {
+                                    x86::fused_blocks_avx2::<true>(first, 2 * first, blocks)
+                                } else {
+                                    x86::fused_blocks_avx2::<false>(first, 2 * first, blocks)
+                                }
+                            };
+                            got.push(("avx2", s));
+                        }
+                        if x86::has_avx512() {
+                            // SAFETY: AVX-512F and AVX-512BW were just detected.
+                            let s = unsafe {
+                                if f16 {
+                                    x86::fused_blocks_avx512::<true>(first, 2 * first, blocks)
+                                } else {
+                                    x86::fused_blocks_avx512::<false>(first, 2 * first, blocks)
+                                }
+                            };
+                            got.push(("avx512", s));
+                        }
+                    }
+                    for (name, s) in got {
+                        assert_eq!(s, want, "{name} f16={f16} first block {first}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Which builds the machine running the tests exercised (so a run on a
+    /// CPU without AVX-512 is visible in the log, not silently passing).
+    #[test]
+    fn report_fused_builds_tested() {
+        #[cfg(target_arch = "x86_64")]
+        println!(
+            "fused sums: avx2 {}, avx512 {}",
+            super::super::kernels::has_avx2(),
+            x86::has_avx512()
+        );
+        let s = sum_raw_and_widened(crate::dtype::DType::BF16, 0, &[1, 2, 3, 4]).unwrap();
+        assert_eq!(s, fused_by_definition(false, 0, &[1, 2, 3, 4]));
+    }
+
+    /// [`sum_raw_and_widened`] equals both the separate existing sums and
+    /// the definition at every start position the loader uses (multiples
+    /// of 64 KiB), at misaligned starts (head before the first block), with
+    /// lengths that are not a multiple of the block, odd word tails and a
+    /// trailing odd byte.
+    #[test]
+    fn fused_sums_equal_the_separate_sums() {
+        use crate::dtype::DType;
+        let starts = [
+            0u64,
+            1,
+            2,
+            127,
+            128,
+            255,
+            256,
+            257,
+            16 * 1024,
+            3 * 16 * 1024,
+            1 << 40,
+        ];
+        let lens = [
+            0usize,
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+            1018,
+            1020,
+            1022,
+            1023,
+            1024,
+            1026,
+            2048,
+            4 * 1024 + 6,
+            9 * 1024 + 2,
+            20_000,
+            65_536 + 1,
+        ];
+        let data = [random_bytes(70_000, 11), mostly_normal_f16(35_000, 12)];
+        for bytes in &data {
+            for &start in &starts {
+                for &len in &lens {
+                    let b = &bytes[..len];
+                    for (from, f16) in [(DType::BF16, false), (DType::F16, true)] {
+                        let got = sum_raw_and_widened(from, start, b).unwrap();
+                        let want = fused_by_separate_sums(f16, start, b);
+                        assert_eq!(got, want, "{from:?} start {start} len {len}");
+                        if len <= 4 * 1024 + 6 {
+                            assert_eq!(got, fused_by_definition(f16, start, b));
+                        }
+                    }
+                }
+            }
+        }
+        // The same at every alignment of the bytes in memory.
+        for shift in 1..8 {
+            let b = &data[0][shift..shift + 5000];
+            for (from, f16) in [(DType::BF16, false), (DType::F16, true)] {
+                assert_eq!(
+                    sum_raw_and_widened(from, 256, b).unwrap(),
+                    fused_by_separate_sums(f16, 256, b)
+                );
+            }
+        }
+    }
+
+    /// Pieces add up: the sums of consecutive word-aligned pieces equal
+    /// those of the whole (as the loader adds its 1 MiB parts).
+    #[test]
+    fn fused_sums_of_pieces_add_up() {
+        use crate::dtype::DType;
+        let bytes = random_bytes(3 * 65_536 + 10, 13);
+        let whole = sum_raw_and_widened(DType::F16, 0, &bytes).unwrap();
+        let mut acc = RawAndWidened::default();
+        for (k, piece) in bytes.chunks(65_536).enumerate() {
+            let s = sum_raw_and_widened(DType::F16, (k * 16_384) as u64, piece).unwrap();
+            acc = acc.add(s);
+        }
+        assert_eq!(acc, whole);
+        assert_eq!(whole.raw, sum_bytes(0, &bytes));
+    }
+
+    /// Only bf16 and f16 widen to f32 here: any other dtype is `None`.
+    #[test]
+    fn fused_sums_of_other_dtypes_are_none() {
+        use crate::dtype::DType;
+        for d in DType::ALL {
+            let got = sum_raw_and_widened(d, 0, &[0u8; 8]);
+            assert_eq!(
+                got.is_some(),
+                matches!(d, DType::BF16 | DType::F16),
+                "{d:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..Default::default() })]
+        /// Random pieces at random starts, for both dtypes.
+        #[test]
+        fn fused_sums_match_separate_sums(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..6000),
+            start in 0u64..5000,
+            f16 in proptest::prelude::any::<bool>(),
+        ) {
+            use crate::dtype::DType;
+            let from = if f16 { DType::F16 } else { DType::BF16 };
+            let got = sum_raw_and_widened(from, start, &bytes).unwrap();
+            proptest::prop_assert_eq!(got, fused_by_separate_sums(f16, start, &bytes));
         }
     }
 }
