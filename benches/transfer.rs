@@ -9,7 +9,14 @@
 //!   converting to f32 with `TRANSFER_POLICY` (`fingerprint`, `fused`,
 //!   `off`), `TRANSFER_RING` x `TRANSFER_BUFFER_MIB`, `TRANSFER_READAHEAD=0|1`, and prints file bytes/s and the peak RSS growth of each load
 //!   (`/proc/self/status` VmHWM after resetting it through
-//!   `/proc/self/clear_refs`, minus VmRSS before the load).
+//!   `/proc/self/clear_refs`, minus VmRSS before the load), the CPU time and
+//!   the load's [`rocm_safe::transfer::LoadTiming`] split.
+//! * `TRANSFER_READ_ONLY=1`: the page-cache read ceiling (1 MiB reads into
+//!   per-thread buffers that stay in cache, no device).
+//! * `TRANSFER_MODE=fill|copy|fillcopy`: the ring without the loader: reads
+//!   into `TRANSFER_RING` pinned buffers, copies of them to the device, or
+//!   both (`fillmmap`, `fillcopymmap`: copies out of a mapping instead of
+//!   reads); `TRANSFER_MODE=memory`: the host's memory copy and read rates.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -109,14 +116,24 @@ fn ring_modes(path: &str, mode: &str) {
         .collect();
     let total: u64 = files.iter().map(|f| f.1).sum();
     let (do_fill, do_copy) = match mode {
-        "fill" => (true, false),
+        "fill" | "fillmmap" => (true, false),
         "copy" => (false, true),
         _ => (true, true),
+    };
+    let mmap = mode.ends_with("mmap");
+    // SAFETY: the bench's files are not modified while it runs.
+    let maps: Vec<memmap2::Mmap> = if mmap {
+        files
+            .iter()
+            .map(|(f, _)| unsafe { memmap2::Mmap::map(f) }.expect("mmap"))
+            .collect()
+    } else {
+        Vec::new()
     };
     for run in 0..3 {
         let t = Instant::now();
         let mut k = 0usize;
-        for (f, len) in &files {
+        for (fi, (f, len)) in files.iter().enumerate() {
             let mut off = 0u64;
             while off < *len {
                 let l = ((*len - off) as usize).min(cap);
@@ -125,8 +142,13 @@ fn ring_modes(path: &str, mode: &str) {
                 if do_fill {
                     let s = &mut buf.as_mut_slice().expect("wait")[..l];
                     s.par_chunks_mut(1 << 20).enumerate().for_each(|(i, part)| {
-                        f.read_exact_at(part, off + (i as u64) * (1 << 20))
-                            .expect("read");
+                        let at = off + (i as u64) * (1 << 20);
+                        if mmap {
+                            let a = at as usize;
+                            part.copy_from_slice(&maps[fi][a..a + part.len()]);
+                        } else {
+                            f.read_exact_at(part, at).expect("read");
+                        }
                     });
                 }
                 if do_copy {
@@ -146,6 +168,38 @@ fn ring_modes(path: &str, mode: &str) {
             total as f64 / (1u64 << 30) as f64,
             rayon::current_num_threads(),
             total as f64 / secs / 1e9
+        );
+    }
+}
+
+/// The host's memory ceilings, no file and no device: 16 threads copying
+/// a 2 GiB buffer into a 128 MiB ring of ordinary memory in 1 MiB pieces
+/// (what a fill does once the page cache is in memory), and reading it
+/// (summing words).
+fn memory_ceiling() {
+    use rayon::prelude::*;
+    let src: Vec<u64> = (0..(2usize << 30) / 8).map(|i| i as u64).collect();
+    let mut ring = vec![0u64; (128usize << 20) / 8];
+    let piece = (1usize << 20) / 8;
+    for run in 0..3 {
+        let t = Instant::now();
+        for (k, chunk) in src.chunks(ring.len()).enumerate() {
+            ring.par_chunks_mut(piece)
+                .zip(chunk.par_chunks(piece))
+                .for_each(|(d, s)| d[..s.len()].copy_from_slice(s));
+            black_box((k, &ring));
+        }
+        let copy = (src.len() * 8) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        let t = Instant::now();
+        let sum: u64 = src
+            .par_chunks(piece)
+            .map(|c| c.iter().fold(0u64, |a, &w| a.wrapping_add(w)))
+            .reduce(|| 0, u64::wrapping_add);
+        black_box(sum);
+        let read = (src.len() * 8) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        println!(
+            "memory {run}: {} threads, copy 2 GiB into a 128 MiB ring {copy:.2} GB/s, read {read:.2} GB/s",
+            rayon::current_num_threads()
         );
     }
 }
@@ -300,6 +354,10 @@ fn main() {
     if let Ok(p) = std::env::var("TRANSFER_CKPT") {
         if std::env::var("TRANSFER_READ_ONLY").is_ok() {
             read_only(&p);
+            return;
+        }
+        if std::env::var("TRANSFER_MODE").is_ok_and(|m| m == "memory") {
+            memory_ceiling();
             return;
         }
         if let Ok(m) = std::env::var("TRANSFER_MODE") {
