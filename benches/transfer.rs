@@ -7,7 +7,8 @@
 //!   the whole checkpoint `TRANSFER_REPEAT` times (default 3) onto
 //!   `TRANSFER_BACKEND` (`cuda`, `hip` or `host`; default cuda when built)
 //!   converting to f32 with `TRANSFER_POLICY` (`fingerprint`, `fused`,
-//!   `off`), `TRANSFER_RING` x `TRANSFER_BUFFER_MIB`, `TRANSFER_READAHEAD=0|1`, and prints file bytes/s and the peak RSS growth of each load
+//!   `off`), `TRANSFER_RING` x `TRANSFER_BUFFER_MIB`, `TRANSFER_FILLS` (fills
+//!   at once), `TRANSFER_READAHEAD=0|1`, `TRANSFER_DTYPE=keep`, and prints file bytes/s and the peak RSS growth of each load
 //!   (`/proc/self/status` VmHWM after resetting it through
 //!   `/proc/self/clear_refs`, minus VmRSS before the load), the CPU time and
 //!   the load's [`rocm_safe::transfer::LoadTiming`] split.
@@ -240,8 +241,12 @@ fn figures(path: &str) {
     );
     let ckpt = Checkpoint::open(path).expect("open checkpoint");
     let keep = env_or("TRANSFER_DTYPE", "f32") == "keep";
+    let fills: Option<usize> = std::env::var("TRANSFER_FILLS")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let opts = LoadOptions {
         dtype: if keep { None } else { Some(DType::F32) },
+        concurrent_fills: fills,
         policy,
         ring_buffers: ring,
         buffer_bytes: mib << 20,

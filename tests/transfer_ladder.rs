@@ -216,6 +216,14 @@ fn bad_requests_and_options_are_errors() {
             ..small(None)
         },
         LoadOptions {
+            concurrent_fills: Some(0),
+            ..small(None)
+        },
+        LoadOptions {
+            concurrent_fills: Some(3),
+            ..small(None)
+        },
+        LoadOptions {
             buffer_bytes: 65 * 1024 * 1024,
             ..small(None)
         },
@@ -414,6 +422,25 @@ fn out_of_memory_releases_the_cached_ring_and_the_next_pass_makes_it_again() {
     // Every tensor is served where the fault-free load served it.
     let again: Vec<Rung> = loaded.report.tensors.iter().map(|t| t.rung).collect();
     assert_eq!(again, rungs);
+}
+
+#[test]
+fn one_or_two_fills_at_a_time_load_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let dev = Device::host();
+    for k in [1, 2] {
+        let opts = LoadOptions {
+            concurrent_fills: Some(k),
+            ..small(Some(DType::F32))
+        };
+        let mut l = Loader::new(&dev, opts).unwrap();
+        for _ in 0..2 {
+            let loaded = l.load_all(&ckpt).unwrap();
+            assert_exact(&ckpt, &loaded);
+            assert!(loaded.report.ring_jobs > 2, "{}", loaded.report.ring_jobs);
+        }
+    }
 }
 
 #[test]

@@ -129,6 +129,12 @@ pub struct LoadOptions {
     /// (`posix_fadvise(WILLNEED)`): keeps the disk busy when the page cache
     /// is cold; a page-cache walk when it is warm.
     pub readahead: bool,
+    /// How many pinned buffers are filled at once (`Some(1..=ring_buffers)`;
+    /// `None`, the default: all of them). Each fill is split into
+    /// `read_bytes` tasks over the rayon pool; with fewer fills at once each
+    /// one finishes sooner (its buffer goes to the copy engine earlier),
+    /// with more the pool has more to choose from.
+    pub concurrent_fills: Option<usize>,
     /// Device bytes the loader may use: its own staging
     /// ([`Loader::staging_device_bytes`]: the ring's device buffers and one
     /// more for the lower rungs) plus the loaded tensors. The tensors (in
@@ -150,6 +156,7 @@ impl Default for LoadOptions {
             small_chunk_bytes: MIB,
             fallback: Fallback::Ladder,
             memory_budget: None,
+            concurrent_fills: None,
         }
     }
 }
@@ -167,6 +174,12 @@ impl LoadOptions {
         let bad = |field, reason| Err(Error::InvalidLoadOptions { field, reason });
         if !(2..=4).contains(&self.ring_buffers) {
             return bad("ring_buffers", "must be 2, 3 or 4");
+        }
+        if self
+            .concurrent_fills
+            .is_some_and(|k| !(1..=self.ring_buffers).contains(&k))
+        {
+            return bad("concurrent_fills", "must be 1..=ring_buffers");
         }
         if !(64 * 1024..=64 * MIB).contains(&self.buffer_bytes)
             || !self.buffer_bytes.is_multiple_of(SPLIT_ALIGN)
@@ -958,14 +971,24 @@ impl Loader {
                     advise(sources, items, job);
                 }
             }
-            for s in 0..n {
-                if next < jobs.len() {
-                    if let Some(buf) = ring.pinned.get_mut(s).and_then(Option::take) {
-                        spawn(next, s, buf);
-                        next += 1;
-                        outstanding += 1;
-                    }
-                }
+            // Buffers free for the next fill, in the order they were
+            // submitted (each fill first waits for its buffer's copy).
+            let max_fills = self.opts.concurrent_fills.unwrap_or(n).clamp(1, n.max(1));
+            let mut free: std::collections::VecDeque<(usize, PinnedBuffer<u8>)> = (0..n)
+                .filter_map(|s| {
+                    ring.pinned
+                        .get_mut(s)
+                        .and_then(Option::take)
+                        .map(|b| (s, b))
+                })
+                .collect();
+            while outstanding < max_fills && next < jobs.len() {
+                let Some((s, buf)) = free.pop_front() else {
+                    break;
+                };
+                spawn(next, s, buf);
+                next += 1;
+                outstanding += 1;
             }
             let mut in_flight: Vec<Option<(usize, Vec<Sums>)>> = (0..n).map(|_| None).collect();
             let mut result = Ok(());
@@ -1023,16 +1046,24 @@ impl Loader {
                 if let Some(f) = in_flight.get_mut(s) {
                     *f = Some((j, sums));
                 }
-                // The next fill into this buffer starts at once: its task
-                // waits for this copy first (the wait is timed). Handing the
-                // buffer back only when the copy is done was measured slower
-                // (BENCHMARKS.md, transfer run 7): the wake-up latency adds to
-                // every buffer's turnaround.
-                if next < jobs.len() {
-                    spawn(next, s, buf);
+                // The next fill starts at once on the oldest free buffer: its
+                // task waits for that buffer's copy first (the wait is
+                // timed). Handing a buffer out only when its copy is done
+                // was measured slower (BENCHMARKS.md, transfer, second
+                // session): the wake-up latency adds to every turnaround.
+                free.push_back((s, buf));
+                while outstanding < max_fills && next < jobs.len() {
+                    let Some((fs, fbuf)) = free.pop_front() else {
+                        break;
+                    };
+                    spawn(next, fs, fbuf);
                     next += 1;
                     outstanding += 1;
-                } else if let Some(p) = ring.pinned.get_mut(s) {
+                }
+            }
+            // Unused buffers go back to the ring.
+            while let Some((s, buf)) = free.pop_front() {
+                if let Some(p) = ring.pinned.get_mut(s) {
                     *p = Some(buf);
                 }
             }
