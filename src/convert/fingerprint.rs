@@ -650,6 +650,27 @@ mod x86 {
         (normal(lo_em, lo_sign), normal(hi_em, hi_sign))
     }
 
+    /// The keys of group `group` of `N` blocks for the fused loops, three
+    /// per block: the raw block's, then its two widened blocks' (each 1 KiB
+    /// raw block widens to 2 KiB).
+    fn fused_keys<const N: usize>(
+        first_raw: u64,
+        first_wide: u64,
+        group: u64,
+    ) -> [[(u32, u32); 3]; N] {
+        let mut keys = [[(0u32, 0u32); 3]; N];
+        for (j, k) in (0u64..).zip(keys.iter_mut()) {
+            let b = group * N as u64 + j;
+            let w = first_wide.wrapping_add(2 * b);
+            *k = [
+                block_consts(first_raw.wrapping_add(b)),
+                block_consts(w),
+                block_consts(w.wrapping_add(1)),
+            ];
+        }
+        keys
+    }
+
     /// [`super::fused_blocks`] with AVX2: each 32-byte load is 8 raw words
     /// and the 16 elements whose widenings are summed against the lane
     /// keys of [`ROWS8`].
@@ -666,16 +687,7 @@ mod x86 {
         let mut wide_total = _mm256_setzero_si256();
         let bcast = |(a, m): (u32, u32)| (_mm256_set1_epi32(a as i32), _mm256_set1_epi32(m as i32));
         for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
-            let mut keys = [[(0u32, 0u32); 3]; AHEAD];
-            for (j, k) in (0u64..).zip(keys.iter_mut()) {
-                let b = group * AHEAD as u64 + j;
-                let w = first_wide.wrapping_add(2 * b);
-                *k = [
-                    block_consts(first_raw.wrapping_add(b)),
-                    block_consts(w),
-                    block_consts(w.wrapping_add(1)),
-                ];
-            }
+            let keys = fused_keys::<AHEAD>(first_raw, first_wide, group);
             for (b, [rk, wk0, wk1]) in bs.iter().zip(&keys) {
                 let ahead = b.as_ptr().wrapping_add(PREFETCH_BYTES);
                 for line in 0..16 {
@@ -827,16 +839,7 @@ mod x86 {
         let mut wide_total = _mm512_setzero_si512();
         let bcast = |(a, m): (u32, u32)| (_mm512_set1_epi32(a as i32), _mm512_set1_epi32(m as i32));
         for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
-            let mut keys = [[(0u32, 0u32); 3]; AHEAD];
-            for (j, k) in (0u64..).zip(keys.iter_mut()) {
-                let b = group * AHEAD as u64 + j;
-                let w = first_wide.wrapping_add(2 * b);
-                *k = [
-                    block_consts(first_raw.wrapping_add(b)),
-                    block_consts(w),
-                    block_consts(w.wrapping_add(1)),
-                ];
-            }
+            let keys = fused_keys::<AHEAD>(first_raw, first_wide, group);
             for (b, [rk, wk0, wk1]) in bs.iter().zip(&keys) {
                 let ahead = b.as_ptr().wrapping_add(PREFETCH_BYTES);
                 for line in 0..16 {
