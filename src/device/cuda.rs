@@ -515,16 +515,6 @@ unsafe impl Backend for CudaBackend {
         unsafe { cu::event::synchronize(event(e)) }.map_err(|e| err("cuEventSynchronize", e))
     }
 
-    unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
-        self.bind()?;
-        // SAFETY: the caller passes a live event.
-        match unsafe { cu::event::query(event(e)) } {
-            Ok(()) => Ok(true),
-            Err(d) if d.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            Err(d) => Err(err("cuEventQuery", d)),
-        }
-    }
-
     unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller passes live handles.

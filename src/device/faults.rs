@@ -460,11 +460,6 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         unsafe { self.inner.event_synchronize(e) }
     }
 
-    unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.event_query(e) }
-    }
-
     unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.stream_wait_event(s, e) }

@@ -294,18 +294,6 @@ pub unsafe trait Backend: Send + Sync + std::fmt::Debug + 'static {
     /// # Safety
     /// `e` is live.
     unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()>;
-    /// Whether the work recorded before `e` is done, without waiting
-    /// (`true` for an event never recorded). The default waits for it
-    /// ([`Backend::event_synchronize`]) and says `true`: correct, only not
-    /// asynchronous.
-    ///
-    /// # Safety
-    /// See the trait docs.
-    unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
-        // SAFETY: the caller's guarantees are those of event_synchronize.
-        unsafe { self.event_synchronize(e) }?;
-        Ok(true)
-    }
     /// Makes later work on `s` wait for `e`.
     ///
     /// # Safety
@@ -558,10 +546,6 @@ unsafe impl Backend for Box<dyn Backend> {
     unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
         // SAFETY: the caller's guarantees, forwarded.
         unsafe { (**self).event_synchronize(e) }
-    }
-    unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { (**self).event_query(e) }
     }
     unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
         // SAFETY: the caller's guarantees, forwarded.
@@ -1165,13 +1149,6 @@ impl Event {
         unsafe { self.device.backend().event_synchronize(self.raw) }
     }
 
-    /// Whether the work before the last record is done, without waiting
-    /// (`true` for an event never recorded).
-    pub fn is_done(&self) -> Result<bool> {
-        // SAFETY: the handle is live while `self` is.
-        unsafe { self.device.backend().event_query(self.raw) }
-    }
-
     /// Milliseconds from `self` to `end` (both recorded and complete).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         if !self.device.same(&end.device) {
@@ -1756,15 +1733,6 @@ impl<T: bytemuck::Pod> PinnedBuffer<T> {
         stream.record(&ev)?;
         self.pending = Some(ev);
         Ok(())
-    }
-
-    /// Whether the last asynchronous copy that used this buffer is done
-    /// (so host access will not wait).
-    pub fn is_ready(&self) -> Result<bool> {
-        match &self.pending {
-            Some(ev) => ev.is_done(),
-            None => Ok(true),
-        }
     }
 
     /// Waits for the last asynchronous copy that used this buffer.

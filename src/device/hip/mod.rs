@@ -496,12 +496,6 @@ unsafe impl Backend for HipBackend {
         unsafe { result::event::synchronize(event(e)) }.map_err(|e| err("hipEventSynchronize", e))
     }
 
-    unsafe fn event_query(&self, e: RawEvent) -> Result<bool> {
-        self.bind()?;
-        // SAFETY: live event (caller).
-        unsafe { result::event::query(event(e)) }.map_err(|e| err("hipEventQuery", e))
-    }
-
     unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
         self.bind()?;
         // SAFETY: live handles (caller).

@@ -296,20 +296,6 @@ pub mod event {
         unsafe { sys::hipEventSynchronize(e) }.result()
     }
 
-    /// `hipEventQuery`: `Ok(true)` when the work before the event is done,
-    /// `Ok(false)` while it runs (`hipErrorNotReady`).
-    ///
-    /// # Safety
-    /// `e` is live.
-    pub unsafe fn query(e: sys::hipEvent_t) -> Result<bool, HipError> {
-        // SAFETY: caller.
-        let r = unsafe { sys::hipEventQuery(e) };
-        if r == sys::hipError_t::hipErrorNotReady {
-            return Ok(false);
-        }
-        r.result().map(|()| true)
-    }
-
     /// `hipEventElapsedTime`.
     ///
     /// # Safety
