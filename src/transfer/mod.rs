@@ -982,17 +982,21 @@ impl Loader {
                         .map(|b| (s, b))
                 })
                 .collect();
-            while outstanding < max_fills && next < jobs.len() {
-                let Some((s, buf)) = free.pop_front() else {
-                    break;
-                };
-                spawn(next, s, buf);
-                next += 1;
-                outstanding += 1;
-            }
             let mut in_flight: Vec<Option<(usize, Vec<Sums>)>> = (0..n).map(|_| None).collect();
             let mut result = Ok(());
-            while outstanding > 0 {
+            loop {
+                // Start fills on free buffers (none once aborting).
+                while result.is_ok() && outstanding < max_fills && next < jobs.len() {
+                    let Some((s, buf)) = free.pop_front() else {
+                        break;
+                    };
+                    spawn(next, s, buf);
+                    next += 1;
+                    outstanding += 1;
+                }
+                if outstanding == 0 {
+                    break;
+                }
                 let tw = Instant::now();
                 let Ok((j, s, mut buf, filled, (blocked, busy))) = rx.recv() else {
                     break;
@@ -1052,14 +1056,6 @@ impl Loader {
                 // was measured slower (BENCHMARKS.md, transfer, second
                 // session): the wake-up latency adds to every turnaround.
                 free.push_back((s, buf));
-                while outstanding < max_fills && next < jobs.len() {
-                    let Some((fs, fbuf)) = free.pop_front() else {
-                        break;
-                    };
-                    spawn(next, fs, fbuf);
-                    next += 1;
-                    outstanding += 1;
-                }
             }
             // Unused buffers go back to the ring.
             while let Some((s, buf)) = free.pop_front() {
