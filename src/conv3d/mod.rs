@@ -74,20 +74,22 @@ fn open_default_gpu() -> std::result::Result<Device, String> {
 fn default_tiers() -> Vec<Box<dyn Conv3dTier>> {
     match default_gpu() {
         Ok(device) => device_tiers(&device),
-        Err(reason) => vec![
-            Box::new(UnavailableTier {
-                kind: TierKind::Vendor,
-                reason: reason.clone(),
-            }),
-            Box::new(UnavailableTier {
-                kind: TierKind::Tiled,
-                reason: reason.clone(),
-            }),
-            Box::new(UnavailableTier {
-                kind: TierKind::Naive,
-                reason,
-            }),
-            Box::new(CpuTier),
-        ],
+        Err(reason) => unavailable_gpu_tiers(reason),
     }
+}
+
+/// A device's chain when its device is missing: the vendor, tiled and naive
+/// tiers unavailable for `reason` (skipped, not failed), then the CPU tier.
+pub(crate) fn unavailable_gpu_tiers(reason: String) -> Vec<Box<dyn Conv3dTier>> {
+    let mut tiers: Vec<Box<dyn Conv3dTier>> = [TierKind::Vendor, TierKind::Tiled, TierKind::Naive]
+        .into_iter()
+        .map(|kind| {
+            Box::new(UnavailableTier {
+                kind,
+                reason: reason.clone(),
+            }) as Box<dyn Conv3dTier>
+        })
+        .collect();
+    tiers.push(Box::new(CpuTier));
+    tiers
 }

@@ -10,7 +10,7 @@
 
 use crate::conv3d::{
     reference, Conv3dChain, Conv3dData, Conv3dOptions, Conv3dParams, Conv3dProblem, Conv3dTier,
-    CpuTier, Outcome, UnavailableTier,
+    Outcome,
 };
 use crate::convert::convert_bytes;
 use crate::device::{BackendKind, Device};
@@ -222,24 +222,10 @@ impl SmallConv {
 fn device_tiers(kind: BackendKind, ordinal: usize) -> Vec<Box<dyn Conv3dTier>> {
     match crate::device::Device::open(kind, ordinal) {
         Ok(d) => crate::conv3d::device_tiers(&d),
-        Err(e) => {
-            let reason = format!("{}:{ordinal} cannot be opened: {e}", kind.name());
-            let mut tiers: Vec<Box<dyn Conv3dTier>> = [
-                crate::conv3d::TierKind::Vendor,
-                crate::conv3d::TierKind::Tiled,
-                crate::conv3d::TierKind::Naive,
-            ]
-            .into_iter()
-            .map(|k| {
-                Box::new(UnavailableTier {
-                    kind: k,
-                    reason: reason.clone(),
-                }) as Box<dyn Conv3dTier>
-            })
-            .collect();
-            tiers.push(Box::new(CpuTier));
-            tiers
-        }
+        Err(e) => crate::conv3d::unavailable_gpu_tiers(format!(
+            "{}:{ordinal} cannot be opened: {e}",
+            kind.name()
+        )),
     }
 }
 
