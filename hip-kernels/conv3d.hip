@@ -129,6 +129,38 @@ KERNEL void conv3d_naive_bf16(const rs_u16* x, const rs_u16* w, const float* bia
     rs_conv3d_naive<rs_u16>(x, w, bias, y, a);
 }
 
+// The tiled kernels' tap table: for each kernel tap t (a block's threads
+// share the work), its dilated offsets along d, h, w.
+RS_DEVICE void rs_conv3d_tap_table(const rs_conv3d_args& a, rs_u32 tid, rs_u32 kvol, rs_u32 khw,
+                                   int* tap_d, int* tap_h, int* tap_w) {
+    for (rs_u32 t = tid; t < kvol; t += blockDim.x) {
+        const rs_u32 kd = t / khw;
+        const rs_u32 kh = (t - kd * khw) / (rs_u32)a.kw;
+        const rs_u32 kw = t - kd * khw - kh * (rs_u32)a.kw;
+        tap_d[t] = (int)(kd * a.dd);
+        tap_h[t] = (int)(kh * a.dh);
+        tap_w[t] = (int)(kw * a.dw);
+    }
+}
+
+// Output point p = (n, od, oh, ow) of group g: the input coordinates of its
+// first tap (may be negative: padding) and the offset of its group's first
+// input channel.
+RS_DEVICE void rs_conv3d_point(const rs_conv3d_args& a, rs_u64 p, rs_u64 g, rs_u64 cg,
+                               long long* z, long long* y, long long* x, rs_u64* base) {
+    rs_u64 t = p;
+    const rs_u64 ow = t % a.ow;
+    t /= a.ow;
+    const rs_u64 oh = t % a.oh;
+    t /= a.oh;
+    const rs_u64 od = t % a.od;
+    const rs_u64 n = t / a.od;
+    *z = (long long)(od * a.sd) - (long long)a.pd;
+    *y = (long long)(oh * a.sh) - (long long)a.ph;
+    *x = (long long)(ow * a.sw) - (long long)a.pw;
+    *base = (n * a.c + g * cg) * a.d * a.h * a.w;
+}
+
 #define RS_TBM 128
 #define RS_TBN 128
 #define RS_TBK 8
@@ -162,14 +194,7 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     const rs_u64 m0 = (rs_u64)blockIdx.y * RS_TBM;
     const rs_u64 p0 = (rs_u64)blockIdx.x * RS_TBN;
 
-    for (rs_u32 t = tid; t < kvol; t += blockDim.x) {
-        const rs_u32 kd = t / khw;
-        const rs_u32 kh = (t - kd * khw) / (rs_u32)a.kw;
-        const rs_u32 kw = t - kd * khw - kh * (rs_u32)a.kw;
-        tap_d[t] = (int)(kd * a.dd);
-        tap_h[t] = (int)(kh * a.dh);
-        tap_w[t] = (int)(kw * a.dw);
-    }
+    rs_conv3d_tap_table(a, tid, kvol, khw, tap_d, tap_h, tap_w);
 
     // A (weight) loads from the transposed weights wt_t [G][R][K/G]:
     // column m = tid % 128 (coalesced), rows (tid / 128) * 4 + q.
@@ -187,19 +212,7 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     const bool b_ok = p < P;
     long long bz = 0, by = 0, bx = 0;
     rs_u64 b_base = 0;
-    if (b_ok) {
-        rs_u64 t = p;
-        const rs_u64 ow = t % a.ow;
-        t /= a.ow;
-        const rs_u64 oh = t % a.oh;
-        t /= a.oh;
-        const rs_u64 od = t % a.od;
-        const rs_u64 n = t / a.od;
-        bz = (long long)(od * a.sd) - (long long)a.pd;
-        by = (long long)(oh * a.sh) - (long long)a.ph;
-        bx = (long long)(ow * a.sw) - (long long)a.pw;
-        b_base = (n * a.c + g * cg) * a.d * a.h * a.w;
-    }
+    if (b_ok) rs_conv3d_point(a, p, g, cg, &bz, &by, &bx, &b_base);
     rs_u32 bci[4];
     rs_u32 btap[4];
 #pragma unroll
@@ -368,14 +381,7 @@ KERNEL void __launch_bounds__(256, 2)
     const rs_u64 m0 = (rs_u64)blockIdx.y * RS_TC_BM;
     const rs_u64 p0 = (rs_u64)blockIdx.x * RS_TC_BN;
 
-    for (rs_u32 t = tid; t < kvol; t += blockDim.x) {
-        const rs_u32 kd = t / khw;
-        const rs_u32 kh = (t - kd * khw) / (rs_u32)a.kw;
-        const rs_u32 kw = t - kd * khw - kh * (rs_u32)a.kw;
-        tap_d[t] = (int)(kd * a.dd);
-        tap_h[t] = (int)(kh * a.dh);
-        tap_w[t] = (int)(kw * a.dw);
-    }
+    rs_conv3d_tap_table(a, tid, kvol, khw, tap_d, tap_h, tap_w);
 
     // A: row m0 + tid / 2 of the packed weights, 16 elements from column
     // (tid % 2) * 16 of each slice: two 16-byte loads.
@@ -389,19 +395,7 @@ KERNEL void __launch_bounds__(256, 2)
     const bool b_ok = p < P;
     long long bz = 0, by = 0, bx = 0;
     rs_u64 b_base = 0;
-    if (b_ok) {
-        rs_u64 t = p;
-        const rs_u64 ow = t % a.ow;
-        t /= a.ow;
-        const rs_u64 oh = t % a.oh;
-        t /= a.oh;
-        const rs_u64 od = t % a.od;
-        const rs_u64 n = t / a.od;
-        bz = (long long)(od * a.sd) - (long long)a.pd;
-        by = (long long)(oh * a.sh) - (long long)a.ph;
-        bx = (long long)(ow * a.sw) - (long long)a.pw;
-        b_base = (n * a.c + g * cg) * a.d * a.h * a.w;
-    }
+    if (b_ok) rs_conv3d_point(a, p, g, cg, &bz, &by, &bx, &b_base);
     rs_u32 bci = bk / kvol, btap = bk - (bk / kvol) * kvol;
     const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
     const rs_u64 dhw = a.d * a.h * a.w;
