@@ -457,13 +457,97 @@ pub(crate) trait VendorConv {
         y: DevicePtr,
         workspace: DevicePtr,
     ) -> Result<()>;
+    /// The device buffers kept between calls ([`vendor_conv3d`]).
+    fn buffers(&mut self) -> &mut VendorBuffers;
+}
+
+/// Largest buffer the vendor tier keeps between calls: smaller scratch
+/// outputs and workspaces are reused by the next call instead of being
+/// allocated and freed around each one; larger ones (a video VAE's
+/// full-resolution layers) are freed at once so the device memory goes
+/// back to the caller.
+#[cfg(any(feature = "hip", feature = "cuda"))]
+pub(crate) const VENDOR_KEEP_MAX: usize = 256 << 20;
+
+/// The vendor tier's bf16 scratch output and library workspace, kept
+/// between calls when at most [`VENDOR_KEEP_MAX`] bytes. Owned by the
+/// library state of one device; the backend frees them
+/// ([`VendorBuffers::release`]) before it drops that state.
+#[cfg(any(feature = "hip", feature = "cuda", test))]
+#[cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
+#[derive(Debug, Default)]
+pub(crate) struct VendorBuffers {
+    scratch: Option<(DevicePtr, usize)>,
+    workspace: Option<(DevicePtr, usize)>,
+}
+
+#[cfg(any(feature = "hip", feature = "cuda", test))]
+#[cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
+impl VendorBuffers {
+    /// Frees the kept buffers.
+    ///
+    /// # Safety
+    /// They belong to `backend`'s device and no queued work uses them (every
+    /// vendor call waits for its stream before it returns).
+    pub(crate) unsafe fn release(&mut self, backend: &dyn super::Backend) -> Result<()> {
+        let a = self.scratch.take();
+        let b = self.workspace.take();
+        // SAFETY: the caller's guarantees.
+        let ra = unsafe { free_kept(backend, a) };
+        // SAFETY: as above.
+        let rb = unsafe { free_kept(backend, b) };
+        ra.and(rb)
+    }
+}
+
+/// # Safety
+/// `kept` (when some) was allocated on `backend` with its byte count and
+/// nothing queued uses it.
+#[cfg(any(feature = "hip", feature = "cuda", test))]
+#[cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
+unsafe fn free_kept(backend: &dyn super::Backend, kept: Option<(DevicePtr, usize)>) -> Result<()> {
+    match kept {
+        // SAFETY: the caller's guarantees.
+        Some((p, n)) => unsafe { backend.free(p, n) },
+        None => Ok(()),
+    }
+}
+
+/// A buffer of at least `bytes` (none for 0): the kept one when it is large
+/// enough, else a new allocation (the kept one freed first, so both never
+/// hold device memory at once). Returns the pointer and its byte count.
+///
+/// # Safety
+/// As [`free_kept`] for `slot`'s buffer.
+#[cfg(any(feature = "hip", feature = "cuda", test))]
+#[cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
+unsafe fn take_buffer(
+    backend: &dyn super::Backend,
+    slot: &mut Option<(DevicePtr, usize)>,
+    bytes: usize,
+) -> Result<Option<(DevicePtr, usize)>> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    match slot.take() {
+        Some((p, n)) if n >= bytes => Ok(Some((p, n))),
+        old => {
+            // SAFETY: the caller's guarantees.
+            unsafe { free_kept(backend, old) }?;
+            Ok(Some((backend.alloc(bytes)?, bytes)))
+        }
+    }
 }
 
 /// The vendor call both GPU backends make: for bf16 a bf16 scratch output
 /// (the libraries write the input's dtype), the workspace, the library's
 /// forward, the epilogue kernel (`conv3d_widen_bias_bf16` for bf16, else
 /// `conv3d_bias_f32` when there is a bias) through `launch`, then a wait
-/// for `s` and the frees (leaked, not freed, when the wait fails).
+/// for `s`. The scratch and workspace are the library state's kept buffers
+/// ([`VendorBuffers`]) when large enough; after the wait they are kept for
+/// the next call (at most [`VENDOR_KEEP_MAX`] bytes each) or freed. When
+/// the wait fails they are leaked, never freed or reused under a kernel
+/// that may still run.
 ///
 /// # Safety
 /// As [`super::Backend::conv3d_vendor`] for `a` and `s` on `backend`;
@@ -480,47 +564,59 @@ pub(crate) unsafe fn vendor_conv3d(
     use super::kernels::KernelCall;
     let mps = backend.info().multiprocessors;
     let ws_bytes = lib.workspace(a)?;
-    let scratch_bytes = a.geometry.output_len() * 2;
-    let scratch = match a.dtype {
-        DType::BF16 => Some(backend.alloc(scratch_bytes)?),
-        _ => None,
+    let scratch_bytes = match a.dtype {
+        DType::BF16 => a.geometry.output_len() * 2,
+        _ => 0,
     };
-    let (ws, run) = match ws_bytes {
-        0 => (None, Ok(())),
-        n => match backend.alloc(n) {
-            Ok(p) => (Some(p), Ok(())),
-            Err(e) => (None, Err(e)),
-        },
+    let bufs = lib.buffers();
+    // SAFETY: the kept buffers are this device's and idle (every call
+    // waits for its stream before returning).
+    let scratch = unsafe { take_buffer(backend, &mut bufs.scratch, scratch_bytes) }?;
+    // SAFETY: as above.
+    let ws = match unsafe { take_buffer(backend, &mut bufs.workspace, ws_bytes) } {
+        Ok(w) => w,
+        Err(e) => {
+            // SAFETY: `scratch` came from `take_buffer` and nothing was
+            // queued on it yet.
+            let _ = unsafe { free_kept(backend, scratch) };
+            return Err(e);
+        }
     };
-    let run = run.and_then(|()| {
-        let y = scratch.unwrap_or(a.output);
+    let run = (|| {
+        let y = scratch.map_or(a.output, |(p, _)| p);
         // SAFETY: input and weight are the caller's live ranges; `y` is the
-        // caller's f32 output or the bf16 scratch of the output's length;
-        // the workspace has the size the library asked for; `s` is live.
-        unsafe { lib.forward(a, s, y, ws.unwrap_or(DevicePtr(0))) }?;
+        // caller's f32 output or a bf16 scratch of at least the output's
+        // length; the workspace has at least the size the library asked
+        // for; `s` is live.
+        unsafe { lib.forward(a, s, y, ws.map_or(DevicePtr(0), |(p, _)| p)) }?;
         match (scratch, a.bias) {
-            (Some(src), _) => launch(KernelCall::conv3d_widen_bias(a, src, mps)),
+            (Some((src, _)), _) => launch(KernelCall::conv3d_widen_bias(a, src, mps)),
             (None, Some(b)) => launch(KernelCall::conv3d_bias(a, b, mps)),
             (None, None) => Ok(()),
         }
-    });
+    })();
     // SAFETY: `s` is live (caller).
     let synced = unsafe { backend.stream_synchronize(s) };
-    let free = |p: Option<DevicePtr>, bytes: usize| -> Result<()> {
-        match p {
-            // SAFETY: allocated above with `bytes`, freed once, and the
-            // stream that used it is idle (when the wait failed the memory
-            // is leaked rather than freed under a running kernel).
-            Some(p) if synced.is_ok() => unsafe { backend.free(p, bytes) },
-            _ => Ok(()),
+    if synced.is_err() {
+        // Possibly still in use: leaked, neither freed nor kept.
+        run?;
+        return synced;
+    }
+    let bufs = lib.buffers();
+    let keep = |slot: &mut Option<(DevicePtr, usize)>, b: Option<(DevicePtr, usize)>| match b {
+        Some((p, n)) if n <= VENDOR_KEEP_MAX => {
+            *slot = Some((p, n));
+            Ok(())
         }
+        // SAFETY: allocated on `backend` with `n` bytes; the stream that
+        // used it is idle.
+        other => unsafe { free_kept(backend, other) },
     };
-    let freed_scratch = free(scratch, scratch_bytes);
-    let freed_ws = free(ws, ws_bytes);
+    let kept_scratch = keep(&mut bufs.scratch, scratch);
+    let kept_ws = keep(&mut bufs.workspace, ws);
     run?;
-    synced?;
-    freed_scratch?;
-    freed_ws
+    kept_scratch?;
+    kept_ws
 }
 
 // ----- host emulation ------------------------------------------------------
@@ -631,6 +727,38 @@ fn host_run<T: HostElem>(
 mod tests {
     use super::*;
     use crate::conv3d::Conv3dParams;
+
+    #[test]
+    fn vendor_buffers_are_reused_when_large_enough_and_replaced_otherwise() {
+        let b = crate::device::host::HostBackend::new();
+        let mut kept = VendorBuffers::default();
+        // SAFETY (all calls below): host "device" memory of this backend,
+        // never used by queued work.
+        let none = unsafe { take_buffer(&b, &mut kept.scratch, 0) }.unwrap();
+        assert!(none.is_none());
+        let first = unsafe { take_buffer(&b, &mut kept.scratch, 1000) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.1, 1000);
+        assert!(kept.scratch.is_none(), "taken, not kept, while in use");
+        kept.scratch = Some(first);
+        // Smaller: the same buffer.
+        let again = unsafe { take_buffer(&b, &mut kept.scratch, 600) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(again, first);
+        kept.scratch = Some(again);
+        // Larger: a new buffer of the new size (the old one freed first).
+        let bigger = unsafe { take_buffer(&b, &mut kept.scratch, 5000) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(bigger.1, 5000);
+        assert!(kept.scratch.is_none());
+        kept.scratch = Some(bigger);
+        kept.workspace = Some((crate::device::Backend::alloc(&b, 64).unwrap(), 64));
+        unsafe { kept.release(&b) }.unwrap();
+        assert!(kept.scratch.is_none() && kept.workspace.is_none());
+    }
 
     #[test]
     fn tiled_layout_round_trips() {

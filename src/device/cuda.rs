@@ -16,7 +16,7 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use cudarc::driver::DriverError;
 
-use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
+use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout, VendorConv};
 use super::cudnn::Cudnn;
 use super::kernels::{self, Kernel, KernelCall};
 use super::{
@@ -405,8 +405,11 @@ impl Drop for CudaBackend {
             Ok(c) => c.take(),
             Err(p) => p.into_inner().take(),
         };
-        if let Some(c) = dnn {
+        if let Some(mut c) = dnn {
             if self.bind().is_ok() {
+                // SAFETY: the kept buffers are this device's, and idle:
+                // every vendor call waits for its stream before returning.
+                let _ = unsafe { c.buffers().release(self) };
                 drop(c);
             } else {
                 // Its handle lives in a context we cannot make current.

@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 use cudarc::cudnn::result as dnn;
 use cudarc::cudnn::sys;
 
-use super::conv3d::{Conv3dLaunch, VendorConv};
+use super::conv3d::{Conv3dLaunch, VendorBuffers, VendorConv};
 use super::{DevicePtr, RawStream};
 use crate::conv3d::Conv3dGeometry;
 use crate::dtype::DType;
@@ -83,6 +83,8 @@ struct Plan {
 pub(crate) struct Cudnn {
     handle: sys::cudnnHandle_t,
     plans: HashMap<(Conv3dGeometry, DType), Plan>,
+    /// Scratch and workspace kept between calls.
+    buffers: VendorBuffers,
 }
 
 // SAFETY: cuDNN handles and descriptors may be used from any thread, one
@@ -98,6 +100,7 @@ impl Cudnn {
         Ok(Cudnn {
             handle,
             plans: HashMap::new(),
+            buffers: VendorBuffers::default(),
         })
     }
 
@@ -247,6 +250,10 @@ impl Cudnn {
 }
 
 impl VendorConv for Cudnn {
+    fn buffers(&mut self) -> &mut VendorBuffers {
+        &mut self.buffers
+    }
+
     fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize> {
         self.plan_workspace(a)
     }

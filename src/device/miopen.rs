@@ -54,6 +54,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
 
 use super::conv3d::Conv3dLaunch;
+use super::conv3d::VendorBuffers;
 #[cfg(feature = "hip")]
 use super::conv3d::VendorConv;
 use super::DevicePtr;
@@ -311,6 +312,8 @@ pub(crate) struct Miopen {
     lib: &'static Lib,
     handle: Handle,
     plans: HashMap<(Conv3dGeometry, DType), Plan>,
+    /// Scratch and workspace kept between calls.
+    buffers: VendorBuffers,
 }
 
 // SAFETY: the handle and descriptors are heap objects of MIOpen that may be
@@ -331,6 +334,7 @@ impl Miopen {
             lib,
             handle,
             plans: HashMap::new(),
+            buffers: VendorBuffers::default(),
         })
     }
 
@@ -544,6 +548,10 @@ impl Miopen {
 
 #[cfg(feature = "hip")]
 impl VendorConv for Miopen {
+    fn buffers(&mut self) -> &mut VendorBuffers {
+        &mut self.buffers
+    }
+
     fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize> {
         self.plan_workspace(a)
     }

@@ -23,7 +23,7 @@ use hip_runtime_sys as sys;
 
 pub use result::HipError;
 
-use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch};
+use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch, VendorConv};
 use super::kernels::{self, Kernel, KernelCall};
 use super::miopen::Miopen;
 use super::{
@@ -394,8 +394,11 @@ impl Drop for HipBackend {
             Ok(m) => m.take(),
             Err(p) => p.into_inner().take(),
         };
-        if let Some(m) = miopen {
+        if let Some(mut m) = miopen {
             if self.bind().is_ok() {
+                // SAFETY: the kept buffers are this device's, and idle:
+                // every vendor call waits for its stream before returning.
+                let _ = unsafe { m.buffers().release(self) };
                 drop(m);
             } else {
                 // Its handle belongs to a device we cannot select: leak it.
