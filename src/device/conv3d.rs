@@ -732,10 +732,10 @@ mod tests {
     fn vendor_buffers_are_reused_when_large_enough_and_replaced_otherwise() {
         let b = crate::device::host::HostBackend::new();
         let mut kept = VendorBuffers::default();
-        // SAFETY (all calls below): host "device" memory of this backend,
-        // never used by queued work.
+        // SAFETY: host "device" memory of `b`, used by no queued work.
         let none = unsafe { take_buffer(&b, &mut kept.scratch, 0) }.unwrap();
         assert!(none.is_none());
+        // SAFETY: host "device" memory of `b`, used by no queued work.
         let first = unsafe { take_buffer(&b, &mut kept.scratch, 1000) }
             .unwrap()
             .unwrap();
@@ -743,12 +743,14 @@ mod tests {
         assert!(kept.scratch.is_none(), "taken, not kept, while in use");
         kept.scratch = Some(first);
         // Smaller: the same buffer.
+        // SAFETY: host "device" memory of `b`, used by no queued work.
         let again = unsafe { take_buffer(&b, &mut kept.scratch, 600) }
             .unwrap()
             .unwrap();
         assert_eq!(again, first);
         kept.scratch = Some(again);
         // Larger: a new buffer of the new size (the old one freed first).
+        // SAFETY: host "device" memory of `b`, used by no queued work.
         let bigger = unsafe { take_buffer(&b, &mut kept.scratch, 5000) }
             .unwrap()
             .unwrap();
@@ -756,6 +758,7 @@ mod tests {
         assert!(kept.scratch.is_none());
         kept.scratch = Some(bigger);
         kept.workspace = Some((crate::device::Backend::alloc(&b, 64).unwrap(), 64));
+        // SAFETY: host "device" memory of `b`, used by no queued work.
         unsafe { kept.release(&b) }.unwrap();
         assert!(kept.scratch.is_none() && kept.workspace.is_none());
     }
