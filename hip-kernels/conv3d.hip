@@ -29,6 +29,9 @@ RS_DEVICE float rs_ld(const float* p, rs_u64 i) { return p[i]; }
 RS_DEVICE float rs_ld(const rs_u16* p, rs_u64 i) {
     return __uint_as_float(((rs_u32)p[i]) << 16);
 }
+// The raw bits of a bf16 element (the f32 overload is never called).
+RS_DEVICE rs_u32 rs_bits16(const rs_u16* p, rs_u64 i) { return p[i]; }
+RS_DEVICE rs_u32 rs_bits16(const float*, rs_u64) { return 0; }
 
 // First and one-past-last tap k with 0 <= o + k * dil < size (o may be
 // negative): the taps of a kernel axis that land inside the input.
@@ -154,7 +157,9 @@ static __device__ __forceinline__ void rs_conv3d_naive_direct(const T* __restric
 // kh, kw, f32 fmaf); taps in the padding add 0 * w (as the tiled kernel and
 // vendor libraries do) where the direct loop skips them. 3x3x3 kernels with
 // unit strides and dilations take an unrolled path (compile-time shared
-// memory offsets, 16-byte broadcast weight reads) when FAST is set.
+// memory offsets, 16-byte broadcast weight reads) when FAST is set; with
+// PAIRS too, bf16 inputs on that path are staged as raw bf16 pairs (two
+// 32-bit reads for the three taps of a kernel row, see `pairs` below).
 //
 // Tiles are numbered with the output-channel tile fastest, so the blocks in
 // flight at one time share their input regions in L2. Grid-stride over
@@ -162,7 +167,7 @@ static __device__ __forceinline__ void rs_conv3d_naive_direct(const T* __restric
 // xs_len / ws_len floats (large strides or dilations, huge kernels), or
 // blockDim.x is not TK * TD * TH * TW, every block runs the direct loop
 // instead (the choice is the same for the whole grid).
-template <typename T, int TK, int TD, int TH, int TW, bool FAST>
+template <typename T, int TK, int TD, int TH, int TW, bool FAST, bool PAIRS>
 static __device__ __forceinline__ void rs_conv3d_naive_staged(
     const T* __restrict__ x, const T* __restrict__ wt, const float* __restrict__ bias,
     float* __restrict__ y, const rs_conv3d_args& a, float* __restrict__ xs, rs_u32 xs_len,
@@ -182,9 +187,22 @@ static __device__ __forceinline__ void rs_conv3d_naive_staged(
         rw = (rs_u64)(TW - 1) * a.sw + (a.kw - 1) * a.dw + 1;
         kvp = (a.kd * a.kh * a.kw + 3) & ~3ull;
     }
+    const bool fast = FAST && a.kd == 3 && a.kh == 3 && a.kw == 3 && a.sd == 1 && a.sh == 1 &&
+                      a.sw == 1 && a.dd == 1 && a.dh == 1 && a.dw == 1;
+    // bf16 on the fast path: the region is staged as raw bf16 pairs, twice
+    // (plane A: pairs (2j, 2j+1) of a row, plane B: pairs (2j+1, 2j+2)), so
+    // that a thread gets the three taps of a kernel row from two 32-bit reads
+    // of one plane (its `ow` parity picks it) instead of three. Rows of FPW
+    // words; plane B starts FBO words after plane A, FBO = 16 (mod 32), so
+    // the even lanes (plane A) and odd lanes (plane B) of a warp read
+    // different banks; a channel takes FCS words.
+    constexpr rs_u32 FPW = TW / 2 + 1, FNR = (TD + 2) * (TH + 2);
+    constexpr rs_u32 FBO = (FNR * FPW + 15) / 32 * 32 + 16, FCS = 2 * FBO;
+    const bool pairs = fast && PAIRS && sizeof(T) == 2 && TW % 2 == 0;
     rs_u64 cc = 0;
     if (blockDim.x == NT && rd <= lim && rh <= lim && rw <= lim && kvp * TK <= ws_len) {
-        const rs_u64 region = rd * rh * rw;
+        // Words of one staged channel.
+        const rs_u64 region = pairs ? FCS : rd * rh * rw;
         if (region <= lim) {
             cc = lim / region;
             if (ws_len / (TK * kvp) < cc) cc = ws_len / (TK * kvp);
@@ -216,8 +234,6 @@ static __device__ __forceinline__ void rs_conv3d_naive_staged(
     const rs_u32 xsw = NT % RW, xsh = (NT / RW) % RH, xsd = (NT / (RW * RH)) % RD;
     const rs_u32 xsc = NT / REG;
     const rs_u32 w0t = tid % KVP, w0r = tid / KVP, wst = NT % KVP, wsr = NT / KVP;
-    const bool fast = FAST && KD == 3 && KH == 3 && KW == 3 && a.sd == 1 && a.sh == 1 &&
-                      a.sw == 1 && a.dd == 1 && a.dh == 1 && a.dw == 1;
     // This thread's first tap in a channel's region, and the tap steps.
     const rs_u32 xoff =
         (td * (rs_u32)a.sd * RH + th * (rs_u32)a.sh) * RW + tw * (rs_u32)a.sw;
@@ -250,60 +266,145 @@ static __device__ __forceinline__ void rs_conv3d_naive_staged(
         for (rs_u64 c0 = 0; c0 < cg; c0 += CC) {
             const rs_u32 nc = (rs_u32)(cg - c0 < CC ? cg - c0 : CC);
             __syncthreads();  // the previous slice's readers are done
-            {
+            if (pairs) {
+                // Raw bf16 into both planes (position 0 of a row only into A).
+                rs_u16* xh = reinterpret_cast<rs_u16*>(xs);
                 rs_u32 ew = x0w, eh = x0h, ed = x0d, ec = x0c;
                 const rs_u32 ne = nc * REG;
-                for (rs_u32 e = tid; e < ne; e += NT) {
-                    // Negative coordinates wrap to huge values: one compare.
-                    const rs_u64 zz = (rs_u64)(z0 + (long long)ed);
-                    const rs_u64 yy = (rs_u64)(y0 + (long long)eh);
-                    const rs_u64 xx = (rs_u64)(x0 + (long long)ew);
-                    float v = 0.0f;
-                    if (zz < a.d && yy < a.h && xx < a.w) {
-                        v = rs_ld(xg, (c0 + ec) * dhw + zz * hw + yy * a.w + xx);
+                for (rs_u32 e = tid; e < ne; e += 4 * NT) {
+                    rs_u32 v[4], o[4], p[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const rs_u64 zz = (rs_u64)(z0 + (long long)ed);
+                        const rs_u64 yy = (rs_u64)(y0 + (long long)eh);
+                        const rs_u64 xx = (rs_u64)(x0 + (long long)ew);
+                        v[u] = 0;
+                        if (e + u * NT < ne && zz < a.d && yy < a.h && xx < a.w) {
+                            v[u] = rs_bits16(xg, (c0 + ec) * dhw + zz * hw + yy * a.w + xx);
+                        }
+                        o[u] = (ec * FCS + (ed * RH + eh) * FPW) * 2;
+                        p[u] = ew;
+                        ew += xsw;
+                        eh += xsh;
+                        ed += xsd;
+                        ec += xsc;
+                        if (ew >= RW) {
+                            ew -= RW;
+                            ++eh;
+                        }
+                        if (eh >= RH) {
+                            eh -= RH;
+                            ++ed;
+                        }
+                        if (ed >= RD) {
+                            ed -= RD;
+                            ++ec;
+                        }
                     }
-                    xs[e] = v;
-                    ew += xsw;
-                    eh += xsh;
-                    ed += xsd;
-                    ec += xsc;
-                    if (ew >= RW) {
-                        ew -= RW;
-                        ++eh;
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        if (e + u * NT < ne) {
+                            xh[o[u] + p[u]] = (rs_u16)v[u];
+                            if (p[u] != 0) xh[o[u] + 2 * FBO + p[u] - 1] = (rs_u16)v[u];
+                        }
                     }
-                    if (eh >= RH) {
-                        eh -= RH;
-                        ++ed;
+                }
+            } else {
+                // Four elements per round: their loads are in flight together.
+                rs_u32 ew = x0w, eh = x0h, ed = x0d, ec = x0c;
+                const rs_u32 ne = nc * REG;
+                for (rs_u32 e = tid; e < ne; e += 4 * NT) {
+                    float v[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        // Negative coordinates wrap to huge values: one compare.
+                        const rs_u64 zz = (rs_u64)(z0 + (long long)ed);
+                        const rs_u64 yy = (rs_u64)(y0 + (long long)eh);
+                        const rs_u64 xx = (rs_u64)(x0 + (long long)ew);
+                        v[u] = 0.0f;
+                        if (e + u * NT < ne && zz < a.d && yy < a.h && xx < a.w) {
+                            v[u] = rs_ld(xg, (c0 + ec) * dhw + zz * hw + yy * a.w + xx);
+                        }
+                        ew += xsw;
+                        eh += xsh;
+                        ed += xsd;
+                        ec += xsc;
+                        if (ew >= RW) {
+                            ew -= RW;
+                            ++eh;
+                        }
+                        if (eh >= RH) {
+                            eh -= RH;
+                            ++ed;
+                        }
+                        if (ed >= RD) {
+                            ed -= RD;
+                            ++ec;
+                        }
                     }
-                    if (ed >= RD) {
-                        ed -= RD;
-                        ++ec;
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        if (e + u * NT < ne) xs[e + u * NT] = v[u];
                     }
                 }
             }
             {
                 // Row r = c * TK + q: weights of output channel kt * TK + q,
-                // input channel c0 + c.
+                // input channel c0 + c. Four elements per round.
                 rs_u32 et = w0t, er = w0r;
                 const rs_u32 ne = nc * TK * KVP;
-                for (rs_u32 e = tid; e < ne; e += NT) {
-                    const rs_u32 c = er / TK, q = er % TK;
-                    float v = 0.0f;
-                    if (et < kvol && kt * TK + q < kg) {
-                        v = rs_ld(wg, ((rs_u64)q * cg + c0 + c) * kvol + et);
+                for (rs_u32 e = tid; e < ne; e += 4 * NT) {
+                    float v[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const rs_u32 c = er / TK, q = er % TK;
+                        v[u] = 0.0f;
+                        if (e + u * NT < ne && et < kvol && kt * TK + q < kg) {
+                            v[u] = rs_ld(wg, ((rs_u64)q * cg + c0 + c) * kvol + et);
+                        }
+                        et += wst;
+                        er += wsr;
+                        if (et >= KVP) {
+                            et -= KVP;
+                            ++er;
+                        }
                     }
-                    ws[e] = v;
-                    et += wst;
-                    er += wsr;
-                    if (et >= KVP) {
-                        et -= KVP;
-                        ++er;
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        if (e + u * NT < ne) ws[e + u * NT] = v[u];
                     }
                 }
             }
             __syncthreads();
             if (mine) {
-                if (fast) {
+                if (pairs) {
+                    constexpr rs_u32 FH = TH + 2;
+                    const rs_u32* xp = reinterpret_cast<const rs_u32*>(xs) +
+                                       ((tw & 1u) ? FBO : 0u) + (td * FH + th) * FPW + (tw >> 1);
+                    const float4* wp = reinterpret_cast<const float4*>(ws) + tk * 7;
+                    for (rs_u32 c = 0; c < nc; ++c, xp += FCS, wp += TK * 7) {
+                        float wv[28];
+#pragma unroll
+                        for (int q = 0; q < 7; ++q) {
+                            const float4 v = wp[q];
+                            wv[4 * q] = v.x;
+                            wv[4 * q + 1] = v.y;
+                            wv[4 * q + 2] = v.z;
+                            wv[4 * q + 3] = v.w;
+                        }
+#pragma unroll
+                        for (int kd = 0; kd < 3; ++kd)
+#pragma unroll
+                            for (int kh = 0; kh < 3; ++kh) {
+                                const rs_u32 p0 = xp[(kd * FH + kh) * FPW];
+                                const rs_u32 p1 = xp[(kd * FH + kh) * FPW + 1];
+                                const float* wr = wv + (kd * 3 + kh) * 3;
+                                acc = fmaf(__uint_as_float(p0 << 16), wr[0], acc);
+                                acc = fmaf(__uint_as_float(p0 & 0xffff0000u), wr[1], acc);
+                                acc = fmaf(__uint_as_float(p1 << 16), wr[2], acc);
+                            }
+                    }
+                } else if (fast) {
                     // Region (TD + 2) x (TH + 2) x (TW + 2), rows of 28 weights.
                     constexpr rs_u32 FW = TW + 2, FH = TH + 2, FREG = (TD + 2) * FH * FW;
                     const float* xp = xs + (td * FH + th) * FW + tw;
@@ -364,16 +465,16 @@ static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
     const bool wide = a.ow > 8;
     const bool many = a.k / a.groups >= 4;
     if (wide && many) {
-        rs_conv3d_naive_staged<T, 4, 1, 2, 32, true>(x, wt, bias, y, a, xs, RS_NV_XS, ws,
+        rs_conv3d_naive_staged<T, 4, 1, 2, 32, true, true>(x, wt, bias, y, a, xs, RS_NV_XS, ws,
                                                      RS_NV_WS);
     } else if (wide) {
-        rs_conv3d_naive_staged<T, 1, 1, 8, 32, true>(x, wt, bias, y, a, xs, RS_NV_XS, ws,
+        rs_conv3d_naive_staged<T, 1, 1, 8, 32, true, true>(x, wt, bias, y, a, xs, RS_NV_XS, ws,
                                                      RS_NV_WS);
     } else if (many) {
-        rs_conv3d_naive_staged<T, 4, 1, 8, 8, true>(x, wt, bias, y, a, xs, RS_NV_XS, ws,
+        rs_conv3d_naive_staged<T, 4, 1, 8, 8, true, true>(x, wt, bias, y, a, xs, RS_NV_XS, ws,
                                                     RS_NV_WS);
     } else {
-        rs_conv3d_naive_staged<T, 1, 4, 8, 8, true>(x, wt, bias, y, a, xs, RS_NV_XS, ws,
+        rs_conv3d_naive_staged<T, 1, 4, 8, 8, true, true>(x, wt, bias, y, a, xs, RS_NV_XS, ws,
                                                     RS_NV_WS);
     }
 }
