@@ -3,7 +3,10 @@
 // (widened exactly: bits << 16), f32 accumulation. 64-bit indices
 // throughout; every kernel is grid-stride or checks its bounds.
 //
-// conv3d_naive_{f32,bf16}:  one thread per output point (grid-stride).
+// conv3d_naive_{f32,bf16}:  one thread per output point; a block's tile of
+//   points stages its input region and weights in shared memory, slice by
+//   slice of input channels (grid-stride over tiles; the direct loop where a
+//   tile does not fit).
 // conv3d_tiled_{f32,bf16}:  implicit GEMM, out[k][p] = sum_r W[k][r] * X[r][p]
 //   with p = (n, od, oh, ow) and r = (ci, kd, kh, kw): a 128 x 128 output
 //   tile per 256-thread block (8 x 8 per thread), 8-deep slices of r staged
