@@ -1,0 +1,44 @@
+// Just enough of the CUDA kernel environment to run conv3d.hip's naive
+// kernels on the CPU: one block at a time, one std::thread per thread of the
+// block, __shared__ = static (shared by the block's threads),
+// __syncthreads = std::barrier. __CUDA_ARCH__ 700 leaves the tensor-core
+// kernel out.
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+#define __CUDA_ARCH__ 700
+struct dim3 { unsigned x = 0, y = 0, z = 0; };
+thread_local dim3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+struct float4 { float x, y, z, w; };
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline int __clz(int x) { return __builtin_clz((unsigned)x); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { auto o = *p; *p += v; return o; }
+std::barrier<>* g_bar;
+inline void __syncthreads() { g_bar->arrive_and_wait(); }
+template <class F> void emu_launch(unsigned grid, unsigned block, F f) {
+    blockDim = {block, 1, 1};
+    gridDim = {grid, 1, 1};
+    std::barrier<> bar(block);
+    g_bar = &bar;
+    std::vector<std::thread> ts;
+    for (unsigned t = 0; t < block; t++)
+        ts.emplace_back([&, t] {
+            threadIdx = {t, 0, 0};
+            for (unsigned b = 0; b < grid; b++) {
+                blockIdx = {b, 0, 0};
+                f();
+                bar.arrive_and_wait();
+            }
+        });
+    for (auto& t : ts) t.join();
+}
