@@ -482,13 +482,22 @@ static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
     }
 }
 
-// 256 threads per block (the host's BLOCK), any grid.
-KERNEL void __launch_bounds__(256)
+// 256 threads per block (the host's BLOCK), any grid. On CUDA at least 4
+// blocks per SM (at most 64 registers). H100, 1x128x9x128x128 k128 k3p1,
+// f32 / bf16: nvcc build 19.8 / 22.5 ms with the bound against 21.8 / 23.9
+// without (naive_harness.cu); through NVRTC (the crate's build) 21.7 / 23.6
+// against 21.6 / 24.1. Six blocks per SM spilled and ran slower.
+#if defined(RS_CUDA)
+#define RS_NAIVE_BOUNDS __launch_bounds__(256, 4)
+#else
+#define RS_NAIVE_BOUNDS __launch_bounds__(256)
+#endif
+KERNEL void RS_NAIVE_BOUNDS
     conv3d_naive_f32(const float* x, const float* w, const float* bias, float* y,
                      rs_conv3d_args a) {
     rs_conv3d_naive<float>(x, w, bias, y, a);
 }
-KERNEL void __launch_bounds__(256)
+KERNEL void RS_NAIVE_BOUNDS
     conv3d_naive_bf16(const rs_u16* x, const rs_u16* w, const float* bias, float* y,
                       rs_conv3d_args a) {
     rs_conv3d_naive<rs_u16>(x, w, bias, y, a);

@@ -26,8 +26,13 @@ pub enum Conv3dKernel {
     /// `conv3d_tiled_{f32,bf16}`: implicit GEMM on 128 x 128 output tiles.
     /// Its weight is in [`tiled_weight_layout`] (transposed per group).
     Tiled,
-    /// `conv3d_naive_{f32,bf16}`: one thread per output point. Its weight
-    /// is in the standard `[K, C/G, KD, KH, KW]` layout.
+    /// `conv3d_naive_{f32,bf16}`: one thread per output point. A 256-thread
+    /// block stages the input region and the weights its outputs read
+    /// (4 output channels x 2 rows x 32 columns on large layers) in shared
+    /// memory, a slice of input channels at a time; where a region does not
+    /// fit (large strides or dilations) each thread reads global memory
+    /// directly. Its weight is in the standard `[K, C/G, KD, KH, KW]`
+    /// layout.
     Naive,
 }
 
