@@ -211,22 +211,31 @@ pub(crate) fn meminfo_field(meminfo: &str, key: &str) -> Option<u64> {
     kb.checked_mul(1024)
 }
 
-/// Opens the first of `sonames` the dynamic loader can find, reports where it
-/// resolved, and closes it again.
+/// Opens the first of `sonames` the dynamic loader can find and reports
+/// where it resolved. A library this process has loaded already is looked
+/// up without loading it again (`RTLD_NOLOAD`). A library opened here is
+/// **never closed**: NVRTC (CUDA 13) aborts the process when it is loaded a
+/// second time after being unloaded (its LLVM registers its command-line
+/// options again: "Option 'disassemble' registered more than once"), seen
+/// when `Platform::detect` ran twice in one process. The backends load the
+/// same libraries anyway.
 fn find_library(sonames: &[&str]) -> Option<Library> {
     sonames.iter().find_map(|name| {
         let c = CString::new(*name).ok()?;
-        // SAFETY: `c` is a valid NUL-terminated string that outlives the call;
-        // RTLD_LAZY defers symbol resolution, so no library code beyond its
-        // initialisers runs, and the handle is closed below.
-        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+        // SAFETY: `c` is a valid NUL-terminated string that outlives the
+        // call; RTLD_NOLOAD only returns a handle to an already loaded
+        // library and runs no code.
+        let mut handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if handle.is_null() {
+            // SAFETY: as above; RTLD_LAZY defers symbol resolution, so no
+            // library code beyond its initialisers runs. The handle is never
+            // closed (see above), so the library stays loaded.
+            handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+        }
         if handle.is_null() {
             return None;
         }
         let path = library_path(handle);
-        // SAFETY: `handle` came from a successful dlopen above and is closed
-        // exactly once; nothing obtained through it is used afterwards.
-        unsafe { libc::dlclose(handle) };
         let real_path = path
             .as_ref()
             .and_then(|p| std::fs::canonicalize(p).ok())
@@ -307,6 +316,17 @@ mod tests {
             assert!(p.memory_total_bytes.unwrap_or(0) > 0);
             assert!(p.kernel.is_some());
         }
+    }
+
+    #[test]
+    fn detect_twice_in_one_process_finds_the_same_libraries() {
+        // On a CUDA 13 machine the second NVRTC load used to abort the
+        // process (the library was closed and loaded again).
+        let a = Platform::detect();
+        let b = Platform::detect();
+        assert_eq!(a.nvrtc, b.nvrtc);
+        assert_eq!(a.cuda_driver, b.cuda_driver);
+        assert_eq!(a.hip_runtime, b.hip_runtime);
     }
 
     #[test]
