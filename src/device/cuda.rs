@@ -6,7 +6,7 @@
 //! [`Error::NoRuntime`]. The kernels come from `hip-kernels/` (through
 //! `prelude.h`'s CUDA branch): PTX built by nvcc at build time when it was
 //! found, else the embedded source compiled by NVRTC on first use, cached per
-//! compute capability for the process.
+//! compute capability for the process and on disk ([`kernel_cache_dir`]).
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -191,9 +191,114 @@ pub enum KernelSource {
     NvrtcCompiled,
     /// NVRTC output reused from the process cache.
     NvrtcCached,
+    /// NVRTC output of an earlier process, read from the kernel cache on
+    /// disk ([`kernel_cache_dir`]).
+    NvrtcDiskCache,
 }
 
-fn ptx_for(arch: &str) -> Result<(String, KernelSource)> {
+/// The environment variable naming the directory of the kernel cache on
+/// disk; set to an empty value to turn the disk cache off.
+pub const CACHE_DIR_VAR: &str = "ROCM_SAFE_CACHE_DIR";
+
+/// Where NVRTC's output is kept between processes: `$ROCM_SAFE_CACHE_DIR`
+/// (`None` when set but empty: no disk cache), else
+/// `$XDG_CACHE_HOME/rocm-safe`, else `$HOME/.cache/rocm-safe`. Compiling the
+/// kernels takes NVRTC about 0.2 s per process on an H100 machine; a cached
+/// copy takes a file read. A cached file names the hash of the kernel
+/// source, target and options it was built from and carries a fingerprint
+/// of its text, checked before use; a file that fails the check, or that
+/// the driver refuses, is compiled again. Every verified call still runs
+/// the device's exhaustive self-test on the kernels, whichever way they
+/// were obtained.
+pub fn kernel_cache_dir() -> Option<std::path::PathBuf> {
+    cache_dir_from(
+        std::env::var_os(CACHE_DIR_VAR),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
+fn cache_dir_from(
+    own: Option<std::ffi::OsString>,
+    xdg: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    match own {
+        Some(d) if d.is_empty() => None,
+        Some(d) => Some(PathBuf::from(d)),
+        None => match (xdg, home) {
+            (Some(x), _) if !x.is_empty() => Some(PathBuf::from(x).join("rocm-safe")),
+            (_, Some(h)) if !h.is_empty() => Some(PathBuf::from(h).join(".cache/rocm-safe")),
+            _ => None,
+        },
+    }
+}
+
+/// NVRTC options for `arch` (`compute_90`).
+fn nvrtc_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "-default-device".into(),
+    ]
+}
+
+/// The disk cache's key of `source` built for `arch` with `options`.
+fn cache_key(source: &str, arch: &str, options: &[String]) -> u64 {
+    let mut bytes = Vec::with_capacity(source.len() + 256);
+    bytes.extend_from_slice(b"rocm-safe nvrtc ptx v1\0");
+    bytes.extend_from_slice(arch.as_bytes());
+    for o in options {
+        bytes.push(0);
+        bytes.extend_from_slice(o.as_bytes());
+    }
+    bytes.push(0);
+    bytes.extend_from_slice(source.as_bytes());
+    crate::convert::fingerprint::fingerprint_bytes(&bytes).0
+}
+
+fn cache_file(dir: &std::path::Path, arch: &str, key: u64) -> std::path::PathBuf {
+    dir.join(format!("cuda-{arch}-{key:016x}.ptx"))
+}
+
+/// The first line of a cached file: the key and the fingerprint of the
+/// PTX text that follows.
+fn cache_header(key: u64, ptx: &str) -> String {
+    let fp = crate::convert::fingerprint::fingerprint_bytes(ptx.as_bytes());
+    format!("// rocm-safe nvrtc cache {key:016x} {fp}\n")
+}
+
+/// The PTX of a cached file's `text` when its header matches `key` and the
+/// PTX's fingerprint.
+fn parse_cached(text: &str, key: u64) -> Option<&str> {
+    let (head, ptx) = text.split_once('\n')?;
+    let want = cache_header(key, ptx);
+    (want.trim_end() == head && !ptx.is_empty()).then_some(ptx)
+}
+
+fn read_cached(dir: &std::path::Path, arch: &str, key: u64) -> Option<String> {
+    let text = std::fs::read_to_string(cache_file(dir, arch, key)).ok()?;
+    parse_cached(&text, key).map(str::to_owned)
+}
+
+/// Writes `ptx` into the cache (a temporary file renamed into place, so a
+/// reader never sees half a file). Failures only cost a later compile.
+fn write_cached(dir: &std::path::Path, arch: &str, key: u64, ptx: &str) {
+    let path = cache_file(dir, arch, key);
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let r = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, cache_header(key, ptx) + ptx))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::debug!(path = %path.display(), error = %e, "kernel cache not written");
+    }
+}
+
+/// The kernels' PTX for `arch`: nvcc's from the build, else this process's
+/// cache, else (with `disk`) the disk cache, else NVRTC (whose output goes
+/// to both caches).
+fn ptx_for(arch: &str, disk: bool) -> Result<(String, KernelSource)> {
     if let Some(p) = kernels::CUDA_PTX {
         return Ok((p.to_owned(), KernelSource::Nvcc));
     }
@@ -201,8 +306,17 @@ fn ptx_for(arch: &str) -> Result<(String, KernelSource)> {
         Ok(g) => g,
         Err(p) => p.into_inner(),
     };
-    if let Some(p) = cache.get(arch) {
-        return Ok((p.clone(), KernelSource::NvrtcCached));
+    let options = nvrtc_options(arch);
+    let key = cache_key(kernels::CUDA_SOURCE, arch, &options);
+    let dir = kernel_cache_dir();
+    if disk {
+        if let Some(p) = cache.get(arch) {
+            return Ok((p.clone(), KernelSource::NvrtcCached));
+        }
+        if let Some(p) = dir.as_deref().and_then(|d| read_cached(d, arch, key)) {
+            cache.insert(arch.to_owned(), p.clone());
+            return Ok((p, KernelSource::NvrtcDiskCache));
+        }
     }
     // SAFETY: only tries to dlopen the candidate library names.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
@@ -212,10 +326,7 @@ fn ptx_for(arch: &str) -> Result<(String, KernelSource)> {
         });
     }
     let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![
-            format!("--gpu-architecture={arch}"),
-            "-default-device".into(),
-        ],
+        options,
         name: Some("rocm_safe_kernels.cu".into()),
         ..Default::default()
     };
@@ -227,6 +338,9 @@ fn ptx_for(arch: &str) -> Result<(String, KernelSource)> {
     })?;
     let src = ptx.to_src();
     cache.insert(arch.to_owned(), src.clone());
+    if let Some(d) = dir {
+        write_cached(&d, arch, key, &src);
+    }
     Ok((src, KernelSource::NvrtcCompiled))
 }
 
@@ -302,16 +416,30 @@ impl CudaBackend {
     fn load_module(&self) -> Result<Module> {
         self.bind()?;
         let arch = self.info.arch.replace("sm_", "compute_");
-        let (ptx, source) = ptx_for(&arch)?;
-        let image = CString::new(ptx).map_err(|_| Error::KernelUnavailable {
-            backend: "cuda",
-            arch: arch.clone(),
-            built: "ptx with an interior NUL".into(),
-        })?;
-        // SAFETY: `image` is a NUL-terminated PTX string that outlives the
-        // call; the context is current.
-        let module = unsafe { cu::module::load_data(image.as_ptr().cast()) }
-            .map_err(|e| err("cuModuleLoadData", e))?;
+        let load = |ptx: String| -> Result<sys::CUmodule> {
+            let image = CString::new(ptx).map_err(|_| Error::KernelUnavailable {
+                backend: "cuda",
+                arch: arch.clone(),
+                built: "ptx with an interior NUL".into(),
+            })?;
+            // SAFETY: `image` is a NUL-terminated PTX string that outlives
+            // the call; the context is current.
+            unsafe { cu::module::load_data(image.as_ptr().cast()) }
+                .map_err(|e| err("cuModuleLoadData", e))
+        };
+        let (ptx, mut source) = ptx_for(&arch, true)?;
+        let module = match load(ptx) {
+            Ok(m) => m,
+            // Cached PTX the driver refuses (an older driver than the NVRTC
+            // that wrote it, say): compile afresh, replacing both caches.
+            Err(e) if source != KernelSource::NvrtcCompiled && source != KernelSource::Nvcc => {
+                tracing::debug!(error = %e, "cached kernels refused; compiling again");
+                let (ptx, fresh) = ptx_for(&arch, false)?;
+                source = fresh;
+                load(ptx)?
+            }
+            Err(e) => return Err(e),
+        };
         let mut funcs = HashMap::new();
         for k in Kernel::ALL {
             let name = CString::new(k.symbol()).map_err(|_| Error::KernelUnavailable {
@@ -721,5 +849,85 @@ mod version_tests {
             Ok((raw, text)) => assert_eq!(text, decode_cuda_version(raw)),
             Err(e) => assert!(matches!(e, Error::NoRuntime { .. }), "{e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod kernel_cache_tests {
+    use super::*;
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
+    fn os(s: &str) -> Option<OsString> {
+        Some(OsString::from(s))
+    }
+
+    #[test]
+    fn cache_dir_follows_the_environment() {
+        assert_eq!(
+            cache_dir_from(os("/c"), os("/x"), os("/h")),
+            Some(PathBuf::from("/c"))
+        );
+        assert_eq!(cache_dir_from(os(""), os("/x"), os("/h")), None);
+        assert_eq!(
+            cache_dir_from(None, os("/x"), os("/h")),
+            Some(PathBuf::from("/x/rocm-safe"))
+        );
+        assert_eq!(
+            cache_dir_from(None, os(""), os("/h")),
+            Some(PathBuf::from("/h/.cache/rocm-safe"))
+        );
+        assert_eq!(cache_dir_from(None, None, None), None);
+    }
+
+    #[test]
+    fn keys_depend_on_source_target_and_options() {
+        let o = nvrtc_options("compute_90");
+        let k = cache_key("src", "compute_90", &o);
+        assert_eq!(k, cache_key("src", "compute_90", &o));
+        assert_ne!(k, cache_key("src2", "compute_90", &o));
+        assert_ne!(k, cache_key("src", "compute_80", &o));
+        assert_ne!(
+            k,
+            cache_key("src", "compute_90", &nvrtc_options("compute_80"))
+        );
+    }
+
+    #[test]
+    fn cached_ptx_round_trips_and_damage_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let ptx = "//\n.version 8.0\n.target sm_90\n.entry f() { ret; }\n";
+        assert_eq!(read_cached(dir.path(), "compute_90", 7), None);
+        write_cached(dir.path(), "compute_90", 7, ptx);
+        assert_eq!(
+            read_cached(dir.path(), "compute_90", 7).as_deref(),
+            Some(ptx)
+        );
+        // Another key or target: another file.
+        assert_eq!(read_cached(dir.path(), "compute_90", 8), None);
+        assert_eq!(read_cached(dir.path(), "compute_80", 7), None);
+        // No temporary file left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        // A changed byte, a cut file, a foreign header: rejected.
+        let path = cache_file(dir.path(), "compute_90", 7);
+        let text = std::fs::read_to_string(&path).unwrap();
+        for bad in [
+            text.replace("sm_90", "sm_91"),
+            text[..text.len() - 5].to_owned(),
+            text.replacen("rocm-safe", "rocm-save", 1),
+            ptx.to_owned(),
+        ] {
+            std::fs::write(&path, &bad).unwrap();
+            assert_eq!(read_cached(dir.path(), "compute_90", 7), None, "{bad}");
+        }
+        // A directory that cannot be created: nothing written, no panic.
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        write_cached(&file.join("sub"), "compute_90", 7, ptx);
+        assert_eq!(read_cached(&file.join("sub"), "compute_90", 7), None);
     }
 }
