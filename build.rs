@@ -5,7 +5,8 @@
 //!   separated), else a default list filtered to the archs the installed hipcc
 //!   can compile. The code objects are embedded with `include_bytes!`. No
 //!   hipcc with `hip` on is a build error.
-//! - feature `cuda`: the kernels flattened into one source (embedded, compiled
+//! - feature `cuda`: two modules (`core.hip`: conversions, fingerprints,
+//!   scans; `conv3d.hip`), each flattened into one source (embedded, compiled
 //!   with NVRTC at run time) and, when nvcc is found, also PTX built here for
 //!   `ROCM_SAFE_CUDA_ARCH` (default `compute_75`, the oldest target CUDA 13
 //!   still accepts; the driver JIT-compiles it for newer GPUs). If nvcc
@@ -23,14 +24,20 @@ use std::process::Command;
 const KERNEL_FILES: &[&str] = &[
     "hip-kernels/prelude.h",
     "hip-kernels/kernels.hip",
+    "hip-kernels/core.hip",
     "hip-kernels/convert.hip",
     "hip-kernels/fingerprint.hip",
     "hip-kernels/convert_fingerprint.hip",
     "hip-kernels/nonfinite.hip",
     "hip-kernels/conv3d.hip",
 ];
-/// The translation unit that includes every kernel file.
+/// The translation unit that includes every kernel file (HIP).
 const ENTRY: &str = "hip-kernels/kernels.hip";
+/// The CUDA modules, in `KernelModule` order: (name, translation unit).
+const CUDA_MODULES: [(&str, &str); 2] = [
+    ("core", "hip-kernels/core.hip"),
+    ("conv3d", "hip-kernels/conv3d.hip"),
+];
 
 /// Archs tried when no list is given (kept when the installed hipcc builds them).
 const DEFAULT_ARCHS: &[&str] = &[
@@ -230,59 +237,69 @@ fn flatten(path: &Path, seen: &mut Vec<PathBuf>, out: &mut String) {
 }
 
 fn build_cuda(manifest: &Path, out: &Path, rs: &mut String) {
-    let mut src = String::new();
-    flatten(&manifest.join(ENTRY), &mut Vec::new(), &mut src);
-    let cu = out.join("rocm_safe_kernels.cu");
-    if let Err(e) = std::fs::write(&cu, &src) {
-        fail(&format!("cannot write {}: {e}", cu.display()));
-    }
-    let _ = writeln!(
-        rs,
-        "/// The kernels as one CUDA source (compiled with NVRTC when no PTX is embedded).\n\
-         pub(crate) const CUDA_SOURCE: &str = include_str!({:?});",
-        cu.display().to_string()
-    );
     let mut dirs = Vec::new();
     if let Some(p) = env_var("CUDA_HOME").or_else(|| env_var("CUDA_PATH")) {
         dirs.push(PathBuf::from(p).join("bin"));
     }
     dirs.push(PathBuf::from("/usr/local/cuda/bin"));
     let arch = env_var("ROCM_SAFE_CUDA_ARCH").unwrap_or_else(|| "compute_75".into());
-    let ptx = out.join("rocm_safe_kernels.ptx");
-    let built = match find_tool("NVCC", "nvcc", &dirs) {
-        Some(nvcc) => match Command::new(&nvcc)
-            .args(["--ptx", "-x", "cu", "-O3"])
-            .arg(format!("-arch={arch}"))
-            .arg(&cu)
-            .arg("-o")
-            .arg(&ptx)
-            .output()
-        {
-            Ok(o) if o.status.success() => true,
-            Ok(o) => {
-                println!(
-                    "cargo::warning=rocm-safe: nvcc failed ({}); the kernels will be compiled with NVRTC at run time",
-                    String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("")
-                );
-                false
-            }
-            Err(_) => false,
-        },
-        None => false,
-    };
-    if built {
+    let nvcc = find_tool("NVCC", "nvcc", &dirs);
+    let mut sources = Vec::new();
+    let mut ptxs = Vec::new();
+    for (name, entry) in CUDA_MODULES {
+        let mut src = String::new();
+        flatten(&manifest.join(entry), &mut Vec::new(), &mut src);
+        let cu = out.join(format!("rocm_safe_{name}.cu"));
+        if let Err(e) = std::fs::write(&cu, &src) {
+            fail(&format!("cannot write {}: {e}", cu.display()));
+        }
+        sources.push(format!("include_str!({:?})", cu.display().to_string()));
+        let ptx = out.join(format!("rocm_safe_{name}.ptx"));
+        let built = match &nvcc {
+            Some(nvcc) => match Command::new(nvcc)
+                .args(["--ptx", "-x", "cu", "-O3"])
+                .arg(format!("-arch={arch}"))
+                .arg(&cu)
+                .arg("-o")
+                .arg(&ptx)
+                .output()
+            {
+                Ok(o) if o.status.success() => true,
+                Ok(o) => {
+                    println!(
+                        "cargo::warning=rocm-safe: nvcc failed on the {name} kernels ({}); the kernels will be compiled with NVRTC at run time",
+                        String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("")
+                    );
+                    false
+                }
+                Err(_) => false,
+            },
+            None => false,
+        };
+        if built {
+            ptxs.push(format!("include_str!({:?})", ptx.display().to_string()));
+        }
+    }
+    let _ = writeln!(
+        rs,
+        "/// The CUDA modules' sources, in `KernelModule` order (compiled with\n\
+         /// NVRTC when no PTX is embedded).\n\
+         pub(crate) const CUDA_SOURCES: [&str; 2] = [{}];",
+        sources.join(", ")
+    );
+    if ptxs.len() == CUDA_MODULES.len() {
         println!("cargo::rustc-cfg=rocm_safe_cuda_ptx");
         let _ = writeln!(
             rs,
-            "/// The kernels as PTX built by nvcc.\n\
-             pub(crate) const CUDA_PTX: Option<&str> = Some(include_str!({:?}));",
-            ptx.display().to_string()
+            "/// The CUDA modules as PTX built by nvcc.\n\
+             pub(crate) const CUDA_PTX: Option<[&str; 2]> = Some([{}]);",
+            ptxs.join(", ")
         );
     } else {
         let _ = writeln!(
             rs,
-            "/// No nvcc at build time: NVRTC compiles CUDA_SOURCE on first use.\n\
-             pub(crate) const CUDA_PTX: Option<&str> = None;"
+            "/// No nvcc at build time: NVRTC compiles CUDA_SOURCES on first use.\n\
+             pub(crate) const CUDA_PTX: Option<[&str; 2]> = None;"
         );
     }
 }

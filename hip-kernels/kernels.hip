@@ -1,8 +1,6 @@
-// The one translation unit build.rs compiles (hipcc --genco per arch, nvcc
-// --ptx, or NVRTC at run time). Every kernel file is listed here.
+// The one translation unit build.rs compiles for HIP (hipcc --genco per
+// arch). Every kernel file is reached from here. CUDA builds core.hip and
+// conv3d.hip as two modules instead (nvcc --ptx, or NVRTC at run time).
 #include "prelude.h"
-#include "convert.hip"
-#include "fingerprint.hip"
-#include "convert_fingerprint.hip"
-#include "nonfinite.hip"
+#include "core.hip"
 #include "conv3d.hip"

@@ -18,7 +18,7 @@ use cudarc::driver::DriverError;
 
 use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout, VendorConv};
 use super::cudnn::Cudnn;
-use super::kernels::{self, Kernel, KernelCall};
+use super::kernels::{self, Kernel, KernelCall, KernelModule};
 use super::{
     Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream, VisibleDevices,
 };
@@ -176,7 +176,8 @@ pub fn decode_cuda_version(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
-/// PTX compiled by NVRTC, per target (`compute_90`), for this process.
+/// PTX compiled by NVRTC, per module and target (`core-compute_90`), for
+/// this process.
 fn nvrtc_cache() -> &'static Mutex<HashMap<String, String>> {
     static CACHE: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
@@ -257,8 +258,9 @@ fn cache_key(source: &str, arch: &str, options: &[String]) -> u64 {
     crate::convert::fingerprint::fingerprint_bytes(&bytes).0
 }
 
-fn cache_file(dir: &std::path::Path, arch: &str, key: u64) -> std::path::PathBuf {
-    dir.join(format!("cuda-{arch}-{key:016x}.ptx"))
+/// `target` is the module and arch (`core-compute_90`).
+fn cache_file(dir: &std::path::Path, target: &str, key: u64) -> std::path::PathBuf {
+    dir.join(format!("cuda-{target}-{key:016x}.ptx"))
 }
 
 /// The first line of a cached file: the key and the fingerprint of the
@@ -295,26 +297,32 @@ fn write_cached(dir: &std::path::Path, arch: &str, key: u64, ptx: &str) {
     }
 }
 
-/// The kernels' PTX for `arch`: nvcc's from the build, else this process's
-/// cache, else (with `disk`) the disk cache, else NVRTC (whose output goes
-/// to both caches).
-fn ptx_for(arch: &str, disk: bool) -> Result<(String, KernelSource)> {
+/// Module `which`'s PTX for `arch`: nvcc's from the build, else this
+/// process's cache, else (with `disk`) the disk cache, else NVRTC (whose
+/// output goes to both caches).
+fn ptx_for(arch: &str, which: KernelModule, disk: bool) -> Result<(String, KernelSource)> {
     if let Some(p) = kernels::CUDA_PTX {
-        return Ok((p.to_owned(), KernelSource::Nvcc));
+        let ptx = p.get(which.index()).copied().unwrap_or_default();
+        return Ok((ptx.to_owned(), KernelSource::Nvcc));
     }
+    let source = kernels::CUDA_SOURCES
+        .get(which.index())
+        .copied()
+        .unwrap_or_default();
     let mut cache = match nvrtc_cache().lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
     };
     let options = nvrtc_options(arch);
-    let key = cache_key(kernels::CUDA_SOURCE, arch, &options);
+    let key = cache_key(source, arch, &options);
+    let target = format!("{}-{arch}", which.name());
     let dir = kernel_cache_dir();
     if disk {
-        if let Some(p) = cache.get(arch) {
+        if let Some(p) = cache.get(&target) {
             return Ok((p.clone(), KernelSource::NvrtcCached));
         }
-        if let Some(p) = dir.as_deref().and_then(|d| read_cached(d, arch, key)) {
-            cache.insert(arch.to_owned(), p.clone());
+        if let Some(p) = dir.as_deref().and_then(|d| read_cached(d, &target, key)) {
+            cache.insert(target, p.clone());
             return Ok((p, KernelSource::NvrtcDiskCache));
         }
     }
@@ -330,17 +338,15 @@ fn ptx_for(arch: &str, disk: bool) -> Result<(String, KernelSource)> {
         name: Some("rocm_safe_kernels.cu".into()),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::CUDA_SOURCE, opts).map_err(|e| {
-        Error::Nvrtc {
-            arch: arch.to_owned(),
-            source: e,
-        }
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| Error::Nvrtc {
+        arch: arch.to_owned(),
+        source: e,
     })?;
     let src = ptx.to_src();
-    cache.insert(arch.to_owned(), src.clone());
     if let Some(d) = dir {
-        write_cached(&d, arch, key, &src);
+        write_cached(&d, &target, key, &src);
     }
+    cache.insert(target, src.clone());
     Ok((src, KernelSource::NvrtcCompiled))
 }
 
@@ -363,7 +369,8 @@ pub struct CudaBackend {
     info: DeviceInfo,
     dev: sys::CUdevice,
     ctx: Ctx,
-    module: Mutex<Option<Arc<Module>>>,
+    /// The loaded modules, in `KernelModule` order.
+    modules: [Mutex<Option<Arc<Module>>>; 2],
     /// cuDNN's handle and plans, created on the first vendor call.
     cudnn: Mutex<Option<Cudnn>>,
 }
@@ -395,7 +402,7 @@ impl CudaBackend {
             info,
             dev,
             ctx: Ctx(ctx),
-            module: Mutex::new(None),
+            modules: [Mutex::new(None), Mutex::new(None)],
             cudnn: Mutex::new(None),
         };
         b.bind()?;
@@ -408,12 +415,13 @@ impl CudaBackend {
         unsafe { cu::ctx::set_current(self.ctx.0) }.map_err(|e| err("cuCtxSetCurrent", e))
     }
 
-    /// How this device's kernels were obtained (loads them if needed).
+    /// How this device's conversion kernels (the ones every verified call
+    /// and the self-test use) were obtained; loads them if needed.
     pub fn kernel_source(&self) -> Result<KernelSource> {
-        Ok(self.module()?.source)
+        Ok(self.module(KernelModule::Core)?.source)
     }
 
-    fn load_module(&self) -> Result<Module> {
+    fn load_module(&self, which: KernelModule) -> Result<Module> {
         self.bind()?;
         let arch = self.info.arch.replace("sm_", "compute_");
         let load = |ptx: String| -> Result<sys::CUmodule> {
@@ -427,21 +435,21 @@ impl CudaBackend {
             unsafe { cu::module::load_data(image.as_ptr().cast()) }
                 .map_err(|e| err("cuModuleLoadData", e))
         };
-        let (ptx, mut source) = ptx_for(&arch, true)?;
+        let (ptx, mut source) = ptx_for(&arch, which, true)?;
         let module = match load(ptx) {
             Ok(m) => m,
             // Cached PTX the driver refuses (an older driver than the NVRTC
             // that wrote it, say): compile afresh, replacing both caches.
             Err(e) if source != KernelSource::NvrtcCompiled && source != KernelSource::Nvcc => {
                 tracing::debug!(error = %e, "cached kernels refused; compiling again");
-                let (ptx, fresh) = ptx_for(&arch, false)?;
+                let (ptx, fresh) = ptx_for(&arch, which, false)?;
                 source = fresh;
                 load(ptx)?
             }
             Err(e) => return Err(e),
         };
         let mut funcs = HashMap::new();
-        for k in Kernel::ALL {
+        for k in Kernel::ALL.into_iter().filter(|k| k.module() == which) {
             let name = CString::new(k.symbol()).map_err(|_| Error::KernelUnavailable {
                 backend: "cuda",
                 arch: arch.clone(),
@@ -456,7 +464,7 @@ impl CudaBackend {
         // only (conv3d.hip compiles it out below); absent, the scalar tiled
         // kernel serves bf16.
         let mma = Kernel::Conv3dTiledBf16Mma;
-        if let Ok(name) = CString::new(mma.symbol()) {
+        if let (true, Ok(name)) = (mma.module() == which, CString::new(mma.symbol())) {
             // SAFETY: `module` was just loaded in the current context.
             if let Ok(f) = unsafe { cu::module::get_function(module, name) } {
                 funcs.insert(mma, f);
@@ -469,15 +477,22 @@ impl CudaBackend {
         })
     }
 
-    fn module(&self) -> Result<Arc<Module>> {
-        let mut slot = match self.module.lock() {
+    fn module(&self, which: KernelModule) -> Result<Arc<Module>> {
+        let Some(cell) = self.modules.get(which.index()) else {
+            return Err(Error::KernelUnavailable {
+                backend: "cuda",
+                arch: self.info.arch.clone(),
+                built: which.name().into(),
+            });
+        };
+        let mut slot = match cell.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
         if let Some(m) = &*slot {
             return Ok(Arc::clone(m));
         }
-        let m = Arc::new(self.load_module()?);
+        let m = Arc::new(self.load_module(which)?);
         *slot = Some(Arc::clone(&m));
         Ok(m)
     }
@@ -488,7 +503,7 @@ impl CudaBackend {
     /// The memory `call`'s arguments reference satisfies the kernel's
     /// contract (its constructor in `kernels.rs` documents the parameters).
     unsafe fn launch(&self, mut call: KernelCall, s: RawStream) -> Result<()> {
-        let m = self.module()?;
+        let m = self.module(call.kernel.module())?;
         let f = *m.funcs.get(&call.kernel).ok_or(Error::KernelUnavailable {
             backend: "cuda",
             arch: self.info.arch.clone(),
@@ -544,11 +559,15 @@ impl Drop for CudaBackend {
                 std::mem::forget(c);
             }
         }
-        let m = match self.module.get_mut() {
-            Ok(m) => m.take(),
-            Err(p) => p.into_inner().take(),
-        };
-        if let Some(m) = m {
+        let loaded: Vec<Arc<Module>> = self
+            .modules
+            .iter_mut()
+            .filter_map(|cell| match cell.get_mut() {
+                Ok(m) => m.take(),
+                Err(p) => p.into_inner().take(),
+            })
+            .collect();
+        for m in loaded {
             if self.bind().is_ok() {
                 // SAFETY: the module was loaded by us and is unloaded once;
                 // the device handle owning it is being dropped.
@@ -779,7 +798,7 @@ unsafe impl Backend for CudaBackend {
         g: &Conv3dGeometry,
     ) -> Conv3dWeightLayout {
         let has_mma = || {
-            self.module()
+            self.module(KernelModule::Conv3d)
                 .is_ok_and(|m| m.funcs.contains_key(&Kernel::Conv3dTiledBf16Mma))
         };
         match kernel {

@@ -16,6 +16,38 @@ use crate::error::{Error, Result};
 #[allow(dead_code)]
 pub(crate) const BLOCK: u32 = 256;
 
+/// The CUDA backend's modules (`hip-kernels/core.hip`, `conv3d.hip`), each
+/// compiled and loaded on the first launch of one of its kernels: a process
+/// that only converts or loads never waits for the conv3d kernels' JIT
+/// compile. HIP builds all kernels into one code object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(dead_code)]
+pub(crate) enum KernelModule {
+    /// Conversions, fingerprints, non-finite scans.
+    Core = 0,
+    /// The conv3d kernels and the vendor tier's epilogues.
+    Conv3d = 1,
+}
+
+#[allow(dead_code)]
+impl KernelModule {
+    /// Both, in the order of `CUDA_SOURCES`.
+    pub(crate) const ALL: [KernelModule; 2] = [KernelModule::Core, KernelModule::Conv3d];
+
+    /// Index into `CUDA_SOURCES` / `CUDA_PTX`.
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Short name (cache file names).
+    pub(crate) const fn name(self) -> &'static str {
+        match self {
+            KernelModule::Core => "core",
+            KernelModule::Conv3d => "conv3d",
+        }
+    }
+}
+
 /// Every kernel symbol the backends load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(dead_code)]
@@ -60,6 +92,29 @@ impl Kernel {
         Kernel::Conv3dBiasF32,
         Kernel::Conv3dWidenBiasBf16,
     ];
+
+    /// The CUDA module the kernel is built into.
+    pub(crate) const fn module(self) -> KernelModule {
+        match self {
+            Kernel::ConvertBf16F32
+            | Kernel::ConvertF16F32
+            | Kernel::ConvertF32Bf16
+            | Kernel::ConvertF32F16
+            | Kernel::FingerprintSum
+            | Kernel::ConvertFingerprintBf16F32
+            | Kernel::ConvertFingerprintF16F32
+            | Kernel::NonfiniteF32
+            | Kernel::NonfiniteBf16
+            | Kernel::NonfiniteF16 => KernelModule::Core,
+            Kernel::Conv3dNaiveF32
+            | Kernel::Conv3dNaiveBf16
+            | Kernel::Conv3dTiledF32
+            | Kernel::Conv3dTiledBf16
+            | Kernel::Conv3dBiasF32
+            | Kernel::Conv3dWidenBiasBf16
+            | Kernel::Conv3dTiledBf16Mma => KernelModule::Conv3d,
+        }
+    }
 
     /// The extern "C" symbol.
     pub(crate) const fn symbol(self) -> &'static str {
