@@ -297,30 +297,33 @@ fn write_cached(dir: &std::path::Path, arch: &str, key: u64, ptx: &str) {
     }
 }
 
-/// Module `which`'s PTX for `arch`: nvcc's from the build, else this
-/// process's cache, else (with `disk`) the disk cache, else NVRTC (whose
-/// output goes to both caches).
-fn ptx_for(arch: &str, which: KernelModule, disk: bool) -> Result<(String, KernelSource)> {
+/// Module `which`'s PTX for `arch`: nvcc's from the build, else (with
+/// `cached`) this process's cache, then the disk cache, else NVRTC (whose
+/// output goes to both caches). `cached: false` compiles afresh.
+fn ptx_for(arch: &str, which: KernelModule, cached: bool) -> Result<(String, KernelSource)> {
     if let Some(p) = kernels::CUDA_PTX {
         let ptx = p.get(which.index()).copied().unwrap_or_default();
         return Ok((ptx.to_owned(), KernelSource::Nvcc));
     }
-    let source = kernels::CUDA_SOURCES
-        .get(which.index())
-        .copied()
-        .unwrap_or_default();
     let mut cache = match nvrtc_cache().lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
     };
-    let options = nvrtc_options(arch);
-    let key = cache_key(source, arch, &options);
     let target = format!("{}-{arch}", which.name());
-    let dir = kernel_cache_dir();
-    if disk {
+    if cached {
         if let Some(p) = cache.get(&target) {
             return Ok((p.clone(), KernelSource::NvrtcCached));
         }
+    }
+    // The key hashes the whole source: only when the disk is consulted.
+    let source = kernels::CUDA_SOURCES
+        .get(which.index())
+        .copied()
+        .unwrap_or_default();
+    let options = nvrtc_options(arch);
+    let key = cache_key(source, arch, &options);
+    let dir = kernel_cache_dir();
+    if cached {
         if let Some(p) = dir.as_deref().and_then(|d| read_cached(d, &target, key)) {
             cache.insert(target, p.clone());
             return Ok((p, KernelSource::NvrtcDiskCache));
