@@ -710,3 +710,27 @@ pub enum Error {
         reason: &'static str,
     },
 }
+
+impl Error {
+    /// [`Error::OutOfMemory`] for `op` of `bytes` on `backend` when `oom`
+    /// (the runtime said so), else `other()`: how a backend reports a failed
+    /// allocation, so that callers can tell memory pressure (retry, free
+    /// caches, go down a ladder) from every other error.
+    pub(crate) fn or_out_of_memory(
+        oom: bool,
+        backend: &'static str,
+        op: &'static str,
+        bytes: usize,
+        other: impl FnOnce() -> Error,
+    ) -> Error {
+        if oom {
+            Error::OutOfMemory {
+                backend,
+                op,
+                bytes: bytes as u64,
+            }
+        } else {
+            other()
+        }
+    }
+}

@@ -588,24 +588,23 @@ fn nonfinite_counts_and_clamps(dev: &Device) {
         0.0,
     ];
     let mut d = s.clone_htod(&xs).unwrap();
-    let c = s.nonfinite(&mut d.view_mut(), false).unwrap();
+    let c = s.count_nonfinite(&d.view()).unwrap();
     assert_eq!(c, NonFinite { nan: 2, inf: 2 });
-    let c = s.nonfinite(&mut d.view_mut(), true).unwrap();
+    // Counting changes nothing.
+    assert_eq!(bits32(&d.to_vec().unwrap()), bits32(&xs));
+    let c = s.clamp_nonfinite(&mut d.view_mut()).unwrap();
     assert_eq!(c, NonFinite { nan: 2, inf: 2 });
     let got = d.to_vec().unwrap();
     assert_eq!(
         bits32(&got),
         bits32(&[1.0, 0.0, f32::MAX, -f32::MAX, -2.5, 0.0, 0.0])
     );
-    assert_eq!(
-        s.nonfinite(&mut d.view_mut(), false).unwrap(),
-        NonFinite::default()
-    );
+    assert_eq!(s.count_nonfinite(&d.view()).unwrap(), NonFinite::default());
 
     let hb = as_bf16(&[0x7f80, 0xff80, 0x7fc0, 0x3f80, 0xffff]);
     let mut db = s.clone_htod(&hb).unwrap();
     assert_eq!(
-        s.nonfinite(&mut db.view_mut(), true).unwrap(),
+        s.clamp_nonfinite(&mut db.view_mut()).unwrap(),
         NonFinite { nan: 2, inf: 2 }
     );
     let got: Vec<u16> = db.to_vec().unwrap().iter().map(|x| x.to_bits()).collect();
@@ -614,15 +613,15 @@ fn nonfinite_counts_and_clamps(dev: &Device) {
     let hh = as_f16(&[0x7c00, 0xfc00, 0x7e00, 0x3c00, 0x7c01]);
     let mut dh = s.clone_htod(&hh).unwrap();
     assert_eq!(
-        s.nonfinite(&mut dh.view_mut(), true).unwrap(),
+        s.clamp_nonfinite(&mut dh.view_mut()).unwrap(),
         NonFinite { nan: 2, inf: 2 }
     );
     let got: Vec<u16> = dh.to_vec().unwrap().iter().map(|x| x.to_bits()).collect();
     assert_eq!(got, [0x7bff, 0xfbff, 0, 0x3c00, 0]);
 
-    let mut dd = s.clone_htod(&[1.0f64]).unwrap();
+    let dd = s.clone_htod(&[1.0f64]).unwrap();
     assert!(matches!(
-        s.nonfinite(&mut dd.view_mut(), false),
+        s.count_nonfinite(&dd.view()),
         Err(Error::UnsupportedConversion { .. })
     ));
 }

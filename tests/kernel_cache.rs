@@ -12,8 +12,8 @@ mod gpu {
 
     use half::bf16;
     use rocm_safe::convert::scalar;
-    use rocm_safe::device::cuda::{CudaBackend, KernelSource, CACHE_DIR_VAR};
-    use rocm_safe::device::Device;
+    use rocm_safe::device::kernel_cache::CACHE_DIR_VAR;
+    use rocm_safe::device::{BackendKind, Device, KernelSource};
 
     /// The kernel source the child process must report.
     const EXPECT_VAR: &str = "ROCM_SAFE_TEST_EXPECT_KERNEL_SOURCE";
@@ -23,12 +23,11 @@ mod gpu {
     #[test]
     #[ignore = "needs a GPU"]
     fn one_process() {
-        let backend = CudaBackend::open(0).expect("open cuda:0");
-        let source = backend.kernel_source().expect("kernels load");
+        let dev = Device::open(BackendKind::Cuda, 0).expect("open cuda:0");
+        let source = dev.kernel_source().expect("kernels load");
         if let Ok(want) = std::env::var(EXPECT_VAR) {
             assert_eq!(format!("{source:?}"), want);
         }
-        let dev = Device::from_backend(Box::new(backend));
         let s = dev.stream().unwrap();
         let all: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
         let src = s.clone_htod(&all).unwrap();
@@ -72,16 +71,16 @@ mod gpu {
     #[ignore = "needs a GPU"]
     fn second_process_loads_the_kernels_from_disk() {
         let dir = tempfile::tempdir().unwrap();
-        child(dir.path(), KernelSource::NvrtcCompiled);
+        child(dir.path(), KernelSource::Compiled);
         let files = cached_files(dir.path());
         assert_eq!(files.len(), 1, "{files:?}");
-        child(dir.path(), KernelSource::NvrtcDiskCache);
+        child(dir.path(), KernelSource::DiskCache);
         // Damaged: compiled again, and the file is whole again afterwards.
         let text = std::fs::read_to_string(&files[0]).unwrap();
         std::fs::write(&files[0], text.replacen(".entry", ".entri", 1)).unwrap();
-        child(dir.path(), KernelSource::NvrtcCompiled);
+        child(dir.path(), KernelSource::Compiled);
         assert_eq!(std::fs::read_to_string(&files[0]).unwrap(), text);
-        child(dir.path(), KernelSource::NvrtcDiskCache);
+        child(dir.path(), KernelSource::DiskCache);
         // Whole (its header checks out) but PTX the driver refuses:
         // compiled again too.
         let name = files[0].file_stem().unwrap().to_string_lossy().into_owned();
@@ -93,7 +92,7 @@ mod gpu {
             format!("// rocm-safe nvrtc cache {key} {fp}\n{body}"),
         )
         .unwrap();
-        child(dir.path(), KernelSource::NvrtcCompiled);
+        child(dir.path(), KernelSource::Compiled);
         assert_eq!(std::fs::read_to_string(&files[0]).unwrap(), text);
     }
 
@@ -103,7 +102,7 @@ mod gpu {
         let out = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "gpu::one_process", "--include-ignored"])
             .env(CACHE_DIR_VAR, "")
-            .env(EXPECT_VAR, format!("{:?}", KernelSource::NvrtcCompiled))
+            .env(EXPECT_VAR, format!("{:?}", KernelSource::Compiled))
             .output()
             .unwrap();
         assert!(

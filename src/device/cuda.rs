@@ -1,29 +1,29 @@
-//! The CUDA backend: cudarc's driver API (`cudarc::driver::{sys, result}`,
-//! loaded at run time, so building needs no CUDA) and NVRTC.
+//! The CUDA runtime: cudarc's driver API (`cudarc::driver::{sys, result}`,
+//! loaded at run time, so building needs no CUDA) and NVRTC, under the
+//! generic GPU body (`gpu.rs`), which does everything else.
 //!
 //! cudarc panics when it cannot find libcuda or libnvrtc, so both are probed
 //! with `is_culib_present()` first: a machine without CUDA gets
 //! [`Error::NoRuntime`]. The kernels come from `hip-kernels/` (through
 //! `prelude.h`'s CUDA branch): PTX built by nvcc at build time when it was
 //! found, else the embedded source compiled by NVRTC on first use, cached per
-//! compute capability for the process and on disk ([`kernel_cache_dir`]).
+//! compute capability for the process and on disk ([`super::kernel_cache`]).
 
-use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use cudarc::driver::DriverError;
 
-use super::conv3d::{vendor_conv3d, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout, VendorConv};
-use super::cudnn::Cudnn;
-use super::kernels::{self, Kernel, KernelCall, KernelModule};
-use super::{
-    Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream, VisibleDevices,
+use super::backend::{CopyOp, Driver};
+use super::gpu::Runtime;
+use super::info::{
+    BackendKind, DeviceInfo, DevicePtr, KernelCaps, KernelCode, KernelSource, RawEvent, RawStream,
 };
-use crate::conv3d::Conv3dGeometry;
-use crate::dtype::DType;
+use super::kernel_cache;
+use super::kernels::{self, KernelCall, KernelModule};
+use super::vendor::cudnn::Cudnn;
+use super::VisibleDevices;
 use crate::error::{Error, Result};
 
 const VISIBLE_VAR: &str = "CUDA_VISIBLE_DEVICES";
@@ -32,16 +32,12 @@ fn err(op: &'static str, e: DriverError) -> Error {
     Error::Cuda { op, source: e }
 }
 
+/// An allocation's error: [`Error::OutOfMemory`] for the runtime's
+/// out-of-memory code (the transfer ladder retries on it), else the
+/// runtime's error.
 fn alloc_err(op: &'static str, bytes: usize, e: DriverError) -> Error {
-    if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        Error::OutOfMemory {
-            backend: "cuda",
-            op,
-            bytes: bytes as u64,
-        }
-    } else {
-        err(op, e)
-    }
+    let oom = e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    Error::or_out_of_memory(oom, "cuda", op, bytes, || err(op, e))
 }
 
 /// Loads libcuda (typed error when absent) and initialises the driver.
@@ -176,66 +172,6 @@ pub fn decode_cuda_version(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
-/// PTX compiled by NVRTC, per module and target (`core-compute_90`), for
-/// this process.
-fn nvrtc_cache() -> &'static Mutex<HashMap<String, String>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// How the kernels of a device were obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum KernelSource {
-    /// PTX built by nvcc at build time.
-    Nvcc,
-    /// Compiled by NVRTC in this process (first use for this target).
-    NvrtcCompiled,
-    /// NVRTC output reused from the process cache.
-    NvrtcCached,
-    /// NVRTC output of an earlier process, read from the kernel cache on
-    /// disk ([`kernel_cache_dir`]).
-    NvrtcDiskCache,
-}
-
-/// The environment variable naming the directory of the kernel cache on
-/// disk; set to an empty value to turn the disk cache off.
-pub const CACHE_DIR_VAR: &str = "ROCM_SAFE_CACHE_DIR";
-
-/// Where NVRTC's output is kept between processes: `$ROCM_SAFE_CACHE_DIR`
-/// (`None` when set but empty: no disk cache), else
-/// `$XDG_CACHE_HOME/rocm-safe`, else `$HOME/.cache/rocm-safe`. Compiling the
-/// kernels takes NVRTC about 0.2 s per process on an H100 machine; a cached
-/// copy takes a file read. A cached file names the hash of the kernel
-/// source, target and options it was built from and carries a fingerprint
-/// of its text, checked before use; a file that fails the check, or that
-/// the driver refuses, is compiled again. Every verified call still runs
-/// the device's exhaustive self-test on the kernels, whichever way they
-/// were obtained.
-pub fn kernel_cache_dir() -> Option<std::path::PathBuf> {
-    cache_dir_from(
-        std::env::var_os(CACHE_DIR_VAR),
-        std::env::var_os("XDG_CACHE_HOME"),
-        std::env::var_os("HOME"),
-    )
-}
-
-fn cache_dir_from(
-    own: Option<std::ffi::OsString>,
-    xdg: Option<std::ffi::OsString>,
-    home: Option<std::ffi::OsString>,
-) -> Option<std::path::PathBuf> {
-    use std::path::PathBuf;
-    match own {
-        Some(d) if d.is_empty() => None,
-        Some(d) => Some(PathBuf::from(d)),
-        None => match (xdg, home) {
-            (Some(x), _) if !x.is_empty() => Some(PathBuf::from(x).join("rocm-safe")),
-            (_, Some(h)) if !h.is_empty() => Some(PathBuf::from(h).join(".cache/rocm-safe")),
-            _ => None,
-        },
-    }
-}
-
 /// NVRTC options for `arch` (`compute_90`).
 fn nvrtc_options(arch: &str) -> Vec<String> {
     vec![
@@ -244,138 +180,57 @@ fn nvrtc_options(arch: &str) -> Vec<String> {
     ]
 }
 
-/// The disk cache's key of `source` built for `arch` with `options`.
-fn cache_key(source: &str, arch: &str, options: &[String]) -> u64 {
-    let mut bytes = Vec::with_capacity(source.len() + 256);
-    bytes.extend_from_slice(b"rocm-safe nvrtc ptx v1\0");
-    bytes.extend_from_slice(arch.as_bytes());
-    for o in options {
-        bytes.push(0);
-        bytes.extend_from_slice(o.as_bytes());
-    }
-    bytes.push(0);
-    bytes.extend_from_slice(source.as_bytes());
-    crate::convert::fingerprint::fingerprint_bytes(&bytes).0
-}
-
-/// `target` is the module and arch (`core-compute_90`).
-fn cache_file(dir: &std::path::Path, target: &str, key: u64) -> std::path::PathBuf {
-    dir.join(format!("cuda-{target}-{key:016x}.ptx"))
-}
-
-/// The first line of a cached file: the key and the fingerprint of the
-/// PTX text that follows.
-fn cache_header(key: u64, ptx: &str) -> String {
-    let fp = crate::convert::fingerprint::fingerprint_bytes(ptx.as_bytes());
-    format!("// rocm-safe nvrtc cache {key:016x} {fp}\n")
-}
-
-/// The PTX of a cached file's `text` when its header matches `key` and the
-/// PTX's fingerprint.
-fn parse_cached(text: &str, key: u64) -> Option<&str> {
-    let (head, ptx) = text.split_once('\n')?;
-    let want = cache_header(key, ptx);
-    (want.trim_end() == head && !ptx.is_empty()).then_some(ptx)
-}
-
-fn read_cached(dir: &std::path::Path, arch: &str, key: u64) -> Option<String> {
-    let text = std::fs::read_to_string(cache_file(dir, arch, key)).ok()?;
-    parse_cached(&text, key).map(str::to_owned)
-}
-
-/// Writes `ptx` into the cache (a temporary file renamed into place, so a
-/// reader never sees half a file). Failures only cost a later compile.
-fn write_cached(dir: &std::path::Path, arch: &str, key: u64, ptx: &str) {
-    let path = cache_file(dir, arch, key);
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let r = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&tmp, cache_header(key, ptx) + ptx))
-        .and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = r {
-        let _ = std::fs::remove_file(&tmp);
-        tracing::debug!(path = %path.display(), error = %e, "kernel cache not written");
-    }
-}
-
-/// Module `which`'s PTX for `arch`: nvcc's from the build, else (with
-/// `cached`) this process's cache, then the disk cache, else NVRTC (whose
-/// output goes to both caches). `cached: false` compiles afresh.
-fn ptx_for(arch: &str, which: KernelModule, cached: bool) -> Result<(String, KernelSource)> {
+/// Module `which`'s PTX for `arch`: nvcc's from the build, else the kernel
+/// cache's ([`kernel_cache::get_or_compile`]: this process's, then the
+/// disk's), else NVRTC's. `cached: false` compiles afresh.
+fn ptx_for(arch: &str, which: KernelModule, cached: bool) -> Result<(Vec<u8>, KernelSource)> {
     if let Some(p) = kernels::CUDA_PTX {
         let ptx = p.get(which.index()).copied().unwrap_or_default();
-        return Ok((ptx.to_owned(), KernelSource::Nvcc));
+        return Ok((ptx.as_bytes().to_vec(), KernelSource::Nvcc));
     }
-    let mut cache = match nvrtc_cache().lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    };
-    let target = format!("{}-{arch}", which.name());
-    if cached {
-        if let Some(p) = cache.get(&target) {
-            return Ok((p.clone(), KernelSource::NvrtcCached));
-        }
-    }
-    // The key hashes the whole source: only when the disk is consulted.
     let source = kernels::CUDA_SOURCES
         .get(which.index())
         .copied()
         .unwrap_or_default();
     let options = nvrtc_options(arch);
-    let key = cache_key(source, arch, &options);
-    let dir = kernel_cache_dir();
-    if cached {
-        if let Some(p) = dir.as_deref().and_then(|d| read_cached(d, &target, key)) {
-            cache.insert(target, p.clone());
-            return Ok((p, KernelSource::NvrtcDiskCache));
-        }
-    }
-    // SAFETY: only tries to dlopen the candidate library names.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::NoRuntime {
-            backend: "cuda",
-            library: "libnvrtc",
-        });
-    }
-    let opts = cudarc::nvrtc::CompileOptions {
-        options,
-        name: Some("rocm_safe_kernels.cu".into()),
-        ..Default::default()
+    let req = kernel_cache::Request {
+        runtime: "cuda",
+        compiler: "nvrtc",
+        ext: "ptx",
+        module: which.name(),
+        target: arch,
+        source,
+        options: &options,
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| Error::Nvrtc {
-        arch: arch.to_owned(),
-        source: e,
-    })?;
-    let src = ptx.to_src();
-    if let Some(d) = dir {
-        write_cached(&d, &target, key, &src);
-    }
-    cache.insert(target, src.clone());
-    Ok((src, KernelSource::NvrtcCompiled))
+    let dir = kernel_cache::dir();
+    kernel_cache::get_or_compile(&req, dir.as_deref(), cached, || {
+        // SAFETY: only tries to dlopen the candidate library names.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Error::NoRuntime {
+                backend: "cuda",
+                library: "libnvrtc",
+            });
+        }
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: options.clone(),
+            name: Some("rocm_safe_kernels.cu".into()),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| Error::Nvrtc {
+            arch: arch.to_owned(),
+            source: e,
+        })?;
+        Ok(ptx.to_src().into_bytes())
+    })
 }
 
-/// The loaded module and its functions.
-struct Module {
-    module: sys::CUmodule,
-    funcs: HashMap<Kernel, sys::CUfunction>,
-    source: KernelSource,
-}
-
-// SAFETY: CUDA module and function handles are plain identifiers valid in
-// their context from any thread; every use binds the context first.
-unsafe impl Send for Module {}
-// SAFETY: as above; the handles are never mutated after loading.
-unsafe impl Sync for Module {}
-
-/// An opened CUDA device (its primary context).
+/// An opened CUDA device (its primary context): the CUDA runtime under the
+/// generic GPU body.
 #[derive(Debug)]
-pub struct CudaBackend {
+pub struct CudaRuntime {
     info: DeviceInfo,
     dev: sys::CUdevice,
     ctx: Ctx,
-    /// The loaded modules, in `KernelModule` order.
-    modules: [Mutex<Option<Arc<Module>>>; 2],
-    /// cuDNN's handle and plans, created on the first vendor call.
-    cudnn: Mutex<Option<Cudnn>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -385,154 +240,46 @@ unsafe impl Send for Ctx {}
 // SAFETY: as above; the handle itself is never mutated.
 unsafe impl Sync for Ctx {}
 
-impl std::fmt::Debug for Module {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Module")
-            .field("source", &self.source)
-            .finish()
-    }
-}
+/// A loaded CUDA module.
+pub(crate) struct Module(sys::CUmodule);
+// SAFETY: CUDA module handles are plain identifiers valid in their context
+// from any thread; every use binds the context first.
+unsafe impl Send for Module {}
+// SAFETY: as above; never mutated after loading.
+unsafe impl Sync for Module {}
 
-impl CudaBackend {
+/// A kernel of a loaded module.
+#[derive(Clone, Copy)]
+pub(crate) struct Function(sys::CUfunction);
+// SAFETY: as for `Module`.
+unsafe impl Send for Function {}
+// SAFETY: as for `Module`.
+unsafe impl Sync for Function {}
+
+impl CudaRuntime {
     /// Opens device `ordinal` (after `CUDA_VISIBLE_DEVICES`).
-    pub fn open(ordinal: usize) -> Result<CudaBackend> {
+    pub fn open(ordinal: usize) -> Result<CudaRuntime> {
         let dev = get_device(ordinal)?;
         let info = describe(ordinal, dev)?;
         // SAFETY: `dev` came from cuDeviceGet; released in Drop.
         let ctx = unsafe { cu::primary_ctx::retain(dev) }
             .map_err(|e| err("cuDevicePrimaryCtxRetain", e))?;
-        let b = CudaBackend {
+        let rt = CudaRuntime {
             info,
             dev,
             ctx: Ctx(ctx),
-            modules: [Mutex::new(None), Mutex::new(None)],
-            cudnn: Mutex::new(None),
         };
-        b.bind()?;
-        Ok(b)
+        rt.bind()?;
+        Ok(rt)
     }
 
-    fn bind(&self) -> Result<()> {
-        // SAFETY: the context was retained in `open` and is released only in
-        // Drop.
-        unsafe { cu::ctx::set_current(self.ctx.0) }.map_err(|e| err("cuCtxSetCurrent", e))
-    }
-
-    /// How this device's conversion kernels (the ones every verified call
-    /// and the self-test use) were obtained; loads them if needed.
-    pub fn kernel_source(&self) -> Result<KernelSource> {
-        Ok(self.module(KernelModule::Core)?.source)
-    }
-
-    fn load_module(&self, which: KernelModule) -> Result<Module> {
-        self.bind()?;
-        let arch = self.info.arch.replace("sm_", "compute_");
-        let load = |ptx: String| -> Result<sys::CUmodule> {
-            let image = CString::new(ptx).map_err(|_| Error::KernelUnavailable {
-                backend: "cuda",
-                arch: arch.clone(),
-                built: "ptx with an interior NUL".into(),
-            })?;
-            // SAFETY: `image` is a NUL-terminated PTX string that outlives
-            // the call; the context is current.
-            unsafe { cu::module::load_data(image.as_ptr().cast()) }
-                .map_err(|e| err("cuModuleLoadData", e))
-        };
-        let (ptx, mut source) = ptx_for(&arch, which, true)?;
-        let module = match load(ptx) {
-            Ok(m) => m,
-            // Cached PTX the driver refuses (an older driver than the NVRTC
-            // that wrote it, say): compile afresh, replacing both caches.
-            Err(e) if source != KernelSource::NvrtcCompiled && source != KernelSource::Nvcc => {
-                tracing::debug!(error = %e, "cached kernels refused; compiling again");
-                let (ptx, fresh) = ptx_for(&arch, which, false)?;
-                source = fresh;
-                load(ptx)?
-            }
-            Err(e) => return Err(e),
-        };
-        let mut funcs = HashMap::new();
-        for k in Kernel::ALL.into_iter().filter(|k| k.module() == which) {
-            let name = CString::new(k.symbol()).map_err(|_| Error::KernelUnavailable {
-                backend: "cuda",
-                arch: arch.clone(),
-                built: k.symbol().into(),
-            })?;
-            // SAFETY: `module` was just loaded in the current context.
-            let f = unsafe { cu::module::get_function(module, name) }
-                .map_err(|e| err("cuModuleGetFunction", e))?;
-            funcs.insert(k, f);
-        }
-        // Optional: the tensor-core conv3d kernel exists for sm_80 and newer
-        // only (conv3d.hip compiles it out below); absent, the scalar tiled
-        // kernel serves bf16.
-        let mma = Kernel::Conv3dTiledBf16Mma;
-        if let (true, Ok(name)) = (mma.module() == which, CString::new(mma.symbol())) {
-            // SAFETY: `module` was just loaded in the current context.
-            if let Ok(f) = unsafe { cu::module::get_function(module, name) } {
-                funcs.insert(mma, f);
-            }
-        }
-        Ok(Module {
-            module,
-            funcs,
-            source,
-        })
-    }
-
-    fn module(&self, which: KernelModule) -> Result<Arc<Module>> {
-        let Some(cell) = self.modules.get(which.index()) else {
-            return Err(Error::KernelUnavailable {
-                backend: "cuda",
-                arch: self.info.arch.clone(),
-                built: which.name().into(),
-            });
-        };
-        let mut slot = match cell.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if let Some(m) = &*slot {
-            return Ok(Arc::clone(m));
-        }
-        let m = Arc::new(self.load_module(which)?);
-        *slot = Some(Arc::clone(&m));
-        Ok(m)
-    }
-
-    /// Launches `call` on `s`.
-    ///
-    /// # Safety
-    /// The memory `call`'s arguments reference satisfies the kernel's
-    /// contract (its constructor in `kernels.rs` documents the parameters).
-    unsafe fn launch(&self, mut call: KernelCall, s: RawStream) -> Result<()> {
-        let m = self.module(call.kernel.module())?;
-        let f = *m.funcs.get(&call.kernel).ok_or(Error::KernelUnavailable {
-            backend: "cuda",
-            arch: self.info.arch.clone(),
-            built: call.kernel.symbol().into(),
-        })?;
-        self.bind()?;
-        let [gx, gy, gz] = call.grid;
-        let mut args = call.arg_ptrs();
-        // SAFETY: `f` is a function of the loaded module; `args` point into
-        // `call`, alive until the launch returns (the driver copies the
-        // values); the caller vouches for the memory they reference.
-        unsafe {
-            cu::launch_kernel(
-                f,
-                (gx, gy, gz),
-                (call.block, 1, 1),
-                call.shared_bytes,
-                stream(s),
-                &mut args,
-            )
-        }
-        .map_err(|e| err("cuLaunchKernel", e))
-    }
-
-    fn mps(&self) -> u32 {
-        self.info.multiprocessors
+    /// The compute capability as a number (`sm_90` -> 90; 0 if unknown).
+    fn sm(&self) -> u32 {
+        self.info
+            .arch
+            .trim_start_matches("sm_")
+            .parse()
+            .unwrap_or(0)
     }
 }
 
@@ -543,49 +290,19 @@ fn event(e: RawEvent) -> sys::CUevent {
     e.0 as usize as sys::CUevent
 }
 
-impl Drop for CudaBackend {
+impl Drop for CudaRuntime {
     fn drop(&mut self) {
-        // Errors here have nowhere to go (the device is being closed); they
-        // are dropped, never printed or panicked.
-        let dnn = match self.cudnn.get_mut() {
-            Ok(c) => c.take(),
-            Err(p) => p.into_inner().take(),
-        };
-        if let Some(mut c) = dnn {
-            if self.bind().is_ok() {
-                // SAFETY: the kept buffers are this device's, and idle:
-                // every vendor call waits for its stream before returning.
-                let _ = unsafe { c.buffers().release(self) };
-                drop(c);
-            } else {
-                // Its handle lives in a context we cannot make current.
-                std::mem::forget(c);
-            }
-        }
-        let loaded: Vec<Arc<Module>> = self
-            .modules
-            .iter_mut()
-            .filter_map(|cell| match cell.get_mut() {
-                Ok(m) => m.take(),
-                Err(p) => p.into_inner().take(),
-            })
-            .collect();
-        for m in loaded {
-            if self.bind().is_ok() {
-                // SAFETY: the module was loaded by us and is unloaded once;
-                // the device handle owning it is being dropped.
-                let _ = unsafe { cu::module::unload(m.module) };
-            }
-        }
+        // The GPU body has unloaded the modules and the cuDNN state.
         // SAFETY: balances the retain in `open`.
         let _ = unsafe { cu::primary_ctx::release(self.dev) };
     }
 }
 
-// SAFETY: allocations come from the CUDA driver allocator with the requested size
-// and 256-byte alignment (cuMemAlloc/cuMemHostAlloc align to at least 256), and every operation is the documented runtime
-// call (or CPU routine) on exactly the ranges given.
-unsafe impl Backend for CudaBackend {
+// SAFETY: allocations come from the CUDA driver allocator with the requested
+// size and 256-byte alignment (cuMemAlloc/cuMemHostAlloc align to at least
+// 256), and every operation is the documented driver call on exactly the
+// ranges given.
+unsafe impl Driver for CudaRuntime {
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -688,49 +405,33 @@ unsafe impl Backend for CudaBackend {
             .map_err(|e| err("cuEventElapsedTime", e))
     }
 
-    unsafe fn copy_htod(
-        &self,
-        dst: DevicePtr,
-        src: *const u8,
-        bytes: usize,
-        s: RawStream,
-    ) -> Result<()> {
+    unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller guarantees `bytes` readable host bytes that stay
-        // valid until the stream reaches the copy.
-        let host = unsafe { std::slice::from_raw_parts(src, bytes) };
-        // SAFETY: `dst` is a live device range of `bytes` (caller).
-        unsafe { cu::memcpy_htod_async(dst.0, host, stream(s)) }
-            .map_err(|e| err("cuMemcpyHtoDAsync", e))
-    }
-
-    unsafe fn copy_dtoh(
-        &self,
-        dst: *mut u8,
-        src: DevicePtr,
-        bytes: usize,
-        s: RawStream,
-    ) -> Result<()> {
-        self.bind()?;
-        // SAFETY: the caller guarantees `bytes` writable host bytes, not read
-        // until the stream reaches the copy.
-        let host = unsafe { std::slice::from_raw_parts_mut(dst, bytes) };
-        // SAFETY: `src` is a live device range of `bytes` (caller).
-        unsafe { cu::memcpy_dtoh_async(host, src.0, stream(s)) }
-            .map_err(|e| err("cuMemcpyDtoHAsync", e))
-    }
-
-    unsafe fn copy_dtod(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-        s: RawStream,
-    ) -> Result<()> {
-        self.bind()?;
-        // SAFETY: both are live device ranges of `bytes` (caller).
-        unsafe { cu::memcpy_dtod_async(dst.0, src.0, bytes, stream(s)) }
-            .map_err(|e| err("cuMemcpyDtoDAsync", e))
+        let r = match op {
+            CopyOp::HtoD { dst, src } => {
+                // SAFETY: the caller guarantees `bytes` readable host bytes
+                // that stay valid until the stream reaches the copy, and a
+                // live device range of `bytes` at `dst`.
+                unsafe {
+                    let host = std::slice::from_raw_parts(src, bytes);
+                    cu::memcpy_htod_async(dst.0, host, stream(s))
+                }
+            }
+            CopyOp::DtoH { dst, src } => {
+                // SAFETY: the caller guarantees `bytes` writable host bytes,
+                // not read until the stream reaches the copy, and a live
+                // device range of `bytes` at `src`.
+                unsafe {
+                    let host = std::slice::from_raw_parts_mut(dst, bytes);
+                    cu::memcpy_dtoh_async(host, src.0, stream(s))
+                }
+            }
+            // SAFETY: both are live device ranges of `bytes` (caller).
+            CopyOp::DtoD { dst, src } => unsafe {
+                cu::memcpy_dtod_async(dst.0, src.0, bytes, stream(s))
+            },
+        };
+        r.map_err(|e| err("cuMemcpyAsync", e))
     }
 
     unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
@@ -740,122 +441,114 @@ unsafe impl Backend for CudaBackend {
             .map_err(|e| err("cuMemsetD8Async", e))
     }
 
-    unsafe fn convert(
-        &self,
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        s: RawStream,
-    ) -> Result<()> {
-        let call = KernelCall::convert(op, src, dst, n, self.mps())?;
-        // SAFETY: the ranges are the caller's (trait contract).
-        unsafe { self.launch(call, s) }
-    }
-
-    unsafe fn fingerprint_sum(
-        &self,
-        src: DevicePtr,
-        bytes: u64,
-        first_word: u64,
-        acc: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        let call = KernelCall::fingerprint_sum(src, bytes, first_word, acc, self.mps());
-        // SAFETY: the ranges are the caller's (trait contract).
-        unsafe { self.launch(call, s) }
-    }
-
-    unsafe fn convert_fingerprint(
-        &self,
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        acc: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        let call = KernelCall::convert_fingerprint(op, src, dst, n, acc, self.mps())?;
-        // SAFETY: the ranges are the caller's (trait contract).
-        unsafe { self.launch(call, s) }
-    }
-
-    unsafe fn nonfinite(
-        &self,
-        dtype: DType,
-        ptr: DevicePtr,
-        n: u64,
-        clamp: bool,
-        counts: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        let call = KernelCall::nonfinite(dtype, ptr, n, clamp, counts, self.mps())?;
-        // SAFETY: the ranges are the caller's (trait contract).
-        unsafe { self.launch(call, s) }
-    }
-
-    fn conv3d_weight_layout(
-        &self,
-        kernel: Conv3dKernel,
-        dtype: DType,
-        g: &Conv3dGeometry,
-    ) -> Conv3dWeightLayout {
-        let has_mma = || {
-            self.module(KernelModule::Conv3d)
-                .is_ok_and(|m| m.funcs.contains_key(&Kernel::Conv3dTiledBf16Mma))
-        };
-        match kernel {
-            Conv3dKernel::Naive => Conv3dWeightLayout::Standard,
-            Conv3dKernel::Tiled if dtype == DType::BF16 && has_mma() => {
-                Conv3dWeightLayout::packed_for(g).unwrap_or(Conv3dWeightLayout::TiledTransposed)
-            }
-            Conv3dKernel::Tiled => Conv3dWeightLayout::TiledTransposed,
-        }
-    }
-
-    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
-        // The caller arranged the weight in this (deterministic) layout.
-        let call = match self.conv3d_weight_layout(kernel, args.dtype, &args.geometry) {
-            Conv3dWeightLayout::TiledPacked { rows, cols } => {
-                KernelCall::conv3d_tiled_mma(args, rows, cols)?
-            }
-            _ => KernelCall::conv3d(kernel, args)?,
-        };
-        // SAFETY: the ranges are the caller's (trait contract); the grid is
-        // the one the kernel expects (checked by `KernelCall::conv3d`).
-        unsafe { self.launch(call, s) }
-    }
-
-    fn conv3d_vendor_available(&self) -> Result<()> {
-        super::cudnn::available()
-    }
-
-    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
-        let mut slot = match self.cudnn.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        self.bind()?;
-        let c = match &mut *slot {
-            Some(c) => c,
-            None => slot.insert(Cudnn::new()?),
-        };
-        let launch = |call| {
-            // SAFETY: vendor_conv3d launches only its epilogues, over the
-            // caller's output and bias and its own scratch, on `s`.
-            unsafe { self.launch(call, s) }
-        };
-        // SAFETY: the caller's guarantees; `launch` queues on `s` of this
-        // device, whose cuDNN handle `c` is, with its context current.
-        unsafe { vendor_conv3d(self, c, args, s, &launch) }
-    }
-
     // ----- memory figures and versions (diagnostics) ---------------------
     /// `cuMemGetInfo` in this device's primary context.
     fn mem_info(&self) -> Result<(u64, u64)> {
-        self.bind()?;
+        Runtime::bind(self)?;
         let (free, total) = cu::mem_get_info().map_err(|e| err("cuMemGetInfo", e))?;
         Ok((free as u64, total as u64))
+    }
+}
+
+// SAFETY: `launch` is cuLaunchKernel of exactly the call given; modules and
+// functions stay valid until `unload_module`.
+unsafe impl Runtime for CudaRuntime {
+    type Module = Module;
+    type Function = Function;
+    type Vendor = Cudnn;
+
+    fn caps(&self) -> KernelCaps {
+        KernelCaps {
+            code: if kernels::CUDA_PTX.is_some() {
+                KernelCode::Embedded
+            } else {
+                KernelCode::RunTime
+            },
+            modules: KernelModule::ALL.len(),
+            bf16_tensor_cores: self.sm() >= 80,
+            vendor_library: Some("cudnn"),
+        }
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: the context was retained in `open` and is released only in
+        // Drop.
+        unsafe { cu::ctx::set_current(self.ctx.0) }.map_err(|e| err("cuCtxSetCurrent", e))
+    }
+
+    fn load_module(&self, which: KernelModule) -> Result<(Module, KernelSource)> {
+        let arch = self.info.arch.replace("sm_", "compute_");
+        let load = |ptx: Vec<u8>| -> Result<sys::CUmodule> {
+            let image = CString::new(ptx).map_err(|_| Error::KernelUnavailable {
+                backend: "cuda",
+                arch: arch.clone(),
+                built: "ptx with an interior NUL".into(),
+            })?;
+            // SAFETY: `image` is a NUL-terminated PTX string that outlives
+            // the call; the context is current.
+            unsafe { cu::module::load_data(image.as_ptr().cast()) }
+                .map_err(|e| err("cuModuleLoadData", e))
+        };
+        let (ptx, mut source) = ptx_for(&arch, which, true)?;
+        let module = match load(ptx) {
+            Ok(m) => m,
+            // Cached PTX the driver refuses (an older driver than the NVRTC
+            // that wrote it, say): compile afresh, replacing both caches.
+            Err(e) if source != KernelSource::Compiled && source != KernelSource::Nvcc => {
+                tracing::debug!(error = %e, "cached kernels refused; compiling again");
+                let (ptx, fresh) = ptx_for(&arch, which, false)?;
+                source = fresh;
+                load(ptx)?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok((Module(module), source))
+    }
+
+    fn function(&self, module: &Module, symbol: &'static str) -> Result<Function> {
+        let name = CString::new(symbol).map_err(|_| Error::KernelUnavailable {
+            backend: "cuda",
+            arch: self.info.arch.clone(),
+            built: symbol.into(),
+        })?;
+        // SAFETY: `module` is loaded in this device's context (current).
+        unsafe { cu::module::get_function(module.0, name) }
+            .map(Function)
+            .map_err(|e| err("cuModuleGetFunction", e))
+    }
+
+    unsafe fn unload_module(&self, module: Module) -> Result<()> {
+        // SAFETY: the caller's guarantees: loaded by us, unloaded once.
+        unsafe { cu::module::unload(module.0) }.map_err(|e| err("cuModuleUnload", e))
+    }
+
+    unsafe fn launch(&self, f: Function, call: &mut KernelCall, s: RawStream) -> Result<()> {
+        let [gx, gy, gz] = call.grid;
+        let (block, shared) = (call.block, call.shared_bytes);
+        let mut args = call.arg_ptrs();
+        // SAFETY: `f` is a function of a loaded module (caller); `args`
+        // point into `call`, alive until the launch returns (the driver
+        // copies the values); the caller vouches for the memory they
+        // reference and for `s`.
+        unsafe {
+            cu::launch_kernel(
+                f.0,
+                (gx, gy, gz),
+                (block, 1, 1),
+                shared,
+                stream(s),
+                &mut args,
+            )
+        }
+        .map_err(|e| err("cuLaunchKernel", e))
+    }
+
+    fn vendor_available(&self) -> Result<()> {
+        super::vendor::cudnn::available()
+    }
+
+    fn vendor_open(&self) -> Result<Cudnn> {
+        Cudnn::new()
     }
 }
 
@@ -871,85 +564,5 @@ mod version_tests {
             Ok((raw, text)) => assert_eq!(text, decode_cuda_version(raw)),
             Err(e) => assert!(matches!(e, Error::NoRuntime { .. }), "{e}"),
         }
-    }
-}
-
-#[cfg(test)]
-mod kernel_cache_tests {
-    use super::*;
-    use std::ffi::OsString;
-    use std::path::PathBuf;
-
-    fn os(s: &str) -> Option<OsString> {
-        Some(OsString::from(s))
-    }
-
-    #[test]
-    fn cache_dir_follows_the_environment() {
-        assert_eq!(
-            cache_dir_from(os("/c"), os("/x"), os("/h")),
-            Some(PathBuf::from("/c"))
-        );
-        assert_eq!(cache_dir_from(os(""), os("/x"), os("/h")), None);
-        assert_eq!(
-            cache_dir_from(None, os("/x"), os("/h")),
-            Some(PathBuf::from("/x/rocm-safe"))
-        );
-        assert_eq!(
-            cache_dir_from(None, os(""), os("/h")),
-            Some(PathBuf::from("/h/.cache/rocm-safe"))
-        );
-        assert_eq!(cache_dir_from(None, None, None), None);
-    }
-
-    #[test]
-    fn keys_depend_on_source_target_and_options() {
-        let o = nvrtc_options("compute_90");
-        let k = cache_key("src", "compute_90", &o);
-        assert_eq!(k, cache_key("src", "compute_90", &o));
-        assert_ne!(k, cache_key("src2", "compute_90", &o));
-        assert_ne!(k, cache_key("src", "compute_80", &o));
-        assert_ne!(
-            k,
-            cache_key("src", "compute_90", &nvrtc_options("compute_80"))
-        );
-    }
-
-    #[test]
-    fn cached_ptx_round_trips_and_damage_is_rejected() {
-        let dir = tempfile::tempdir().unwrap();
-        let ptx = "//\n.version 8.0\n.target sm_90\n.entry f() { ret; }\n";
-        assert_eq!(read_cached(dir.path(), "compute_90", 7), None);
-        write_cached(dir.path(), "compute_90", 7, ptx);
-        assert_eq!(
-            read_cached(dir.path(), "compute_90", 7).as_deref(),
-            Some(ptx)
-        );
-        // Another key or target: another file.
-        assert_eq!(read_cached(dir.path(), "compute_90", 8), None);
-        assert_eq!(read_cached(dir.path(), "compute_80", 7), None);
-        // No temporary file left behind.
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names.len(), 1, "{names:?}");
-        // A changed byte, a cut file, a foreign header: rejected.
-        let path = cache_file(dir.path(), "compute_90", 7);
-        let text = std::fs::read_to_string(&path).unwrap();
-        for bad in [
-            text.replace("sm_90", "sm_91"),
-            text[..text.len() - 5].to_owned(),
-            text.replacen("rocm-safe", "rocm-save", 1),
-            ptx.to_owned(),
-        ] {
-            std::fs::write(&path, &bad).unwrap();
-            assert_eq!(read_cached(dir.path(), "compute_90", 7), None, "{bad}");
-        }
-        // A directory that cannot be created: nothing written, no panic.
-        let file = dir.path().join("plain-file");
-        std::fs::write(&file, b"x").unwrap();
-        write_cached(&file.join("sub"), "compute_90", 7, ptx);
-        assert_eq!(read_cached(&file.join("sub"), "compute_90", 7), None);
     }
 }

@@ -1,5 +1,5 @@
 //! Fault injection: a [`Backend`] that wraps another and injects the failure
-//! modes seen on ROCm (DESIGN.md), so every detection and fallback path can
+//! modes seen on ROCm (the crate docs' "Contracts"), so every detection and fallback path can
 //! be exercised on any backend, the host one included.
 //!
 //! | [`FaultKind`] | where | what happens |
@@ -27,9 +27,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::conv3d::{Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
-use super::{Backend, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream};
-use crate::dtype::DType;
+use super::backend::{Backend, CopyOp, Driver, KernelOp};
+use super::conv3d::Conv3dLaunch;
+use super::info::{DeviceInfo, DevicePtr, RawEvent, RawStream};
 use crate::error::{Error, Result};
 
 /// A failure mode to inject.
@@ -269,7 +269,7 @@ impl<B: Backend> Faults<B> {
     /// waits for `s` so the garbage can be freed.
     ///
     /// # Safety
-    /// As [`Backend::copy_htod`] for `dst`, `src`, `bytes`, `s`.
+    /// As [`Driver::copy`] of [`CopyOp::HtoD`] for `dst`, `src`, `bytes`, `s`.
     unsafe fn garbage(
         &self,
         dst: DevicePtr,
@@ -301,8 +301,11 @@ impl<B: Backend> Faults<B> {
         // SAFETY: `dst + start .. + len` lies inside the caller's
         // destination; `chunk` stays alive until the synchronize below.
         unsafe {
-            self.inner
-                .copy_htod(dst.offset(start as u64), chunk.as_ptr(), len, s)?;
+            let op = CopyOp::HtoD {
+                dst: dst.offset(start as u64),
+                src: chunk.as_ptr(),
+            };
+            self.inner.copy(op, len, s)?;
             self.inner.stream_synchronize(s)
         }
     }
@@ -336,7 +339,7 @@ impl<B: Backend> Faults<B> {
     /// The conv3d faults around `run` (the real call on `inner`).
     ///
     /// # Safety
-    /// As [`Backend::conv3d`] for `a` and `s`.
+    /// As [`Backend::run`] of a conv3d op for `a` and `s`.
     unsafe fn conv3d_faults(
         &self,
         op: &'static str,
@@ -375,12 +378,11 @@ impl<B: Backend> Faults<B> {
         // SAFETY: `at + data.len() <= n` output elements, inside the
         // caller's output range; `data` lives until the synchronize below.
         unsafe {
-            self.inner.copy_htod(
-                a.output.offset((at * 4) as u64),
-                data.as_ptr().cast(),
-                data.len() * 4,
-                s,
-            )?;
+            let op = CopyOp::HtoD {
+                dst: a.output.offset((at * 4) as u64),
+                src: data.as_ptr().cast(),
+            };
+            self.inner.copy(op, data.len() * 4, s)?;
             self.inner.stream_synchronize(s)
         }
     }
@@ -389,7 +391,11 @@ impl<B: Backend> Faults<B> {
 // SAFETY: every operation forwards to `inner` (a correct backend) or is
 // replaced by another operation of `inner` on the same range (memset_zero,
 // fingerprint_sum) or by nothing; allocations are `inner`'s.
-unsafe impl<B: Backend> Backend for Faults<B> {
+unsafe impl<B: Backend> Driver for Faults<B> {
+    fn forward(&self) -> Option<&dyn Driver> {
+        Some(&self.inner)
+    }
+
     fn info(&self) -> &DeviceInfo {
         self.inner.info()
     }
@@ -411,18 +417,10 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         unsafe { self.inner.free(ptr, bytes) }
     }
 
-    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
-        self.inner.alloc_pinned(bytes)
-    }
-
     unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
         self.teardown("free_pinned")?;
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.free_pinned(ptr, bytes) }
-    }
-
-    fn stream_create(&self) -> Result<RawStream> {
-        self.inner.stream_create()
     }
 
     unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
@@ -431,209 +429,90 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         unsafe { self.inner.stream_destroy(s) }
     }
 
-    unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.stream_synchronize(s) }
-    }
-
-    fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize()
-    }
-
-    fn event_create(&self) -> Result<RawEvent> {
-        self.inner.event_create()
-    }
-
     unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
         self.teardown("event_destroy")?;
         // SAFETY: forwards the caller's guarantees unchanged.
         unsafe { self.inner.event_destroy(e) }
     }
 
-    unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.event_record(e, s) }
-    }
-
-    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.event_synchronize(e) }
-    }
-
-    unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.stream_wait_event(s, e) }
-    }
-
-    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.event_elapsed_ms(start, end) }
-    }
-
-    unsafe fn copy_htod(
-        &self,
-        dst: DevicePtr,
-        src: *const u8,
-        bytes: usize,
-        s: RawStream,
-    ) -> Result<()> {
-        if self.fires(FaultKind::InvalidValueOnCopy, "copy_htod") {
-            return Err(Self::injected(FaultKind::InvalidValueOnCopy, "copy_htod"));
+    unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> Result<()> {
+        let CopyOp::HtoD { dst, src } = op else {
+            // SAFETY: forwards the caller's guarantees unchanged.
+            return unsafe { self.inner.copy(op, bytes, s) };
+        };
+        let name = op.name();
+        if self.fires(FaultKind::InvalidValueOnCopy, name) {
+            return Err(Self::injected(FaultKind::InvalidValueOnCopy, name));
         }
-        if self.fires(FaultKind::CopyLandsStale, "copy_htod") {
+        if self.fires(FaultKind::CopyLandsStale, name) {
             return Ok(());
         }
-        if self.fires(FaultKind::CopyLandsZeros, "copy_htod") {
+        if self.fires(FaultKind::CopyLandsZeros, name) {
             // SAFETY: the destination range is valid for `bytes` (caller).
             return unsafe { self.inner.memset_zero(dst, bytes, s) };
         }
-        if self.fires(FaultKind::CopyLandsGarbage, "copy_htod") {
+        // SAFETY: forwards the caller's guarantees unchanged.
+        unsafe { self.inner.copy(op, bytes, s)? };
+        if self.fires(FaultKind::CopyLandsGarbage, name) {
             // SAFETY: the caller's guarantees (live `dst` and `src` for
-            // `bytes`, live `s`) are exactly what both the forwarded copy and
-            // `garbage` need; `garbage` writes only inside `dst..dst + bytes`.
-            return unsafe {
-                self.inner.copy_htod(dst, src, bytes, s)?;
-                self.garbage(dst, src, bytes, s)
-            };
+            // `bytes`, live `s`) are what `garbage` needs; it writes only
+            // inside `dst..dst + bytes`.
+            return unsafe { self.garbage(dst, src, bytes, s) };
         }
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.copy_htod(dst, src, bytes, s) }
+        Ok(())
+    }
+}
+
+// SAFETY: as above.
+unsafe impl<B: Backend> Backend for Faults<B> {
+    fn forward_backend(&self) -> Option<&dyn Backend> {
+        Some(&self.inner)
     }
 
-    unsafe fn copy_dtoh(
-        &self,
-        dst: *mut u8,
-        src: DevicePtr,
-        bytes: usize,
-        s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.copy_dtoh(dst, src, bytes, s) }
-    }
-
-    unsafe fn copy_dtod(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-        s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.copy_dtod(dst, src, bytes, s) }
-    }
-
-    unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.memset_zero(dst, bytes, s) }
-    }
-
-    unsafe fn convert(
-        &self,
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        s: RawStream,
-    ) -> Result<()> {
-        self.launch("convert")?;
-        let bytes = n * op.to.size().unwrap_or(1) as u64;
-        if self.fires(FaultKind::ConvertWritesZeros, "convert") {
-            // SAFETY: the output range is valid for `n` elements of `op.to`.
-            return unsafe { self.inner.memset_zero(dst, bytes as usize, s) };
+    unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
+        let name = op.name();
+        match *op {
+            KernelOp::Conv3d { args, .. } => {
+                // SAFETY: forwards the caller's guarantees unchanged; the
+                // faults write only inside the output range.
+                return unsafe { self.conv3d_faults(name, args, s, || self.inner.run(op, s)) };
+            }
+            KernelOp::Conv3dVendor { args } => {
+                if self.fires(FaultKind::VendorNoAlgorithm, name) {
+                    return Err(Self::injected(FaultKind::VendorNoAlgorithm, name));
+                }
+                // SAFETY: as above.
+                return unsafe { self.conv3d_faults(name, args, s, || self.inner.run(op, s)) };
+            }
+            _ => self.launch(name)?,
         }
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.convert(op, src, dst, n, s) }
-    }
-
-    unsafe fn fingerprint_sum(
-        &self,
-        src: DevicePtr,
-        bytes: u64,
-        first_word: u64,
-        acc: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        self.launch("fingerprint_sum")?;
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.fingerprint_sum(src, bytes, first_word, acc, s) }
-    }
-
-    unsafe fn convert_fingerprint(
-        &self,
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        acc: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        self.launch("convert_fingerprint")?;
-        let bytes = n * op.to.size().unwrap_or(1) as u64;
-        if self.fires(FaultKind::ConvertWritesZeros, "convert_fingerprint") {
-            // SAFETY: the output range is valid for `bytes` and `acc` is the
-            // caller's accumulator; the zeros are summed as a kernel that
-            // computed zeros would sum them.
-            return unsafe {
-                self.inner.memset_zero(dst, bytes as usize, s)?;
-                self.inner.fingerprint_sum(dst, bytes, 0, acc, s)
-            };
+        match *op {
+            KernelOp::Convert { op: c, dst, n, .. }
+            | KernelOp::ConvertFingerprint { op: c, dst, n, .. }
+                if self.fires(FaultKind::ConvertWritesZeros, name) =>
+            {
+                let bytes = n * c.to.size().unwrap_or(1) as u64;
+                // SAFETY: the output range is valid for `n` elements of
+                // `c.to` (caller); for the fused op `acc` is the caller's
+                // accumulator, and the zeros are summed as a kernel that
+                // computed zeros would sum them.
+                unsafe {
+                    self.inner.memset_zero(dst, bytes as usize, s)?;
+                    if let KernelOp::ConvertFingerprint { acc, .. } = *op {
+                        let sum = KernelOp::FingerprintSum {
+                            src: dst,
+                            bytes,
+                            first_word: 0,
+                            acc,
+                        };
+                        self.inner.run(&sum, s)?;
+                    }
+                }
+                Ok(())
+            }
+            // SAFETY: forwards the caller's guarantees unchanged.
+            _ => unsafe { self.inner.run(op, s) },
         }
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.convert_fingerprint(op, src, dst, n, acc, s) }
-    }
-
-    unsafe fn nonfinite(
-        &self,
-        dtype: DType,
-        ptr: DevicePtr,
-        n: u64,
-        clamp: bool,
-        counts: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        self.launch("nonfinite")?;
-        // SAFETY: forwards the caller's guarantees unchanged.
-        unsafe { self.inner.nonfinite(dtype, ptr, n, clamp, counts, s) }
-    }
-
-    unsafe fn conv3d(&self, kernel: Conv3dKernel, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees unchanged; the faults
-        // write only inside the output range.
-        unsafe { self.conv3d_faults("conv3d", args, s, || self.inner.conv3d(kernel, args, s)) }
-    }
-
-    fn conv3d_weight_layout(
-        &self,
-        kernel: Conv3dKernel,
-        dtype: DType,
-        g: &crate::conv3d::Conv3dGeometry,
-    ) -> Conv3dWeightLayout {
-        self.inner.conv3d_weight_layout(kernel, dtype, g)
-    }
-
-    fn conv3d_vendor_available(&self) -> Result<()> {
-        self.inner.conv3d_vendor_available()
-    }
-
-    unsafe fn conv3d_vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
-        if self.fires(FaultKind::VendorNoAlgorithm, "conv3d_vendor") {
-            return Err(Self::injected(
-                FaultKind::VendorNoAlgorithm,
-                "conv3d_vendor",
-            ));
-        }
-        // SAFETY: as in `conv3d`.
-        unsafe {
-            self.conv3d_faults("conv3d_vendor", args, s, || {
-                self.inner.conv3d_vendor(args, s)
-            })
-        }
-    }
-
-    // ----- memory figures and versions (diagnostics) ---------------------
-    fn mem_info(&self) -> Result<(u64, u64)> {
-        // Not a fault site: the figures are forwarded unchanged.
-        self.inner.mem_info()
     }
 }
 

@@ -11,8 +11,11 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::conv3d::{host_conv3d, Conv3dKernel, Conv3dLaunch};
-use super::{Backend, BackendKind, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream};
+use super::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
+use super::conv3d::host_conv3d;
+use super::info::{
+    BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
+};
 use crate::convert::fingerprint::term;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -148,7 +151,7 @@ fn elem_size(t: DType) -> u64 {
 // SAFETY: allocations come from the global allocator with the requested size
 // and 256-byte alignment (Layout align 256), and every operation is the documented runtime
 // call (or CPU routine) on exactly the ranges given.
-unsafe impl Backend for HostBackend {
+unsafe impl Driver for HostBackend {
     fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -221,45 +224,15 @@ unsafe impl Backend for HostBackend {
         }
     }
 
-    unsafe fn copy_htod(
-        &self,
-        dst: DevicePtr,
-        src: *const u8,
-        bytes: usize,
-        _s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: the caller guarantees both ranges are valid for `bytes`.
-        unsafe { std::ptr::copy(src, dst.0 as usize as *mut u8, bytes) };
-        Ok(())
-    }
-
-    unsafe fn copy_dtoh(
-        &self,
-        dst: *mut u8,
-        src: DevicePtr,
-        bytes: usize,
-        _s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: the caller guarantees both ranges are valid for `bytes`.
-        unsafe { std::ptr::copy(src.0 as usize as *const u8, dst, bytes) };
-        Ok(())
-    }
-
-    unsafe fn copy_dtod(
-        &self,
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: usize,
-        _s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: the caller guarantees both ranges are valid for `bytes`.
-        unsafe {
-            std::ptr::copy(
-                src.0 as usize as *const u8,
-                dst.0 as usize as *mut u8,
-                bytes,
-            )
+    unsafe fn copy(&self, op: CopyOp, bytes: usize, _s: RawStream) -> Result<()> {
+        let (dst, src) = match op {
+            CopyOp::HtoD { dst, src } => (dst.0 as usize as *mut u8, src),
+            CopyOp::DtoH { dst, src } => (dst, src.0 as usize as *const u8),
+            CopyOp::DtoD { dst, src } => (dst.0 as usize as *mut u8, src.0 as usize as *const u8),
         };
+        // SAFETY: the caller guarantees both ranges are valid for `bytes`
+        // (host "device" addresses are host addresses).
+        unsafe { std::ptr::copy(src, dst, bytes) };
         Ok(())
     }
 
@@ -269,140 +242,169 @@ unsafe impl Backend for HostBackend {
         Ok(())
     }
 
-    unsafe fn convert(
-        &self,
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        _s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: the caller guarantees `n` elements of each dtype are valid
-        // at `src` (read) and `dst` (written, exclusive).
-        let (s, d) = unsafe {
-            (
-                bytes(src, n * elem_size(op.from)),
-                bytes_mut(dst, n * elem_size(op.to)),
-            )
-        };
-        crate::convert::convert_bytes(op.from, s, op.to, d)
-    }
-
-    unsafe fn fingerprint_sum(
-        &self,
-        src: DevicePtr,
-        nbytes: u64,
-        first_word: u64,
-        acc: DevicePtr,
-        _s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: the caller guarantees `nbytes` readable bytes at `src` and
-        // an exclusive u64 at `acc`.
-        unsafe {
-            let sum = sum_bytes(first_word, bytes(src, nbytes));
-            add_u64(acc, sum);
-        }
-        Ok(())
-    }
-
-    unsafe fn convert_fingerprint(
-        &self,
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        acc: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: forwarded caller guarantees; the output is read back only
-        // after the conversion wrote it.
-        unsafe {
-            self.convert(op, src, dst, n, s)?;
-            self.fingerprint_sum(dst, n * elem_size(op.to), 0, acc, s)
-        }
-    }
-
-    unsafe fn nonfinite(
-        &self,
-        dtype: DType,
-        ptr: DevicePtr,
-        n: u64,
-        clamp: bool,
-        counts: DevicePtr,
-        _s: RawStream,
-    ) -> Result<()> {
-        // (exponent mask, mantissa mask, max finite, sign, size)
-        let (em, mm, maxf, sign, size): (u32, u32, u32, u32, u64) = match dtype {
-            DType::F32 => (0x7f80_0000, 0x007f_ffff, 0x7f7f_ffff, 0x8000_0000, 4),
-            DType::BF16 => (0x7f80, 0x007f, 0x7f7f, 0x8000, 2),
-            DType::F16 => (0x7c00, 0x03ff, 0x7bff, 0x8000, 2),
-            other => {
-                return Err(Error::UnsupportedConversion {
-                    op: "nonfinite",
-                    from: other,
-                    to: other,
-                })
-            }
-        };
-        // SAFETY: the caller guarantees `n` exclusive elements at `ptr`.
-        let buf = unsafe { bytes_mut(ptr, n * size) };
-        let (mut nan, mut inf) = (0u64, 0u64);
-        for e in buf.chunks_exact_mut(size as usize) {
-            let x = if size == 4 {
-                u32::from_le_bytes([e[0], e[1], e[2], e[3]])
-            } else {
-                u32::from(u16::from_le_bytes([e[0], e[1]]))
-            };
-            if x & em != em {
-                continue;
-            }
-            let y = if x & mm != 0 {
-                nan += 1;
-                0
-            } else {
-                inf += 1;
-                (x & sign) | maxf
-            };
-            if clamp {
-                e.copy_from_slice(&y.to_le_bytes()[..size as usize]);
-            }
-        }
-        // SAFETY: the caller guarantees two exclusive u64s at `counts`.
-        unsafe {
-            add_u64(counts, nan);
-            add_u64(counts.offset(8), inf);
-        }
-        Ok(())
-    }
-
-    unsafe fn conv3d(
-        &self,
-        kernel: Conv3dKernel,
-        args: &Conv3dLaunch,
-        _s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: the caller's guarantees are host_conv3d's.
-        unsafe { host_conv3d(kernel, args) }
-    }
-
-    fn conv3d_vendor_available(&self) -> Result<()> {
-        Err(Error::VendorUnavailable {
-            backend: "host",
-            library: "none",
-            reason: "the host backend has no vendor convolution library".into(),
-        })
-    }
-
-    unsafe fn conv3d_vendor(&self, _args: &Conv3dLaunch, _s: RawStream) -> Result<()> {
-        self.conv3d_vendor_available()
-    }
-
     // ----- memory figures and versions (diagnostics) ---------------------
     /// The host's `MemAvailable` and `MemTotal` (`/proc/meminfo`): the host
     /// device's memory is host memory.
     fn mem_info(&self) -> Result<(u64, u64)> {
         host_mem_info("/proc/meminfo")
     }
+}
+
+// SAFETY: every kernel operation is the CPU implementation on exactly the
+// ranges given (host "device" addresses are host addresses).
+unsafe impl Backend for HostBackend {
+    fn caps(&self) -> KernelCaps {
+        KernelCaps::HOST
+    }
+
+    fn kernel_source(&self) -> Result<KernelSource> {
+        Ok(KernelSource::Cpu)
+    }
+
+    unsafe fn run(&self, op: &KernelOp<'_>, _s: RawStream) -> Result<()> {
+        match *op {
+            // SAFETY: the caller guarantees `n` elements of each dtype at
+            // `src` (read) and `dst` (written, exclusive).
+            KernelOp::Convert { op, src, dst, n } => unsafe { host_convert(op, src, dst, n) },
+            KernelOp::FingerprintSum {
+                src,
+                bytes,
+                first_word,
+                acc,
+            } => {
+                // SAFETY: the caller guarantees `bytes` readable bytes at
+                // `src` and an exclusive u64 at `acc`.
+                unsafe { add_u64(acc, sum_bytes(first_word, self::bytes(src, bytes))) };
+                Ok(())
+            }
+            KernelOp::ConvertFingerprint {
+                op,
+                src,
+                dst,
+                n,
+                acc,
+            } => {
+                // SAFETY: as for the two ops above; the output is read back
+                // only after the conversion wrote it.
+                unsafe {
+                    host_convert(op, src, dst, n)?;
+                    let out = sum_bytes(0, bytes(dst, n * elem_size(op.to)));
+                    add_u64(acc, out);
+                }
+                Ok(())
+            }
+            KernelOp::CountNonFinite {
+                dtype,
+                ptr,
+                n,
+                counts,
+            } => {
+                // SAFETY: the caller's guarantees are `scan_nonfinite`'s.
+                unsafe { scan_nonfinite(dtype, ptr, n, false, counts) }
+            }
+            KernelOp::ClampNonFinite {
+                dtype,
+                ptr,
+                n,
+                counts,
+            } => {
+                // SAFETY: the caller's guarantees are `scan_nonfinite`'s.
+                unsafe { scan_nonfinite(dtype, ptr, n, true, counts) }
+            }
+            // SAFETY: the caller's guarantees are host_conv3d's.
+            KernelOp::Conv3d { kernel, args } => unsafe { host_conv3d(kernel, args) },
+            KernelOp::Conv3dVendor { .. } => Err(no_vendor(BackendKind::Host)),
+        }
+    }
+
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        Err(no_vendor(BackendKind::Host))
+    }
+}
+
+/// Converts `n` elements `op.from` at `src` into `op.to` at `dst`.
+///
+/// # Safety
+/// `n` elements of each dtype are valid at `src` (read) and `dst` (written,
+/// exclusive).
+unsafe fn host_convert(op: ConvertOp, src: DevicePtr, dst: DevicePtr, n: u64) -> Result<()> {
+    // SAFETY: the caller's guarantees.
+    let (s, d) = unsafe {
+        (
+            bytes(src, n * elem_size(op.from)),
+            bytes_mut(dst, n * elem_size(op.to)),
+        )
+    };
+    crate::convert::convert_bytes(op.from, s, op.to, d)
+}
+
+/// NaN and Inf among `n` elements of `dtype` at `ptr`, added to the two
+/// `u64` at `counts`; with `clamp`, NaN becomes 0 and +-Inf +-max finite.
+///
+/// # Safety
+/// `ptr` holds `n` elements of `dtype`, exclusively the caller's when
+/// `clamp`; `counts` is two aligned, exclusive `u64`s.
+unsafe fn scan_nonfinite(
+    dtype: DType,
+    ptr: DevicePtr,
+    n: u64,
+    clamp: bool,
+    counts: DevicePtr,
+) -> Result<()> {
+    // (exponent mask, mantissa mask, max finite, sign, size)
+    let (em, mm, maxf, sign, size): (u32, u32, u32, u32, u64) = match dtype {
+        DType::F32 => (0x7f80_0000, 0x007f_ffff, 0x7f7f_ffff, 0x8000_0000, 4),
+        DType::BF16 => (0x7f80, 0x007f, 0x7f7f, 0x8000, 2),
+        DType::F16 => (0x7c00, 0x03ff, 0x7bff, 0x8000, 2),
+        other => {
+            return Err(Error::UnsupportedConversion {
+                op: "nonfinite",
+                from: other,
+                to: other,
+            })
+        }
+    };
+    // SAFETY: the caller guarantees `n` exclusive elements at `ptr`.
+    let buf = unsafe { bytes_mut(ptr, n * size) };
+    let (mut nan, mut inf) = (0u64, 0u64);
+    for e in buf.chunks_exact_mut(size as usize) {
+        let x = if size == 4 {
+            u32::from_le_bytes([e[0], e[1], e[2], e[3]])
+        } else {
+            u32::from(u16::from_le_bytes([e[0], e[1]]))
+        };
+        if x & em != em {
+            continue;
+        }
+        let y = if x & mm != 0 {
+            nan += 1;
+            0
+        } else {
+            inf += 1;
+            (x & sign) | maxf
+        };
+        if clamp {
+            e.copy_from_slice(&y.to_le_bytes()[..size as usize]);
+        }
+    }
+    // SAFETY: the caller guarantees two exclusive u64s at `counts`.
+    unsafe {
+        add_u64(counts, nan);
+        add_u64(counts.offset(8), inf);
+    }
+    Ok(())
+}
+
+/// Parses a `/proc/meminfo` field given in kB into bytes.
+pub(crate) fn meminfo_field(meminfo: &str, key: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    kb.checked_mul(1024)
 }
 
 /// `(MemAvailable, MemTotal)` in bytes from a `/proc/meminfo`-format file;
@@ -415,7 +417,6 @@ fn host_mem_info(path: &str) -> Result<(u64, u64)> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return Err(unsupported);
     };
-    use crate::diagnostics::platform::meminfo_field;
     match (
         meminfo_field(&text, "MemAvailable:"),
         meminfo_field(&text, "MemTotal:"),

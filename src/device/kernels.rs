@@ -7,8 +7,9 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
 use std::ffi::c_void;
 
+use super::backend::KernelOp;
 use super::conv3d::{Conv3dKernel, Conv3dLaunch};
-use super::{ConvertOp, DevicePtr};
+use super::info::{ConvertOp, DevicePtr};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -319,93 +320,73 @@ impl KernelCall {
             .collect()
     }
 
-    /// `convert_{src}_{dst}(const src*, dst*, u64 n)`, 8 elements per item.
-    pub(crate) fn convert(
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        mps: u32,
-    ) -> Result<KernelCall> {
-        let k = Kernel::convert(op)?;
-        Ok(Self::one_d(
-            k,
-            n.div_ceil(8),
-            mps,
-            vec![
-                KernelArg::U64(src.0),
-                KernelArg::U64(dst.0),
-                KernelArg::U64(n),
-            ],
-        ))
-    }
-
-    /// `fingerprint_sum_u8(const u8*, u64 nbytes, u64 first_word, u64* acc)`,
-    /// 16 bytes per item.
-    pub(crate) fn fingerprint_sum(
-        src: DevicePtr,
-        bytes: u64,
-        first_word: u64,
-        acc: DevicePtr,
-        mps: u32,
-    ) -> KernelCall {
-        Self::one_d(
-            Kernel::FingerprintSum,
-            bytes.div_ceil(16),
-            mps,
-            vec![
-                KernelArg::U64(src.0),
-                KernelArg::U64(bytes),
-                KernelArg::U64(first_word),
-                KernelArg::U64(acc.0),
-            ],
-        )
-    }
-
-    /// `convert_fingerprint_{src}_f32(const u16*, u32*, u64 n, u64* acc)`.
-    pub(crate) fn convert_fingerprint(
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        acc: DevicePtr,
-        mps: u32,
-    ) -> Result<KernelCall> {
-        let k = Kernel::convert_fingerprint(op)?;
-        Ok(Self::one_d(
-            k,
-            n.div_ceil(8),
-            mps,
-            vec![
-                KernelArg::U64(src.0),
-                KernelArg::U64(dst.0),
-                KernelArg::U64(n),
-                KernelArg::U64(acc.0),
-            ],
-        ))
-    }
-
-    /// `nonfinite_{t}(T*, u64 n, u32 clamp, u64* counts)`.
-    pub(crate) fn nonfinite(
-        dtype: DType,
-        ptr: DevicePtr,
-        n: u64,
-        clamp: bool,
-        counts: DevicePtr,
-        mps: u32,
-    ) -> Result<KernelCall> {
-        let k = Kernel::nonfinite(dtype)?;
-        Ok(Self::one_d(
-            k,
-            n,
-            mps,
-            vec![
-                KernelArg::U64(ptr.0),
-                KernelArg::U64(n),
-                KernelArg::U32(u32::from(clamp)),
-                KernelArg::U64(counts.0),
-            ],
-        ))
+    /// The launch of an elementwise `op` (conversions, fingerprints,
+    /// non-finite scans; conv3d has [`KernelCall::conv3d`] and the vendor
+    /// call launches no kernel of ours: both are
+    /// [`Error::BackendUnsupported`] here). The kernels' parameters:
+    ///
+    /// - `convert_{src}_{dst}(const src*, dst*, u64 n)`, 8 elements per item;
+    /// - `fingerprint_sum_u8(const u8*, u64 nbytes, u64 first_word, u64*
+    ///   acc)`, 16 bytes per item;
+    /// - `convert_fingerprint_{src}_f32(const u16*, u32*, u64 n, u64* acc)`,
+    ///   8 elements per item;
+    /// - `nonfinite_{t}(T*, u64 n, u32 clamp, u64* counts)`.
+    pub(crate) fn for_op(op: &KernelOp<'_>, mps: u32) -> Result<KernelCall> {
+        use KernelArg::{U32, U64};
+        let (k, items, args) = match *op {
+            KernelOp::Convert { op, src, dst, n } => (
+                Kernel::convert(op)?,
+                n.div_ceil(8),
+                vec![U64(src.0), U64(dst.0), U64(n)],
+            ),
+            KernelOp::FingerprintSum {
+                src,
+                bytes,
+                first_word,
+                acc,
+            } => (
+                Kernel::FingerprintSum,
+                bytes.div_ceil(16),
+                vec![U64(src.0), U64(bytes), U64(first_word), U64(acc.0)],
+            ),
+            KernelOp::ConvertFingerprint {
+                op,
+                src,
+                dst,
+                n,
+                acc,
+            } => (
+                Kernel::convert_fingerprint(op)?,
+                n.div_ceil(8),
+                vec![U64(src.0), U64(dst.0), U64(n), U64(acc.0)],
+            ),
+            KernelOp::CountNonFinite {
+                dtype,
+                ptr,
+                n,
+                counts,
+            }
+            | KernelOp::ClampNonFinite {
+                dtype,
+                ptr,
+                n,
+                counts,
+            } => {
+                let clamp = matches!(op, KernelOp::ClampNonFinite { .. });
+                (
+                    Kernel::nonfinite(dtype)?,
+                    n,
+                    vec![U64(ptr.0), U64(n), U32(u32::from(clamp)), U64(counts.0)],
+                )
+            }
+            KernelOp::Conv3d { .. } | KernelOp::Conv3dVendor { .. } => {
+                return Err(Error::BackendUnsupported {
+                    backend: "gpu",
+                    op: op.name(),
+                })
+            }
+        };
+        Ok(Self::one_d(k, items, mps, args))
     }
 
     /// `conv3d_{naive,tiled}_{f32,bf16}(const T* x, const T* w, const
@@ -542,7 +523,14 @@ mod tests {
             from: DType::BF16,
             to: DType::F32,
         };
-        let mut c = KernelCall::convert(op, DevicePtr(16), DevicePtr(32), 1000, 4).unwrap();
+        let (src, dst) = (DevicePtr(16), DevicePtr(32));
+        let convert = KernelOp::Convert {
+            op,
+            src,
+            dst,
+            n: 1000,
+        };
+        let mut c = KernelCall::for_op(&convert, 4).unwrap();
         assert_eq!(c.kernel, Kernel::ConvertBf16F32);
         assert_eq!((c.grid, c.block, c.shared_bytes), ([1, 1, 1], BLOCK, 0));
         let p = c.arg_ptrs();
@@ -550,14 +538,42 @@ mod tests {
             p.iter().map(|&q| read_u64(q)).collect::<Vec<_>>(),
             [16, 32, 1000]
         );
-        let mut c =
-            KernelCall::nonfinite(DType::F16, DevicePtr(8), 5, true, DevicePtr(64), 4).unwrap();
+        let scan = |dtype, clamp| {
+            let (ptr, counts, n) = (DevicePtr(8), DevicePtr(64), 5);
+            let op = if clamp {
+                KernelOp::ClampNonFinite {
+                    dtype,
+                    ptr,
+                    n,
+                    counts,
+                }
+            } else {
+                KernelOp::CountNonFinite {
+                    dtype,
+                    ptr,
+                    n,
+                    counts,
+                }
+            };
+            KernelCall::for_op(&op, 4)
+        };
+        assert_eq!(scan(DType::F16, false).unwrap().args[2], KernelArg::U32(0));
+        let mut c = scan(DType::F16, true).unwrap();
         assert_eq!(c.args[2], KernelArg::U32(1));
         let p = c.arg_ptrs();
         // SAFETY: the third argument is a u32.
         assert_eq!(unsafe { *p[2].cast::<u32>() }, 1);
-        assert!(KernelCall::nonfinite(DType::I8, DevicePtr(8), 5, true, DevicePtr(64), 4).is_err());
-        let f = KernelCall::fingerprint_sum(DevicePtr(8), 1 << 20, 3, DevicePtr(64), 2);
+        assert!(scan(DType::I8, true).is_err());
+        let f = KernelCall::for_op(
+            &KernelOp::FingerprintSum {
+                src: DevicePtr(8),
+                bytes: 1 << 20,
+                first_word: 3,
+                acc: DevicePtr(64),
+            },
+            2,
+        )
+        .unwrap();
         assert_eq!(f.args.len(), 4);
         assert_eq!(
             f.grid[0],

@@ -199,17 +199,7 @@ fn cpu_model() -> Option<String> {
         .map(|(_, v)| v.trim().to_owned())
 }
 
-/// Parses a `/proc/meminfo` field given in kB into bytes.
-pub(crate) fn meminfo_field(meminfo: &str, key: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with(key))?;
-    let kb: u64 = line[key.len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    kb.checked_mul(1024)
-}
+pub(crate) use crate::device::host::meminfo_field;
 
 /// Opens the first of `sonames` the dynamic loader can find and reports
 /// where it resolved. A library this process has loaded already is looked

@@ -20,7 +20,8 @@
 //! off. A per-call mismatch is [`Error::VerificationFailed`] or, when
 //! fallback is allowed, a recorded CPU fallback.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -198,18 +199,40 @@ fn compare(kernel: String, inputs: &[u32], expected: &[u32], got: &[u32]) -> Ker
     }
 }
 
-/// Runs the exhaustive self-test on `stream`'s device once and caches it on
-/// the device; later calls return the cached report.
+/// The self-test reports of this process, per [`crate::device::Device::id`]
+/// (kept here, above the device layer, rather than on the device: a
+/// device knows nothing of verification). A few hundred bytes per device
+/// ever opened.
+fn self_tests() -> &'static Mutex<HashMap<u64, Arc<SelfTestReport>>> {
+    static CACHE: OnceLock<Mutex<HashMap<u64, Arc<SelfTestReport>>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Runs the exhaustive self-test on `stream`'s device once and caches it
+/// for the device; later calls return the cached report.
 ///
 /// Errors are device errors (allocation, copy, launch); wrong results are
 /// not errors but recorded in the report.
 pub fn self_test(stream: &Stream) -> Result<Arc<SelfTestReport>> {
-    let dev = stream.device();
-    if let Some(r) = dev.self_test_cell().get() {
-        return Ok(Arc::clone(r));
+    let id = stream.device().id();
+    let cached = |r: &Arc<SelfTestReport>| {
+        let mut m = match self_tests().lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        Arc::clone(m.entry(id).or_insert_with(|| Arc::clone(r)))
+    };
+    let hit = match self_tests().lock() {
+        Ok(g) => g.get(&id).cloned(),
+        Err(p) => p.into_inner().get(&id).cloned(),
+    };
+    if let Some(r) = hit {
+        return Ok(r);
     }
+    // Not under the lock: the test takes a while and other devices may
+    // run theirs meanwhile; the first report stored wins.
     let r = Arc::new(self_test_uncached(stream)?);
-    Ok(Arc::clone(dev.self_test_cell().get_or_init(|| r)))
+    Ok(cached(&r))
 }
 
 /// The CPU side of the self-test: the patterns and everything expected of

@@ -5,8 +5,10 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use rocm_safe::device::{Backend, ConvertOp, DeviceInfo, DevicePtr, RawEvent, RawStream};
-use rocm_safe::{DType, Result};
+use rocm_safe::device::{
+    Backend, ConvertOp, CopyOp, DeviceInfo, DevicePtr, Driver, KernelOp, RawStream,
+};
+use rocm_safe::Result;
 
 /// Makes `host::NAME` (always run), `cuda::NAME` and `hip::NAME` (feature
 /// builds, `#[ignore = "needs a GPU"]`) from `fn NAME(dev: &Device)`.
@@ -62,8 +64,11 @@ impl Tamper {
             let junk = vec![0x5au8; size];
             // SAFETY: forwards the caller's guarantees to the wrapped backend.
             unsafe {
-                self.inner
-                    .copy_htod(dst.offset(size as u64), junk.as_ptr(), size, s)?;
+                let op = CopyOp::HtoD {
+                    dst: dst.offset(size as u64),
+                    src: junk.as_ptr(),
+                };
+                self.inner.copy(op, size, s)?;
                 self.inner.stream_synchronize(s)?;
             }
         }
@@ -71,130 +76,33 @@ impl Tamper {
     }
 }
 
-// SAFETY: forwards to a correct backend; the only addition is a write
-// inside the conversion's own output range.
-unsafe impl Backend for Tamper {
+// SAFETY: forwards every call to a correct backend.
+unsafe impl Driver for Tamper {
     fn info(&self) -> &DeviceInfo {
         self.inner.info()
     }
-    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
-        self.inner.alloc(bytes)
+    fn forward(&self) -> Option<&dyn Driver> {
+        Some(&*self.inner)
     }
-    unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.free(ptr, bytes) }
+}
+
+// SAFETY: forwards to a correct backend; the only addition is a write
+// inside the conversion's own output range.
+unsafe impl Backend for Tamper {
+    fn forward_backend(&self) -> Option<&dyn Backend> {
+        Some(&*self.inner)
     }
-    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
-        self.inner.alloc_pinned(bytes)
-    }
-    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.free_pinned(ptr, bytes) }
-    }
-    fn stream_create(&self) -> Result<RawStream> {
-        self.inner.stream_create()
-    }
-    unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.stream_destroy(s) }
-    }
-    unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.stream_synchronize(s) }
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.inner.synchronize()
-    }
-    fn event_create(&self) -> Result<RawEvent> {
-        self.inner.event_create()
-    }
-    unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.event_destroy(e) }
-    }
-    unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.event_record(e, s) }
-    }
-    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.event_synchronize(e) }
-    }
-    unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.stream_wait_event(s, e) }
-    }
-    unsafe fn event_elapsed_ms(&self, a: RawEvent, b: RawEvent) -> Result<f32> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.event_elapsed_ms(a, b) }
-    }
-    unsafe fn copy_htod(&self, d: DevicePtr, s: *const u8, n: usize, st: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.copy_htod(d, s, n, st) }
-    }
-    unsafe fn copy_dtoh(&self, d: *mut u8, s: DevicePtr, n: usize, st: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.copy_dtoh(d, s, n, st) }
-    }
-    unsafe fn copy_dtod(&self, d: DevicePtr, s: DevicePtr, n: usize, st: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.copy_dtod(d, s, n, st) }
-    }
-    unsafe fn memset_zero(&self, d: DevicePtr, n: usize, st: RawStream) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.memset_zero(d, n, st) }
-    }
-    unsafe fn convert(
-        &self,
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
+    unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
+        // SAFETY: forwards the caller's guarantees to the wrapped backend;
+        // `after` writes inside the conversion's own output.
         unsafe {
-            self.inner.convert(op, src, dst, n, s)?;
-            self.after(op, dst, n, s)
+            self.inner.run(op, s)?;
+            match *op {
+                KernelOp::Convert { op, dst, n, .. }
+                | KernelOp::ConvertFingerprint { op, dst, n, .. } => self.after(op, dst, n, s),
+                _ => Ok(()),
+            }
         }
-    }
-    unsafe fn fingerprint_sum(
-        &self,
-        src: DevicePtr,
-        bytes: u64,
-        first_word: u64,
-        acc: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.fingerprint_sum(src, bytes, first_word, acc, s) }
-    }
-    unsafe fn convert_fingerprint(
-        &self,
-        op: ConvertOp,
-        src: DevicePtr,
-        dst: DevicePtr,
-        n: u64,
-        acc: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe {
-            self.inner.convert_fingerprint(op, src, dst, n, acc, s)?;
-            self.after(op, dst, n, s)
-        }
-    }
-    unsafe fn nonfinite(
-        &self,
-        dtype: DType,
-        ptr: DevicePtr,
-        n: u64,
-        clamp: bool,
-        counts: DevicePtr,
-        s: RawStream,
-    ) -> Result<()> {
-        // SAFETY: forwards the caller's guarantees to the wrapped backend.
-        unsafe { self.inner.nonfinite(dtype, ptr, n, clamp, counts, s) }
     }
 }
 

@@ -53,14 +53,14 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
 
-use super::conv3d::Conv3dLaunch;
-use super::conv3d::VendorBuffers;
+use super::VendorBuffers;
 #[cfg(feature = "hip")]
-use super::conv3d::VendorConv;
-use super::DevicePtr;
-#[cfg(feature = "hip")]
-use super::RawStream;
+use super::VendorConv;
 use crate::conv3d::Conv3dGeometry;
+use crate::device::conv3d::Conv3dLaunch;
+use crate::device::info::DevicePtr;
+#[cfg(feature = "hip")]
+use crate::device::info::RawStream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

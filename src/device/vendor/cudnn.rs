@@ -20,9 +20,10 @@ use std::sync::OnceLock;
 use cudarc::cudnn::result as dnn;
 use cudarc::cudnn::sys;
 
-use super::conv3d::{Conv3dLaunch, VendorBuffers, VendorConv};
-use super::{DevicePtr, RawStream};
+use super::{VendorBuffers, VendorConv};
 use crate::conv3d::Conv3dGeometry;
+use crate::device::conv3d::Conv3dLaunch;
+use crate::device::info::{DevicePtr, RawStream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -1,0 +1,457 @@
+//! The raw backend interface: [`Driver`] (what a runtime does with memory,
+//! streams, events and copies) and [`Backend`] (the kernel operations on top,
+//! each a [`KernelOp`]),
+//! both with delegating defaults so that wrappers write only what they change.
+//!
+//! Every method of both traits has a *delegating default*: it forwards to
+//! [`Driver::forward`] / [`Backend::forward_backend`], and a backend that
+//! forwards nowhere answers [`Error::BackendUnsupported`] (or the documented
+//! refusal). Leaf backends ([`super::host::HostBackend`] and the generic GPU
+//! body over a runtime) implement every method; a wrapper such as
+//! [`super::faults::Faults`] returns its inner backend from the two
+//! `forward` methods and overrides only the operations it intercepts. So no
+//! forwarding list is written twice.
+
+use super::conv3d::{Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
+use super::info::{
+    BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
+};
+use crate::conv3d::Conv3dGeometry;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// The backend `d` forwards to, or [`Error::BackendUnsupported`] for `op`.
+fn through<'a, D: Driver + ?Sized>(d: &'a D, op: &'static str) -> Result<&'a dyn Driver> {
+    d.forward().ok_or(Error::BackendUnsupported {
+        backend: d.info().kind.name(),
+        op,
+    })
+}
+
+/// The backend `b` forwards its kernel operations to, or
+/// [`Error::BackendUnsupported`] for `op`.
+fn through_backend<'a, B: Backend + ?Sized>(b: &'a B, op: &'static str) -> Result<&'a dyn Backend> {
+    b.forward_backend().ok_or(Error::BackendUnsupported {
+        backend: b.info().kind.name(),
+        op,
+    })
+}
+
+/// What a runtime does with memory, streams, events and copies: the part
+/// of a backend that differs between HIP, CUDA and the host.
+///
+/// Addresses, handles and byte counts are passed as they are; the safe
+/// types of [`crate::device`] guarantee the preconditions below, so
+/// implementations need not re-check them. Asynchronous operations are
+/// ordered on their stream; the host backend runs everything at once.
+///
+/// Operations that take handles or addresses are `unsafe`: the caller
+/// promises they came from this backend and are live (not freed/destroyed),
+/// that `bytes`/`n` stay inside the allocations, that no other operation
+/// writes the same memory concurrently, and that host memory passed to an
+/// asynchronous copy stays valid (and unaliased by writes) until the stream
+/// reaches it. Zero-length work is never passed.
+///
+/// # Safety
+///
+/// The safe types trust what an implementation returns: [`Driver::alloc`]
+/// returns device memory valid for `bytes` (256-aligned) until freed,
+/// [`Driver::alloc_pinned`] host memory readable and writable from the host
+/// for `bytes` (256-aligned) until freed, and every operation does what its
+/// documentation says and touches no other memory. Wrappers that forward to
+/// a correct backend (and only add, drop or corrupt whole operations within
+/// the caller's ranges) satisfy this.
+pub unsafe trait Driver: Send + Sync + std::fmt::Debug + 'static {
+    /// What the device is.
+    fn info(&self) -> &DeviceInfo;
+
+    /// The driver every operation not written out here goes to (a
+    /// wrapper's inner backend); `None` (the default) for a leaf, whose
+    /// unwritten operations are [`Error::BackendUnsupported`].
+    fn forward(&self) -> Option<&dyn Driver> {
+        None
+    }
+
+    /// Allocates `bytes > 0` bytes of device memory, aligned to 256 bytes.
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        through(self, "alloc")?.alloc(bytes)
+    }
+    /// Frees an allocation of `bytes` bytes.
+    ///
+    /// # Safety
+    /// `ptr` came from [`Driver::alloc`] with `bytes`, is freed once, and no
+    /// queued work uses it any more.
+    unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "free")?.free(ptr, bytes) }
+    }
+    /// Allocates `bytes > 0` bytes of page-locked host memory, 256-aligned.
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        through(self, "alloc_pinned")?.alloc_pinned(bytes)
+    }
+    /// Frees pinned memory.
+    ///
+    /// # Safety
+    /// `ptr` came from [`Driver::alloc_pinned`] with `bytes`, is freed once,
+    /// and no queued copy uses it any more.
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "free_pinned")?.free_pinned(ptr, bytes) }
+    }
+
+    /// Creates a stream.
+    fn stream_create(&self) -> Result<RawStream> {
+        through(self, "stream_create")?.stream_create()
+    }
+    /// Destroys a stream.
+    ///
+    /// # Safety
+    /// `s` is live and destroyed once.
+    unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "stream_destroy")?.stream_destroy(s) }
+    }
+    /// Waits until all work queued on `s` is done.
+    ///
+    /// # Safety
+    /// `s` is live.
+    unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "stream_synchronize")?.stream_synchronize(s) }
+    }
+    /// Waits until all work on the device is done.
+    fn synchronize(&self) -> Result<()> {
+        through(self, "synchronize")?.synchronize()
+    }
+    /// Creates an event (with timing).
+    fn event_create(&self) -> Result<RawEvent> {
+        through(self, "event_create")?.event_create()
+    }
+    /// Destroys an event.
+    ///
+    /// # Safety
+    /// `e` is live and destroyed once.
+    unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "event_destroy")?.event_destroy(e) }
+    }
+    /// Records `e` at the current end of `s`.
+    ///
+    /// # Safety
+    /// `e` and `s` are live.
+    unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "event_record")?.event_record(e, s) }
+    }
+    /// Waits until the work before the last record of `e` is done.
+    ///
+    /// # Safety
+    /// `e` is live.
+    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "event_synchronize")?.event_synchronize(e) }
+    }
+    /// Makes later work on `s` wait for `e`.
+    ///
+    /// # Safety
+    /// `s` and `e` are live.
+    unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "stream_wait_event")?.stream_wait_event(s, e) }
+    }
+    /// Milliseconds between two completed events.
+    ///
+    /// # Safety
+    /// Both events are live.
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "event_elapsed_ms")?.event_elapsed_ms(start, end) }
+    }
+
+    /// Queues `op`, a copy of `bytes` bytes (see [`CopyOp`]).
+    ///
+    /// # Safety
+    /// See the trait docs: both ranges are valid for `bytes` and do not
+    /// overlap; host memory stays valid (and, for a copy to the host,
+    /// unread) until `s` reaches the copy.
+    unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, op.name())?.copy(op, bytes, s) }
+    }
+    /// Sets `bytes` of device memory to zero.
+    ///
+    /// # Safety
+    /// See the trait docs.
+    unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { through(self, "memset_zero")?.memset_zero(dst, bytes, s) }
+    }
+
+    /// `(free, total)` device memory in bytes as the runtime reports it
+    /// (`hipMemGetInfo`, `cuMemGetInfo`). On an APU this may be the
+    /// firmware's VRAM carve-out rather than what the GPU can really use;
+    /// `rocm_safe::diagnostics` compares it with sysfs. The host backend
+    /// reports the host's `MemAvailable` / `MemTotal` from `/proc/meminfo`
+    /// (its device memory is host memory), and
+    /// [`Error::BackendUnsupported`] where that file cannot be read.
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        through(self, "mem_info")?.mem_info()
+    }
+}
+
+/// The kernel operations of a device, over a [`Driver`]: conversions,
+/// fingerprints, non-finite scans, conv3d. Implemented once for every GPU
+/// runtime (the generic GPU body in `device/gpu.rs`), by the host backend
+/// with the CPU implementations, and by wrappers through
+/// [`Backend::forward_backend`].
+///
+/// # Safety
+///
+/// As [`Driver`]: every operation does what its documentation says on
+/// exactly the ranges given.
+pub unsafe trait Backend: Driver {
+    /// The backend every kernel operation not written out here goes to (a
+    /// wrapper's inner backend); `None` (the default) for a leaf.
+    fn forward_backend(&self) -> Option<&dyn Backend> {
+        None
+    }
+
+    /// What this backend's kernels can do (see [`KernelCaps`]).
+    fn caps(&self) -> KernelCaps {
+        self.forward_backend()
+            .map_or(KernelCaps::HOST, |b| b.caps())
+    }
+
+    /// How this device's conversion kernels (the ones every verified call
+    /// and the self-test use) were obtained; loads them if needed.
+    fn kernel_source(&self) -> Result<KernelSource> {
+        through_backend(self, "kernel_source")?.kernel_source()
+    }
+
+    /// Queues `op` on `s` (see [`KernelOp`] for what each computes and
+    /// what its addresses must hold).
+    ///
+    /// Errors: [`Error::BackendUnsupported`] where the backend has no such
+    /// kernel; for conv3d [`Error::Conv3dTier`] (sizes the kernel does not
+    /// take, [`Conv3dKernel::unsupported`], or no conv3d kernels at all),
+    /// [`Error::Conv3dDType`] (a dtype other than F32 and BF16),
+    /// [`Error::VendorUnavailable`] or the vendor library's refusal
+    /// ([`Error::Conv3dMiopen`], `Error::Conv3dCudnn`: no algorithm for the
+    /// parameters, ...); allocation or launch errors.
+    ///
+    /// # Safety
+    /// See the [`Driver`] docs: every address in `op` is a live allocation
+    /// of this backend holding what the variant documents, aligned to its
+    /// element; what the op writes is not accessed by anything else until
+    /// `s` reaches it; `s` is live; the op is not zero-sized.
+    unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
+        match (self.forward_backend(), op) {
+            // SAFETY: the caller's guarantees, forwarded.
+            (Some(b), _) => unsafe { b.run(op, s) },
+            (None, KernelOp::Conv3d { kernel, .. }) => Err(Error::Conv3dTier {
+                tier: kernel.name(),
+                reason: "this backend has no conv3d kernels",
+            }),
+            (None, KernelOp::Conv3dVendor { .. }) => Err(no_vendor(self.info().kind)),
+            (None, op) => Err(Error::BackendUnsupported {
+                backend: self.info().kind.name(),
+                op: op.name(),
+            }),
+        }
+    }
+
+    /// The weight layout `kernel` reads here for a call `g` with inputs of
+    /// `dtype`: the caller arranges the weight so before [`KernelOp::Conv3d`]
+    /// (and the safe entry point checks its length by it). Without
+    /// [`KernelCaps::bf16_tensor_cores`] it is
+    /// [`Conv3dWeightLayout::Standard`] for the naive kernel and
+    /// [`Conv3dWeightLayout::TiledTransposed`] for the tiled one; with them,
+    /// bf16 tiled calls whose sizes the tensor-core kernel takes read
+    /// [`Conv3dWeightLayout::TiledPacked`]. Deterministic for a backend.
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        match self.forward_backend() {
+            Some(b) => b.conv3d_weight_layout(kernel, dtype, g),
+            None => Conv3dWeightLayout::choose(self.caps(), kernel, dtype, g),
+        }
+    }
+    /// Whether [`Backend::conv3d_vendor`] can run here: `Ok`, or
+    /// [`Error::VendorUnavailable`] when the vendor library (MIOpen, cuDNN)
+    /// is not installed or the backend has none. Cheap after the first
+    /// call; a chain skips its vendor tier on `Err`.
+    fn conv3d_vendor_available(&self) -> Result<()> {
+        match self.forward_backend() {
+            Some(b) => b.conv3d_vendor_available(),
+            None => Err(no_vendor(self.info().kind)),
+        }
+    }
+}
+
+/// One copy of [`Driver::copy`]: its direction and addresses.
+#[derive(Debug, Clone, Copy)]
+pub enum CopyOp {
+    /// Host memory at `src` to the device at `dst`.
+    HtoD {
+        /// The device destination.
+        dst: DevicePtr,
+        /// The host source.
+        src: *const u8,
+    },
+    /// The device at `src` to host memory at `dst`.
+    DtoH {
+        /// The host destination.
+        dst: *mut u8,
+        /// The device source.
+        src: DevicePtr,
+    },
+    /// Between device allocations.
+    DtoD {
+        /// The destination.
+        dst: DevicePtr,
+        /// The source.
+        src: DevicePtr,
+    },
+}
+
+impl CopyOp {
+    /// The copy's name in errors and fault logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CopyOp::HtoD { .. } => "copy_htod",
+            CopyOp::DtoH { .. } => "copy_dtoh",
+            CopyOp::DtoD { .. } => "copy_dtod",
+        }
+    }
+}
+
+/// One kernel operation of [`Backend::run`]. Lengths count elements unless
+/// named `bytes`; every address is the caller's, aligned to its element.
+#[derive(Debug, Clone, Copy)]
+pub enum KernelOp<'a> {
+    /// Converts `n` elements `op.from` at `src` into `op.to` at `dst`
+    /// (`op.on_device()`).
+    Convert {
+        /// The dtypes.
+        op: ConvertOp,
+        /// The source.
+        src: DevicePtr,
+        /// The destination.
+        dst: DevicePtr,
+        /// Elements.
+        n: u64,
+    },
+    /// Adds the fingerprint sum `S` of `bytes` bytes at `src`, whose first
+    /// byte is word `first_word` of the fingerprinted buffer, to the `u64`
+    /// at `acc` (wrapping; 8-byte aligned).
+    FingerprintSum {
+        /// The bytes.
+        src: DevicePtr,
+        /// How many.
+        bytes: u64,
+        /// The word index of `src`'s first byte.
+        first_word: u64,
+        /// The accumulator.
+        acc: DevicePtr,
+    },
+    /// [`KernelOp::Convert`] of a widening op (`to == F32`) that also adds
+    /// the fingerprint sum of the f32 output (word 0 at `dst`) to `acc`.
+    ConvertFingerprint {
+        /// The dtypes.
+        op: ConvertOp,
+        /// The source.
+        src: DevicePtr,
+        /// The destination.
+        dst: DevicePtr,
+        /// Elements.
+        n: u64,
+        /// The accumulator.
+        acc: DevicePtr,
+    },
+    /// Counts NaN (added to `counts[0]`) and Inf (`counts[1]`) among `n`
+    /// elements of `dtype` (F32, BF16, F16) at `ptr`, without changing them.
+    CountNonFinite {
+        /// The elements' dtype.
+        dtype: DType,
+        /// The elements.
+        ptr: DevicePtr,
+        /// How many.
+        n: u64,
+        /// Two `u64`s.
+        counts: DevicePtr,
+    },
+    /// As [`KernelOp::CountNonFinite`], and rewrites NaN to 0 and +-Inf to
+    /// +-max finite in place.
+    ClampNonFinite {
+        /// The elements' dtype.
+        dtype: DType,
+        /// The elements.
+        ptr: DevicePtr,
+        /// How many.
+        n: u64,
+        /// Two `u64`s.
+        counts: DevicePtr,
+    },
+    /// `kernel` (`hip-kernels/conv3d.hip`) computing the convolution `args`
+    /// describes: its weight in the layout [`Backend::conv3d_weight_layout`]
+    /// gives for `kernel`, the f32 output written in full. The host backend
+    /// computes it on the CPU.
+    Conv3d {
+        /// Which kernel.
+        kernel: Conv3dKernel,
+        /// The call.
+        args: &'a Conv3dLaunch,
+    },
+    /// The convolution `args` describes (weight in the standard layout)
+    /// by the vendor library; may wait for the stream before it returns (to
+    /// free the library's workspace).
+    Conv3dVendor {
+        /// The call.
+        args: &'a Conv3dLaunch,
+    },
+}
+
+impl KernelOp<'_> {
+    /// The operation's name in errors and fault logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            KernelOp::Convert { .. } => "convert",
+            KernelOp::FingerprintSum { .. } => "fingerprint_sum",
+            KernelOp::ConvertFingerprint { .. } => "convert_fingerprint",
+            KernelOp::CountNonFinite { .. } => "count_nonfinite",
+            KernelOp::ClampNonFinite { .. } => "clamp_nonfinite",
+            KernelOp::Conv3d { .. } => "conv3d",
+            KernelOp::Conv3dVendor { .. } => "conv3d_vendor",
+        }
+    }
+}
+
+/// The refusal of a backend without a vendor convolution library.
+pub(crate) fn no_vendor(kind: BackendKind) -> Error {
+    Error::VendorUnavailable {
+        backend: kind.name(),
+        library: "none",
+        reason: "this backend has no vendor convolution library".into(),
+    }
+}
+
+// SAFETY: forwards every call unchanged to the boxed backend, which upholds
+// the trait's contract itself.
+unsafe impl Driver for Box<dyn Backend> {
+    fn info(&self) -> &DeviceInfo {
+        (**self).info()
+    }
+    fn forward(&self) -> Option<&dyn Driver> {
+        Some(&**self)
+    }
+}
+
+// SAFETY: as above.
+unsafe impl Backend for Box<dyn Backend> {
+    fn forward_backend(&self) -> Option<&dyn Backend> {
+        Some(&**self)
+    }
+}

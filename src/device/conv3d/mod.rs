@@ -1,0 +1,299 @@
+//! Conv3d on a device: the launch description the backends take
+//! ([`Conv3dLaunch`]), which GPU kernel ([`Conv3dKernel`]), the safe entry
+//! points [`Stream::conv3d`] and [`Stream::conv3d_vendor`], the weight
+//! layout the kernels read (`layout.rs`) and the host backend's emulation of
+//! the kernels (`host.rs`).
+//!
+//! Every backend computes the same thing: input `[N, C, D, H, W]` and weight
+//! `[K, C/G, KD, KH, KW]` in f32 or bf16 (widened exactly), an optional f32
+//! bias `[K]`, an f32 output `[N, K, OD, OH, OW]`, f32 accumulation.
+
+mod host;
+mod layout;
+
+pub(crate) use host::host_conv3d;
+use layout::check_len;
+pub use layout::{tiled_weight_layout, Conv3dWeightLayout};
+
+use super::backend::KernelOp;
+use super::buffer::{DeviceView, DeviceViewMut};
+use super::info::DevicePtr;
+use super::stream::Stream;
+use crate::conv3d::Conv3dGeometry;
+use crate::convert::Element;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Which GPU conv3d kernel of `hip-kernels/conv3d.hip` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Conv3dKernel {
+    /// `conv3d_tiled_{f32,bf16}`: implicit GEMM on 128 x 128 output tiles.
+    /// Its weight is in [`tiled_weight_layout`] (transposed per group).
+    Tiled,
+    /// `conv3d_naive_{f32,bf16}`: one thread per output point. A 256-thread
+    /// block stages the input region and the weights its outputs read
+    /// (4 output channels x 2 rows x 32 columns on large layers) in shared
+    /// memory, a slice of input channels at a time; where a region does not
+    /// fit (large strides or dilations) each thread reads global memory
+    /// directly. Its weight is in the standard `[K, C/G, KD, KH, KW]`
+    /// layout.
+    Naive,
+}
+
+/// Tile sizes of `conv3d_tiled_*` (RS_TBM, RS_TBN) and its largest tap count
+/// (RS_MAX_TAPS).
+pub(crate) const TILE_M: usize = 128;
+pub(crate) const TILE_N: usize = 128;
+const MAX_TAPS: usize = 1024;
+
+impl Conv3dKernel {
+    /// `"tiled"` or `"naive"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Conv3dKernel::Tiled => "tiled",
+            Conv3dKernel::Naive => "naive",
+        }
+    }
+
+    /// Why this kernel cannot take `g`, if it cannot: zero-size tensors
+    /// (never sent to a device) and, for the tiled kernel, sizes its grid or
+    /// tap table cannot hold, or fewer than 8 output channels per group
+    /// (the naive kernel fits those better).
+    pub fn unsupported(self, g: &Conv3dGeometry) -> Option<&'static str> {
+        let zero =
+            g.output_len() == 0 || g.input_shape().contains(&0) || g.weight_shape().contains(&0);
+        if zero {
+            return Some("zero-size tensors are not sent to a device");
+        }
+        if self == Conv3dKernel::Naive {
+            return None;
+        }
+        let points = g.batch.saturating_mul(g.output.iter().product::<usize>());
+        if points.div_ceil(TILE_N) > i32::MAX as usize {
+            return Some("more output points than the grid's x dimension holds");
+        }
+        if g.out_per_group().div_ceil(TILE_M) > 65_535 || g.params.groups > 65_535 {
+            return Some("more channel tiles or groups than the grid's y/z dimensions hold");
+        }
+        let taps: usize = g.kernel.iter().product();
+        if taps > MAX_TAPS {
+            return Some("more than 1024 kernel taps (KD * KH * KW)");
+        }
+        let fits = (0..3).all(|a| {
+            (g.kernel[a] - 1)
+                .checked_mul(g.params.dilation[a])
+                .is_some_and(|v| v <= i32::MAX as usize)
+        });
+        if !fits {
+            return Some("a dilated kernel offset does not fit 32 bits");
+        }
+        if u32::try_from(g.in_per_group()).is_err() {
+            return Some("more than 2^32 input channels per group");
+        }
+        if g.out_per_group() < 8 {
+            return Some(
+                "fewer than 8 output channels per group (depthwise-like): the naive kernel fits better",
+            );
+        }
+        None
+    }
+
+    /// The launch grid `(x, y, z)` for `g` (256 threads per block), or why
+    /// the kernel cannot take it. Never truncates.
+    pub(crate) fn grid(self, g: &Conv3dGeometry) -> Result<[u32; 3]> {
+        if let Some(reason) = self.unsupported(g) {
+            return Err(Error::Conv3dTier {
+                tier: self.name(),
+                reason,
+            });
+        }
+        let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Ok(match self {
+            // Grid-stride: at most 2^20 blocks.
+            Conv3dKernel::Naive => [clamp(g.output_len().div_ceil(256).min(1 << 20)), 1, 1],
+            // Each fits (checked by `unsupported`).
+            Conv3dKernel::Tiled => {
+                let points = g.batch * g.output.iter().product::<usize>();
+                [
+                    clamp(points.div_ceil(TILE_N)),
+                    clamp(g.out_per_group().div_ceil(TILE_M)),
+                    clamp(g.params.groups),
+                ]
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for Conv3dKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One conv3d call as a backend takes it: device addresses, dtype and the
+/// validated geometry (only [`Conv3dProblem::new`] makes one, so every
+/// element count fits `usize`).
+///
+/// - `input`: `geometry.input_shape()` elements of `dtype` (F32 or BF16);
+/// - `weight`: the weight in `dtype`, in the layout the backend's
+///   [`conv3d_weight_layout`](super::Backend::conv3d_weight_layout) gave for
+///   the kernel ([`Conv3dWeightLayout::Standard`] for the vendor library);
+/// - `bias`: `out_channels` f32, or `None`;
+/// - `output`: `geometry.output_len()` f32, written (every element).
+///
+/// Every address is aligned to its element size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv3dLaunch {
+    /// The sizes and parameters.
+    pub geometry: Conv3dGeometry,
+    /// The dtype of input and weight: F32 or BF16.
+    pub dtype: DType,
+    /// The input tensor.
+    pub input: DevicePtr,
+    /// The weight tensor.
+    pub weight: DevicePtr,
+    /// The bias (f32), if any.
+    pub bias: Option<DevicePtr>,
+    /// The output (f32).
+    pub output: DevicePtr,
+}
+
+impl Conv3dLaunch {
+    /// Bytes of the f32 output.
+    pub fn output_bytes(&self) -> usize {
+        self.geometry.output_len() * 4
+    }
+}
+
+impl Stream {
+    /// The weight layout `kernel` reads on this stream's device for a call
+    /// `g` with inputs of `dtype` (lay the weight out with
+    /// [`Conv3dWeightLayout::arrange`] before uploading it).
+    pub fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        self.backend().conv3d_weight_layout(kernel, dtype, g)
+    }
+
+    /// Checks a conv3d call's operands and builds its launch description.
+    #[allow(clippy::too_many_arguments)]
+    fn conv3d_launch<T: Element>(
+        &self,
+        op: &'static str,
+        layout: Conv3dWeightLayout,
+        g: &Conv3dGeometry,
+        input: &DeviceView<'_, T>,
+        weight: &DeviceView<'_, T>,
+        bias: Option<DeviceView<'_, f32>>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<Conv3dLaunch> {
+        if !matches!(T::DTYPE, DType::F32 | DType::BF16) {
+            return Err(Error::Conv3dDType {
+                tensor: "input",
+                dtype: T::DTYPE,
+                expected: DType::F32,
+            });
+        }
+        self.check_device(op, input.device())?;
+        self.check_device(op, weight.device())?;
+        self.check_device(op, out.device())?;
+        if let Some(b) = &bias {
+            self.check_device(op, b.device())?;
+        }
+        let product = |s: [usize; 5]| s.iter().product::<usize>();
+        check_len("conv3d device input", product(g.input_shape()), input.len())?;
+        check_len("conv3d device weight", layout.len(g), weight.len())?;
+        if let Some(b) = &bias {
+            check_len("conv3d device bias", g.out_channels, b.len())?;
+        }
+        check_len("conv3d device output", g.output_len(), out.len())?;
+        Ok(Conv3dLaunch {
+            geometry: *g,
+            dtype: T::DTYPE,
+            input: input.device_ptr(),
+            weight: weight.device_ptr(),
+            bias: bias.map(|b| b.device_ptr()),
+            output: out.device_ptr(),
+        })
+    }
+
+    /// Queues `kernel` computing the convolution `g` of `input` and `weight`
+    /// (plus `bias`) into `out` on this stream (no synchronisation).
+    /// `weight` is in the layout the backend asks for
+    /// ([`Stream::conv3d_weight_layout`]).
+    ///
+    /// Errors: [`Error::Conv3dDType`] for a `T` other than f32 and bf16,
+    /// [`Error::DeviceMismatch`], [`Error::LengthMismatch`] for a view whose
+    /// length is not its shape's, [`Error::Conv3dTier`] for sizes the kernel
+    /// does not take (see [`Conv3dKernel::unsupported`]; zero-size calls
+    /// among them), or the backend's launch error.
+    pub fn conv3d<T: Element>(
+        &self,
+        kernel: Conv3dKernel,
+        g: &Conv3dGeometry,
+        input: &DeviceView<'_, T>,
+        weight: &DeviceView<'_, T>,
+        bias: Option<DeviceView<'_, f32>>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let layout = self.backend().conv3d_weight_layout(kernel, T::DTYPE, g);
+        let launch = self.conv3d_launch("conv3d", layout, g, input, weight, bias, out)?;
+        // Refuses zero-size work and sizes the grid cannot hold.
+        kernel.grid(g)?;
+        // SAFETY: every view is a live range of this stream's device with
+        // exactly its shape's length (checked above), typed views are
+        // aligned to their element, `out` is borrowed mutably (nothing else
+        // writes it) and the call is not zero-sized.
+        unsafe {
+            self.backend().run(
+                &KernelOp::Conv3d {
+                    kernel,
+                    args: &launch,
+                },
+                self.raw(),
+            )
+        }
+    }
+
+    /// Queues the vendor library's convolution (MIOpen on HIP, cuDNN on
+    /// CUDA) of `g` on this stream; `weight` is in the standard layout. The
+    /// backend may wait for the stream before returning (it frees its
+    /// workspace).
+    ///
+    /// Errors: as [`Stream::conv3d`]; [`Error::VendorUnavailable`] when the
+    /// backend has no vendor library here; the library's own error
+    /// ([`Error::Conv3dMiopen`], `Error::Conv3dCudnn`) when it refuses the
+    /// call (no algorithm for these parameters, ...).
+    pub fn conv3d_vendor<T: Element>(
+        &self,
+        g: &Conv3dGeometry,
+        input: &DeviceView<'_, T>,
+        weight: &DeviceView<'_, T>,
+        bias: Option<DeviceView<'_, f32>>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let launch = self.conv3d_launch(
+            "conv3d_vendor",
+            Conv3dWeightLayout::Standard,
+            g,
+            input,
+            weight,
+            bias,
+            out,
+        )?;
+        if let Some(reason) = Conv3dKernel::Naive.unsupported(g) {
+            return Err(Error::Conv3dTier {
+                tier: "vendor",
+                reason,
+            });
+        }
+        // SAFETY: as in `conv3d`.
+        unsafe {
+            self.backend()
+                .run(&KernelOp::Conv3dVendor { args: &launch }, self.raw())
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! What a device is and the raw handles backends pass around: [`BackendKind`],
+//! [`DeviceInfo`], [`KernelCaps`], [`DevicePtr`], [`RawStream`], [`RawEvent`],
+//! [`ConvertOp`].
+
+use super::VisibleDevices;
+use crate::dtype::DType;
+
+/// Which implementation runs a [`Device`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum BackendKind {
+    /// The CPU: device memory is host memory, kernels are `crate::convert`.
+    Host,
+    /// AMD GPUs through the HIP runtime (feature `hip`).
+    Hip,
+    /// NVIDIA GPUs through the CUDA driver and NVRTC (feature `cuda`).
+    Cuda,
+}
+
+impl BackendKind {
+    /// The backend's lowercase name (`"host"`, `"hip"`, `"cuda"`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Hip => "hip",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+
+    /// Whether this build contains the backend (its cargo feature is on).
+    pub const fn is_built(self) -> bool {
+        match self {
+            BackendKind::Host => true,
+            BackendKind::Hip => cfg!(feature = "hip"),
+            BackendKind::Cuda => cfg!(feature = "cuda"),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a backend reports about its device.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// The backend.
+    pub kind: BackendKind,
+    /// The ordinal the device was opened with (after the runtime applied
+    /// `HIP_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES`).
+    pub ordinal: usize,
+    /// The device's name as the runtime gives it.
+    pub name: String,
+    /// The architecture: `gfx90a`, `gfx1151` (HIP), `sm_90` (CUDA), `host`.
+    pub arch: String,
+    /// Total device memory in bytes (0 where unknown).
+    pub total_memory: u64,
+    /// Compute units / streaming multiprocessors (sizes kernel grids).
+    pub multiprocessors: u32,
+    /// The visibility variable in effect and what this ordinal maps to.
+    pub visible: VisibleDevices,
+}
+
+/// A device address as the backend hands it out (the host backend: a host
+/// address). Only meaningful to the backend that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The address `bytes` further on.
+    pub const fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0.wrapping_add(bytes))
+    }
+}
+
+/// A backend's stream handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawStream(pub u64);
+
+/// A backend's event handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawEvent(pub u64);
+
+/// The dtypes of an elementwise conversion kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct ConvertOp {
+    /// Source dtype.
+    pub from: DType,
+    /// Destination dtype.
+    pub to: DType,
+}
+
+impl ConvertOp {
+    /// The conversions the device kernels implement: bf16/f16 -> f32 and
+    /// f32 -> bf16/f16.
+    pub const DEVICE: [ConvertOp; 4] = [
+        ConvertOp {
+            from: DType::BF16,
+            to: DType::F32,
+        },
+        ConvertOp {
+            from: DType::F16,
+            to: DType::F32,
+        },
+        ConvertOp {
+            from: DType::F32,
+            to: DType::BF16,
+        },
+        ConvertOp {
+            from: DType::F32,
+            to: DType::F16,
+        },
+    ];
+
+    /// Whether a device kernel implements this conversion.
+    pub fn on_device(self) -> bool {
+        Self::DEVICE.contains(&self)
+    }
+
+    /// The kernel symbol, `convert_{src}_{dst}`.
+    pub fn symbol(self) -> Option<&'static str> {
+        Some(match (self.from, self.to) {
+            (DType::BF16, DType::F32) => "convert_bf16_f32",
+            (DType::F16, DType::F32) => "convert_f16_f32",
+            (DType::F32, DType::BF16) => "convert_f32_bf16",
+            (DType::F32, DType::F16) => "convert_f32_f16",
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for ConvertOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}->{}",
+            self.from.name().to_lowercase(),
+            self.to.name().to_lowercase()
+        )
+    }
+}
+
+/// How a backend obtains its kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum KernelCode {
+    /// No device code: the kernels are the CPU implementations (host).
+    Cpu,
+    /// Code objects compiled at build time and embedded in the binary, one
+    /// per GPU architecture (HIP: `hipcc --genco` / clang in build.rs).
+    Embedded,
+    /// Compiled at run time for the device found (CUDA: NVRTC, or PTX from
+    /// nvcc that the driver finishes), kept in the kernel cache on disk
+    /// ([`crate::device::kernel_cache`]).
+    RunTime,
+}
+
+/// What a backend's kernels can do: the declaration the weight-layout
+/// choice and the conv3d tiers query, so that no caller tests backend names
+/// or build features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct KernelCaps {
+    /// How the kernels are obtained.
+    pub code: KernelCode,
+    /// Separately loaded kernel modules (each loaded on first use). 0 on
+    /// the host; 1 on HIP (one code object); 2 on CUDA (conversions, then
+    /// conv3d, so a process that only converts never compiles conv3d).
+    pub modules: usize,
+    /// The tiled conv3d kernel has a bf16 tensor-core variant on this
+    /// device (CUDA sm_80 and newer), which reads its weight packed
+    /// ([`crate::device::Conv3dWeightLayout::TiledPacked`]).
+    pub bf16_tensor_cores: bool,
+    /// The vendor convolution library this backend calls (`"miopen"`,
+    /// `"cudnn"`: also the conv3d chain's name for its vendor tier), whether
+    /// or not it is installed; `None` when it has none.
+    pub vendor_library: Option<&'static str>,
+}
+
+impl KernelCaps {
+    /// The host backend's: CPU code, no modules, no vendor library.
+    pub const HOST: KernelCaps = KernelCaps {
+        code: KernelCode::Cpu,
+        modules: 0,
+        bf16_tensor_cores: false,
+        vendor_library: None,
+    };
+}
+
+/// How the kernels of a device were obtained (the first module loaded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum KernelSource {
+    /// The CPU implementations (host backend).
+    Cpu,
+    /// A code object embedded at build time for this device's arch (HIP).
+    Embedded,
+    /// PTX built by nvcc at build time (CUDA).
+    Nvcc,
+    /// Compiled at run time in this process (first use for this target).
+    Compiled,
+    /// Run-time compiler output reused from this process's cache.
+    ProcessCache,
+    /// Run-time compiler output of an earlier process, read from the
+    /// kernel cache on disk ([`crate::device::kernel_cache::dir`]).
+    DiskCache,
+}

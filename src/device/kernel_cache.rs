@@ -1,0 +1,308 @@
+//! The kernel cache: kernels a runtime compiles at run time (CUDA's NVRTC
+//! today; an AMD path through hipRTC would use it the same way), kept for the
+//! process and on disk, keyed by source, target and options.
+//!
+//! Compiling the kernels takes NVRTC about 0.2 s per module and process on
+//! an H100 machine (ptxas several seconds more on a cold machine); a cached
+//! copy takes a file read. A cached file is named after the hash of the
+//! kernel source, target and options it was built from and carries a
+//! fingerprint of its contents, checked before use; a file that fails the
+//! check, or that the driver refuses, is compiled again. Every verified call
+//! still runs the device's exhaustive self-test on the kernels, whichever
+//! way they were obtained.
+#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use super::info::KernelSource;
+use crate::error::Result;
+
+/// The environment variable naming the directory of the kernel cache on
+/// disk; set to an empty value to turn the disk cache off.
+pub const CACHE_DIR_VAR: &str = "ROCM_SAFE_CACHE_DIR";
+
+/// Where compiled kernels are kept between processes:
+/// `$ROCM_SAFE_CACHE_DIR` (`None` when set but empty: no disk cache), else
+/// `$XDG_CACHE_HOME/rocm-safe`, else `$HOME/.cache/rocm-safe`.
+pub fn dir() -> Option<PathBuf> {
+    dir_from(
+        std::env::var_os(CACHE_DIR_VAR),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
+fn dir_from(
+    own: Option<OsString>,
+    xdg: Option<OsString>,
+    home: Option<OsString>,
+) -> Option<PathBuf> {
+    match own {
+        Some(d) if d.is_empty() => None,
+        Some(d) => Some(PathBuf::from(d)),
+        None => match (xdg, home) {
+            (Some(x), _) if !x.is_empty() => Some(PathBuf::from(x).join("rocm-safe")),
+            (_, Some(h)) if !h.is_empty() => Some(PathBuf::from(h).join(".cache/rocm-safe")),
+            _ => None,
+        },
+    }
+}
+
+/// What is being compiled: the file names and keys of the cache come from
+/// it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    /// The runtime (`"cuda"`): the first part of a cached file's name.
+    pub(crate) runtime: &'static str,
+    /// The compiler (`"nvrtc"`): part of the key and the file header.
+    pub(crate) compiler: &'static str,
+    /// The output's kind and file extension (`"ptx"`).
+    pub(crate) ext: &'static str,
+    /// The module (`"core"`, `"conv3d"`).
+    pub(crate) module: &'static str,
+    /// The target (`"compute_90"`).
+    pub(crate) target: &'a str,
+    /// The kernel source.
+    pub(crate) source: &'a str,
+    /// The compiler's options.
+    pub(crate) options: &'a [String],
+}
+
+impl Request<'_> {
+    /// The disk cache's key.
+    fn key(&self) -> u64 {
+        let mut bytes = Vec::with_capacity(self.source.len() + 256);
+        bytes
+            .extend_from_slice(format!("rocm-safe {} {} v1\0", self.compiler, self.ext).as_bytes());
+        bytes.extend_from_slice(self.target.as_bytes());
+        for o in self.options {
+            bytes.push(0);
+            bytes.extend_from_slice(o.as_bytes());
+        }
+        bytes.push(0);
+        bytes.extend_from_slice(self.source.as_bytes());
+        crate::convert::fingerprint::fingerprint_bytes(&bytes).0
+    }
+
+    /// `module-target`, the process cache's key and part of the file name.
+    fn name(&self) -> String {
+        format!("{}-{}", self.module, self.target)
+    }
+
+    fn file(&self, dir: &Path, key: u64) -> PathBuf {
+        dir.join(format!(
+            "{}-{}-{key:016x}.{}",
+            self.runtime,
+            self.name(),
+            self.ext
+        ))
+    }
+
+    /// The first line of a cached file: the key and the fingerprint of the
+    /// contents that follow.
+    fn header(&self, key: u64, data: &[u8]) -> String {
+        let fp = crate::convert::fingerprint::fingerprint_bytes(data);
+        format!("// rocm-safe {} cache {key:016x} {fp}\n", self.compiler)
+    }
+
+    /// The contents of a cached file's `bytes` when its header matches
+    /// `key` and the contents' fingerprint.
+    fn parse<'b>(&self, bytes: &'b [u8], key: u64) -> Option<&'b [u8]> {
+        let nl = bytes.iter().position(|&b| b == b'\n')?;
+        let (head, data) = (bytes.get(..nl)?, bytes.get(nl + 1..)?);
+        let want = self.header(key, data);
+        (want.trim_end().as_bytes() == head && !data.is_empty()).then_some(data)
+    }
+
+    fn read(&self, dir: &Path, key: u64) -> Option<Vec<u8>> {
+        let bytes = std::fs::read(self.file(dir, key)).ok()?;
+        self.parse(&bytes, key).map(<[u8]>::to_vec)
+    }
+
+    /// Writes `data` into the cache (a temporary file renamed into place, so
+    /// a reader never sees half a file). Failures only cost a later compile.
+    fn write(&self, dir: &Path, key: u64, data: &[u8]) {
+        let path = self.file(dir, key);
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let mut contents = self.header(key, data).into_bytes();
+        contents.extend_from_slice(data);
+        let r = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&tmp, &contents))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = r {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::debug!(path = %path.display(), error = %e, "kernel cache not written");
+        }
+    }
+}
+
+/// Compiled kernels of this process, per `runtime-module-target`.
+fn process_cache() -> &'static Mutex<HashMap<String, Vec<u8>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// `req` compiled: with `cached`, from this process's cache, then the disk
+/// cache in `dir` (normally [`dir()`]; `None`: no disk cache), else by
+/// `compile`, whose output goes to both caches. `cached: false` compiles
+/// afresh (for output the driver refused).
+pub(crate) fn get_or_compile(
+    req: &Request<'_>,
+    dir: Option<&Path>,
+    cached: bool,
+    compile: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<(Vec<u8>, KernelSource)> {
+    let mut cache = match process_cache().lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    let name = format!("{}-{}", req.runtime, req.name());
+    if cached {
+        if let Some(p) = cache.get(&name) {
+            return Ok((p.clone(), KernelSource::ProcessCache));
+        }
+    }
+    // The key hashes the whole source: only when the disk is consulted.
+    let key = req.key();
+    if cached {
+        if let Some(p) = dir.and_then(|d| req.read(d, key)) {
+            cache.insert(name, p.clone());
+            return Ok((p, KernelSource::DiskCache));
+        }
+    }
+    let out = compile()?;
+    if let Some(d) = dir {
+        req.write(d, key, &out);
+    }
+    cache.insert(name, out.clone());
+    Ok((out, KernelSource::Compiled))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(s: &str) -> Option<OsString> {
+        Some(OsString::from(s))
+    }
+
+    fn req<'a>(target: &'a str, source: &'a str, options: &'a [String]) -> Request<'a> {
+        Request {
+            runtime: "cuda",
+            compiler: "nvrtc",
+            ext: "ptx",
+            module: "core",
+            target,
+            source,
+            options,
+        }
+    }
+
+    #[test]
+    fn cache_dir_follows_the_environment() {
+        assert_eq!(
+            dir_from(os("/c"), os("/x"), os("/h")),
+            Some(PathBuf::from("/c"))
+        );
+        assert_eq!(dir_from(os(""), os("/x"), os("/h")), None);
+        assert_eq!(
+            dir_from(None, os("/x"), os("/h")),
+            Some(PathBuf::from("/x/rocm-safe"))
+        );
+        assert_eq!(
+            dir_from(None, os(""), os("/h")),
+            Some(PathBuf::from("/h/.cache/rocm-safe"))
+        );
+        assert_eq!(dir_from(None, None, None), None);
+    }
+
+    #[test]
+    fn keys_depend_on_source_target_and_options() {
+        let (o, o2) = (vec!["-a".to_owned()], vec!["-b".to_owned()]);
+        let k = req("compute_90", "src", &o).key();
+        assert_eq!(k, req("compute_90", "src", &o).key());
+        assert_ne!(k, req("compute_90", "src2", &o).key());
+        assert_ne!(k, req("compute_80", "src", &o).key());
+        assert_ne!(k, req("compute_90", "src", &o2).key());
+        let mut other = req("compute_90", "src", &o);
+        other.compiler = "hiprtc";
+        assert_ne!(k, other.key());
+    }
+
+    #[test]
+    fn cached_output_round_trips_and_damage_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let ptx = b"//\n.version 8.0\n.target sm_90\n.entry f() { ret; }\n";
+        let r90 = req("compute_90", "s", &[]);
+        assert_eq!(r90.read(dir.path(), 7), None);
+        r90.write(dir.path(), 7, ptx);
+        assert_eq!(r90.read(dir.path(), 7).as_deref(), Some(&ptx[..]));
+        // Another key or target: another file.
+        assert_eq!(r90.read(dir.path(), 8), None);
+        assert_eq!(req("compute_80", "s", &[]).read(dir.path(), 7), None);
+        // No temporary file left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        // A changed byte, a cut file, a foreign header: rejected.
+        let path = r90.file(dir.path(), 7);
+        let text = std::fs::read_to_string(&path).unwrap();
+        for bad in [
+            text.replace("sm_90", "sm_91"),
+            text[..text.len() - 5].to_owned(),
+            text.replacen("rocm-safe", "rocm-save", 1),
+            String::from_utf8(ptx.to_vec()).unwrap(),
+        ] {
+            std::fs::write(&path, &bad).unwrap();
+            assert_eq!(r90.read(dir.path(), 7), None, "{bad}");
+        }
+        // A directory that cannot be created: nothing written, no panic.
+        let file = dir.path().join("plain-file");
+        std::fs::write(&file, b"x").unwrap();
+        r90.write(&file.join("sub"), 7, ptx);
+        assert_eq!(r90.read(&file.join("sub"), 7), None);
+    }
+
+    #[test]
+    fn get_or_compile_compiles_once_then_reads_the_caches() {
+        let dir = tempfile::tempdir().unwrap();
+        // A target of its own, so the process cache starts empty for it.
+        let target = format!("test-{}", std::process::id());
+        let mut r = req(&target, "unique source", &[]);
+        r.runtime = "unit";
+        let mut runs = 0;
+        let mut compile = || {
+            runs += 1;
+            Ok(b"code".to_vec())
+        };
+        let d = Some(dir.path());
+        let (a, s1) = get_or_compile(&r, d, true, &mut compile).unwrap();
+        let (b, s2) = get_or_compile(&r, d, true, &mut compile).unwrap();
+        let (c, s3) = get_or_compile(&r, d, false, &mut compile).unwrap();
+        assert_eq!(s1, KernelSource::Compiled);
+        assert_eq!(s2, KernelSource::ProcessCache);
+        assert_eq!(s3, KernelSource::Compiled);
+        assert_eq!(runs, 2);
+        for out in [a, b, c] {
+            assert_eq!(out, b"code");
+        }
+        // The compiled output reached the disk cache.
+        assert_eq!(r.read(dir.path(), r.key()).as_deref(), Some(&b"code"[..]));
+        // A failing compiler's error comes back, and nothing is cached.
+        let mut r2 = r;
+        r2.module = "other";
+        let e = get_or_compile(&r2, d, true, || {
+            Err(crate::Error::BackendUnsupported {
+                backend: "unit",
+                op: "compile",
+            })
+        });
+        assert!(e.is_err());
+        assert_eq!(r2.read(dir.path(), r2.key()), None);
+    }
+}

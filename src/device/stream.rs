@@ -1,0 +1,162 @@
+//! [`Stream`] (a queue of device work) and [`Event`] (a point in it).
+
+use std::sync::Arc;
+
+use super::backend::Backend;
+use super::buffer::DeviceBuffer;
+use super::handle::{byte_len, Device};
+use super::info::{DevicePtr, RawEvent, RawStream};
+use crate::error::{Error, Result};
+
+struct StreamInner {
+    device: Device,
+    raw: RawStream,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        let b = self.device.backend();
+        // SAFETY: the stream was created by this backend and this is its only
+        // destruction (StreamInner is shared through an Arc and dropped once).
+        let r = unsafe { b.stream_synchronize(self.raw) }
+            // SAFETY: as above; nothing uses the handle after this.
+            .and_then(|_| unsafe { b.stream_destroy(self.raw) });
+        if let Err(e) = r {
+            self.device.record_err(e);
+        }
+    }
+}
+
+/// A queue of device work. Cloning shares the same stream.
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<StreamInner>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("raw", &self.inner.raw)
+            .finish()
+    }
+}
+
+impl Stream {
+    /// A new stream of `device` (owned: destroyed when the last clone goes).
+    pub(super) fn create(device: &Device) -> Result<Stream> {
+        let raw = device.backend().stream_create()?;
+        Ok(Stream {
+            inner: Arc::new(StreamInner {
+                device: device.clone(),
+                raw,
+            }),
+        })
+    }
+
+    /// The stream's device.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// The raw handle.
+    pub fn raw(&self) -> RawStream {
+        self.inner.raw
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.inner.device.backend()
+    }
+
+    pub(crate) fn check_device(&self, op: &'static str, other: &Device) -> Result<()> {
+        if self.device().same(other) {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch { op })
+        }
+    }
+
+    /// Waits until all work queued on this stream is done.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the handle is live while `self.inner` is.
+        unsafe { self.backend().stream_synchronize(self.raw()) }
+    }
+
+    /// Records `event` at the current end of this stream.
+    pub fn record(&self, event: &Event) -> Result<()> {
+        self.check_device("record", &event.device)?;
+        // SAFETY: both handles are live (owned by `self` and `event`) and
+        // belong to this device.
+        unsafe { self.backend().event_record(event.raw, self.raw()) }
+    }
+
+    /// Makes later work on this stream wait for `event`.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        self.check_device("wait", &event.device)?;
+        // SAFETY: both handles are live and belong to this device.
+        unsafe { self.backend().stream_wait_event(self.raw(), event.raw) }
+    }
+
+    /// Allocates `len` elements on this stream's device. The contents are
+    /// unspecified (zeros on the host backend).
+    pub fn alloc<T: bytemuck::Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let bytes = byte_len::<T>("alloc", len)?;
+        let ptr = if bytes == 0 {
+            DevicePtr(0)
+        } else {
+            self.backend().alloc(bytes)?
+        };
+        Ok(DeviceBuffer::from_alloc(ptr, len, self.clone()))
+    }
+
+    /// Allocates `len` zeroed elements.
+    pub fn alloc_zeros<T: bytemuck::Pod>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let mut b = self.alloc::<T>(len)?;
+        b.memset_zero()?;
+        Ok(b)
+    }
+
+    /// Allocates and fills a buffer from a host slice (synchronous).
+    pub fn clone_htod<T: bytemuck::Pod>(&self, src: &[T]) -> Result<DeviceBuffer<T>> {
+        let mut b = self.alloc::<T>(src.len())?;
+        b.copy_htod(src)?;
+        Ok(b)
+    }
+}
+
+/// A point in a stream's work.
+pub struct Event {
+    pub(super) device: Device,
+    pub(super) raw: RawEvent,
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event").field("raw", &self.raw).finish()
+    }
+}
+
+impl Event {
+    /// Waits until the work before the last record is done.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the handle is live while `self` is.
+        unsafe { self.device.backend().event_synchronize(self.raw) }
+    }
+
+    /// Milliseconds from `self` to `end` (both recorded and complete).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        if !self.device.same(&end.device) {
+            return Err(Error::DeviceMismatch { op: "elapsed_ms" });
+        }
+        // SAFETY: both handles are live and of this device.
+        unsafe { self.device.backend().event_elapsed_ms(self.raw, end.raw) }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: the event is live and destroyed only here.
+        if let Err(e) = unsafe { self.device.backend().event_destroy(self.raw) } {
+            self.device.record_err(e);
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Vendor convolution libraries (MIOpen on HIP, cuDNN on CUDA): the
+//! [`VendorConv`] interface each binds, the buffers kept between calls, and
+//! the vendor call both GPU runtimes make ([`vendor_conv3d`]).
+#![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
+
+#[cfg(feature = "cuda")]
+pub(crate) mod cudnn;
+#[cfg(any(feature = "hip", test))]
+pub(crate) mod miopen;
+
+use super::backend::Driver;
+use super::conv3d::Conv3dLaunch;
+use super::info::{DevicePtr, RawStream};
+use super::kernels::KernelCall;
+use crate::dtype::DType;
+use crate::error::Result;
+
+/// A vendor convolution library bound by a backend (MIOpen, cuDNN): plans
+/// per (geometry, dtype) and a forward call writing the input's dtype.
+pub(crate) trait VendorConv {
+    /// The workspace bytes `a` needs (sets up its plan on first use).
+    fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize>;
+    /// Queues the convolution of `a` into `y` (of `a.dtype`) on `stream`.
+    ///
+    /// # Safety
+    /// `a`'s input and weight are live device ranges of their shapes, `y`
+    /// holds the output in `a.dtype` and is not accessed otherwise until
+    /// the stream reaches the call, `workspace` holds at least
+    /// `self.workspace(a)` bytes (unused when that is 0), `stream` is live.
+    unsafe fn forward(
+        &mut self,
+        a: &Conv3dLaunch,
+        stream: RawStream,
+        y: DevicePtr,
+        workspace: DevicePtr,
+    ) -> Result<()>;
+    /// The device buffers kept between calls ([`vendor_conv3d`]).
+    fn buffers(&mut self) -> &mut VendorBuffers;
+}
+
+/// Largest buffer the vendor tier keeps between calls: smaller scratch
+/// outputs and workspaces are reused by the next call instead of being
+/// allocated and freed around each one; larger ones (a video VAE's
+/// full-resolution layers) are freed at once so the device memory goes
+/// back to the caller.
+pub(crate) const VENDOR_KEEP_MAX: usize = 256 << 20;
+
+/// The vendor tier's bf16 scratch output and library workspace, kept
+/// between calls when at most [`VENDOR_KEEP_MAX`] bytes. Owned by the
+/// library state of one device; the backend frees them
+/// ([`VendorBuffers::release`]) before it drops that state.
+#[derive(Debug, Default)]
+pub(crate) struct VendorBuffers {
+    scratch: Option<(DevicePtr, usize)>,
+    workspace: Option<(DevicePtr, usize)>,
+}
+
+impl VendorBuffers {
+    /// Frees the kept buffers.
+    ///
+    /// # Safety
+    /// They belong to `backend`'s device and no queued work uses them (every
+    /// vendor call waits for its stream before it returns).
+    pub(crate) unsafe fn release(&mut self, backend: &dyn Driver) -> Result<()> {
+        let a = self.scratch.take();
+        let b = self.workspace.take();
+        // SAFETY: the caller's guarantees.
+        let ra = unsafe { free_kept(backend, a) };
+        // SAFETY: as above.
+        let rb = unsafe { free_kept(backend, b) };
+        ra.and(rb)
+    }
+}
+
+/// # Safety
+/// `kept` (when some) was allocated on `backend` with its byte count and
+/// nothing queued uses it.
+unsafe fn free_kept(backend: &dyn Driver, kept: Option<(DevicePtr, usize)>) -> Result<()> {
+    match kept {
+        // SAFETY: the caller's guarantees.
+        Some((p, n)) => unsafe { backend.free(p, n) },
+        None => Ok(()),
+    }
+}
+
+/// A buffer of at least `bytes` (none for 0): the kept one when it is large
+/// enough, else a new allocation (the kept one freed first, so both never
+/// hold device memory at once). Returns the pointer and its byte count.
+///
+/// # Safety
+/// As [`free_kept`] for `slot`'s buffer.
+unsafe fn take_buffer(
+    backend: &dyn Driver,
+    slot: &mut Option<(DevicePtr, usize)>,
+    bytes: usize,
+) -> Result<Option<(DevicePtr, usize)>> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    match slot.take() {
+        Some((p, n)) if n >= bytes => Ok(Some((p, n))),
+        old => {
+            // SAFETY: the caller's guarantees.
+            unsafe { free_kept(backend, old) }?;
+            Ok(Some((backend.alloc(bytes)?, bytes)))
+        }
+    }
+}
+
+/// The vendor call both GPU backends make: for bf16 a bf16 scratch output
+/// (the libraries write the input's dtype), the workspace, the library's
+/// forward, the epilogue kernel (`conv3d_widen_bias_bf16` for bf16, else
+/// `conv3d_bias_f32` when there is a bias) through `launch`, then a wait
+/// for `s`. The scratch and workspace are the library state's kept buffers
+/// ([`VendorBuffers`]) when large enough; after the wait they are kept for
+/// the next call (at most [`VENDOR_KEEP_MAX`] bytes each) or freed. When
+/// the wait fails they are leaked, never freed or reused under a kernel
+/// that may still run.
+///
+/// # Safety
+/// As [`crate::device::Backend::conv3d_vendor`] for `a` and `s` on `backend`;
+/// `launch` queues a kernel call on `s` of `backend`, and `lib` belongs to
+/// `backend`'s device, which is current.
+pub(crate) unsafe fn vendor_conv3d(
+    backend: &dyn Driver,
+    lib: &mut dyn VendorConv,
+    a: &Conv3dLaunch,
+    s: RawStream,
+    launch: &dyn Fn(KernelCall) -> Result<()>,
+) -> Result<()> {
+    let mps = backend.info().multiprocessors;
+    let ws_bytes = lib.workspace(a)?;
+    let scratch_bytes = match a.dtype {
+        DType::BF16 => a.geometry.output_len() * 2,
+        _ => 0,
+    };
+    let bufs = lib.buffers();
+    // SAFETY: the kept buffers are this device's and idle (every call
+    // waits for its stream before returning).
+    let scratch = unsafe { take_buffer(backend, &mut bufs.scratch, scratch_bytes) }?;
+    // SAFETY: as above.
+    let ws = match unsafe { take_buffer(backend, &mut bufs.workspace, ws_bytes) } {
+        Ok(w) => w,
+        Err(e) => {
+            // SAFETY: `scratch` came from `take_buffer` and nothing was
+            // queued on it yet.
+            let _ = unsafe { free_kept(backend, scratch) };
+            return Err(e);
+        }
+    };
+    let run = (|| {
+        let y = scratch.map_or(a.output, |(p, _)| p);
+        // SAFETY: input and weight are the caller's live ranges; `y` is the
+        // caller's f32 output or a bf16 scratch of at least the output's
+        // length; the workspace has at least the size the library asked
+        // for; `s` is live.
+        unsafe { lib.forward(a, s, y, ws.map_or(DevicePtr(0), |(p, _)| p)) }?;
+        match (scratch, a.bias) {
+            (Some((src, _)), _) => launch(KernelCall::conv3d_widen_bias(a, src, mps)),
+            (None, Some(b)) => launch(KernelCall::conv3d_bias(a, b, mps)),
+            (None, None) => Ok(()),
+        }
+    })();
+    // SAFETY: `s` is live (caller).
+    let synced = unsafe { backend.stream_synchronize(s) };
+    if synced.is_err() {
+        // Possibly still in use: leaked, neither freed nor kept.
+        run?;
+        return synced;
+    }
+    let bufs = lib.buffers();
+    let keep = |slot: &mut Option<(DevicePtr, usize)>, b: Option<(DevicePtr, usize)>| match b {
+        Some((p, n)) if n <= VENDOR_KEEP_MAX => {
+            *slot = Some((p, n));
+            Ok(())
+        }
+        // SAFETY: allocated on `backend` with `n` bytes; the stream that
+        // used it is idle.
+        other => unsafe { free_kept(backend, other) },
+    };
+    let kept_scratch = keep(&mut bufs.scratch, scratch);
+    let kept_ws = keep(&mut bufs.workspace, ws);
+    run?;
+    kept_scratch?;
+    kept_ws
+}
+
+// ----- host emulation ------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vendor_buffers_are_reused_when_large_enough_and_replaced_otherwise() {
+        let b = crate::device::host::HostBackend::new();
+        let mut kept = VendorBuffers::default();
+        // SAFETY: host "device" memory of `b`, used by no queued work.
+        let none = unsafe { take_buffer(&b, &mut kept.scratch, 0) }.unwrap();
+        assert!(none.is_none());
+        // SAFETY: host "device" memory of `b`, used by no queued work.
+        let first = unsafe { take_buffer(&b, &mut kept.scratch, 1000) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.1, 1000);
+        assert!(kept.scratch.is_none(), "taken, not kept, while in use");
+        kept.scratch = Some(first);
+        // Smaller: the same buffer.
+        // SAFETY: host "device" memory of `b`, used by no queued work.
+        let again = unsafe { take_buffer(&b, &mut kept.scratch, 600) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(again, first);
+        kept.scratch = Some(again);
+        // Larger: a new buffer of the new size (the old one freed first).
+        // SAFETY: host "device" memory of `b`, used by no queued work.
+        let bigger = unsafe { take_buffer(&b, &mut kept.scratch, 5000) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(bigger.1, 5000);
+        assert!(kept.scratch.is_none());
+        kept.scratch = Some(bigger);
+        kept.workspace = Some((crate::device::Driver::alloc(&b, 64).unwrap(), 64));
+        // SAFETY: host "device" memory of `b`, used by no queued work.
+        unsafe { kept.release(&b) }.unwrap();
+        assert!(kept.scratch.is_none() && kept.workspace.is_none());
+    }
+}
