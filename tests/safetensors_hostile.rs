@@ -278,7 +278,7 @@ fn swapping_a_shard_symlink_never_lets_a_read_escape_the_folder() {
             let tmp = ckdir.join("s.tmp-link");
             let mut flips = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let target: &Path = if flips % 2 == 0 {
+                let target: &Path = if flips.is_multiple_of(2) {
                     &secret
                 } else {
                     Path::new("inside.safetensors")
