@@ -139,10 +139,12 @@ impl SafeTensors {
     /// Detected: any write, truncation, regrowth, `utimes` or metadata
     /// change after open (the change time moves), including a rewrite
     /// that restores size and modification time. Not detected: a change
-    /// within the same clock tick as the open's `fstat` (the file
-    /// system's timestamp granularity, about a millisecond) whose bytes
-    /// were then read before it happened; writes through a shared memory
-    /// map not yet written back. Metadata-only changes (`chmod`, a new
+    /// that keeps the size and falls in the same timestamp tick as the
+    /// file's previous change (the kernel's coarse clock, a few
+    /// milliseconds: the times do not move), e.g. a file still being
+    /// written when it was opened; writes through a shared memory map not
+    /// yet written back; a change after the last check (reads already
+    /// returned stay as they were). Metadata-only changes (`chmod`, a new
     /// hard link) are reported too: a false alarm rather than a mixed read.
     ///
     /// Errors: [`Error::FileChanged`], [`Error::Io`] when `fstat` fails.
