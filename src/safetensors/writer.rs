@@ -193,6 +193,11 @@ impl SafeTensorsWriter {
             specs.push((spec, size));
         }
         let header = header_json(&path, &specs, metadata)?;
+        let file_name = path.file_name().ok_or_else(|| Error::Io {
+            path: path.clone(),
+            op: "create",
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"),
+        })?;
         check_output(&path, &options.inputs)?;
         if options
             .cancel
@@ -201,12 +206,6 @@ impl SafeTensorsWriter {
         {
             return Err(Error::Cancelled { path });
         }
-
-        let file_name = path.file_name().ok_or_else(|| Error::Io {
-            path: path.clone(),
-            op: "create",
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"),
-        })?;
         // pid plus a per-process counter: two writers never share a name.
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let seq = NEXT.fetch_add(1, Ordering::Relaxed);
