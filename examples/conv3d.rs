@@ -17,13 +17,24 @@
 //! Contract: exit 0 on success. Bad shapes, parameters or tensor names, or
 //! no tier serving: exit 1 with one line on stderr, and OUTPUT is not
 //! created. Exit 2 on a usage error.
+//!
+//! Also exit 1, nothing written: an OUTPUT that is the INPUT file (through
+//! `..`, symlinks or hard links) or an existing non-regular file; an INPUT
+//! that is not a regular file; buffers larger than this machine's memory
+//! (a huge padding); a result that overflows f32 although every input is
+//! finite (`Conv3dOverflow`, a fact about the inputs: no tier is blamed).
+//! SIGINT, SIGTERM and SIGHUP remove the temporary file and exit with
+//! 128 + the signal.
+
+#[path = "common/signals.rs"]
+mod signals;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use rocm_safe::conv3d::{Conv3dChain, Conv3dData, Conv3dParams, Conv3dProblem, TierKind};
 use rocm_safe::device::{BackendKind, Device};
-use rocm_safe::safetensors::{SafeTensors, SafeTensorsWriter, TensorSpec};
+use rocm_safe::safetensors::{SafeTensors, SafeTensorsWriter, TensorSpec, WriteOptions};
 use rocm_safe::{DType, Error};
 
 const USAGE: &str =
@@ -150,7 +161,10 @@ impl Owned {
     }
 }
 
-fn run(args: &Args) -> Result<String, Error> {
+fn run(
+    args: &Args,
+    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Result<String, Error> {
     let f = SafeTensors::open(&args.file)?;
     let (xs, ws) = (shape(&f, &args.input)?, shape(&f, &args.weight)?);
     let both_bf16 =
@@ -198,13 +212,27 @@ fn run(args: &Args) -> Result<String, Error> {
         .iter()
         .map(|&d| d as u64)
         .collect();
-    let mut writer = SafeTensorsWriter::create(
+    let options = WriteOptions::default()
+        .with_inputs([f.file_id()])
+        .with_cancel(cancel);
+    let mut writer = SafeTensorsWriter::create_with(
         &args.output,
         [TensorSpec::new("output", DType::F32, out_shape)],
         None,
+        options,
     )?;
-    let bytes: Vec<u8> = out.iter().flat_map(|v| v.to_le_bytes()).collect();
-    writer.write_tensor("output", &bytes)?;
+    // In pieces of 1 MiB: no second copy of the output in memory.
+    let delay = signals::write_delay();
+    let mut bytes = Vec::with_capacity(1 << 20);
+    for piece in out.chunks(1 << 18) {
+        bytes.clear();
+        bytes.extend(piece.iter().flat_map(|v| v.to_le_bytes()));
+        writer.write_chunk("output", &bytes)?;
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
+    }
+    f.check_unchanged()?;
     writer.finish()?;
 
     let mut text = format!(
@@ -236,7 +264,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&args) {
+    let cancel = signals::install();
+    let result = run(&args, cancel);
+    // A signal that arrived after the output was committed changes nothing.
+    if let (Err(_), Some(sig)) = (&result, signals::received()) {
+        eprintln!(
+            "conv3d: interrupted by signal {sig}: temporary file removed, {} not written",
+            args.output.display()
+        );
+        return ExitCode::from(signals::exit_status(sig));
+    }
+    match result {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS

@@ -10,14 +10,26 @@
 //! Contract: exit 0 on success. On bad input: exit 1 with one line on stderr
 //! naming the file (and tensor), and OUTPUT is not created (the data goes to
 //! a temporary file that is renamed only when complete). Exit 2 on a usage
-//! error. Memory: one tensor's output plus the reader's chunk at a time.
+//! error. Memory: two chunks of about 1 MiB, whatever the tensor sizes
+//! (tensors are streamed, never held whole).
+//!
+//! Refused with exit 1, nothing written (the library's checks): an OUTPUT
+//! that is the INPUT, one of its shards or its index (same file through
+//! `..`, symlinks or hard links); an OUTPUT that exists and is not a
+//! regular file (`/dev/null`, a FIFO); an INPUT, index or shard that is not
+//! a regular file (a FIFO is refused at once, never waited on); a file
+//! changed while it is read. SIGINT, SIGTERM and SIGHUP remove the
+//! temporary file and exit with 128 + the signal.
+
+#[path = "common/signals.rs"]
+mod signals;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
+use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec, WriteOptions};
 use rocm_safe::{DType, Error};
 
 const USAGE: &str = "usage: convert INPUT OUTPUT --dtype f32|bf16|f16 [--keep-unsupported]";
@@ -100,7 +112,10 @@ fn target(
     Ok(from)
 }
 
-fn run(args: &Args) -> Result<(usize, u64), Error> {
+fn run(
+    args: &Args,
+    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Result<(usize, u64), Error> {
     let ck = Checkpoint::open(&args.input)?;
     let mut specs = Vec::with_capacity(ck.len());
     let mut total = 0u64;
@@ -116,7 +131,16 @@ fn run(args: &Args) -> Result<(usize, u64), Error> {
         total = total.saturating_add(info.num_bytes());
         specs.push(spec);
     }
-    let mut writer = SafeTensorsWriter::create(&args.output, specs.iter().cloned(), ck.metadata())?;
+    let options = WriteOptions::default()
+        .with_inputs(ck.file_ids())
+        .with_cancel(cancel);
+    let mut writer = SafeTensorsWriter::create_with(
+        &args.output,
+        specs.iter().cloned(),
+        ck.metadata(),
+        options,
+    )?;
+    let delay = signals::write_delay();
     let bar = if std::io::stderr().is_terminal() {
         let b = ProgressBar::new(total);
         if let Ok(style) = ProgressStyle::with_template(
@@ -128,31 +152,23 @@ fn run(args: &Args) -> Result<(usize, u64), Error> {
     } else {
         ProgressBar::hidden()
     };
-    let mut buf: Vec<u8> = Vec::new();
     let mut written = 0u64;
     for ((file, info), spec) in ck.tensors().zip(&specs) {
         bar.set_message(info.name.clone());
-        // The writer computed every output size when it validated the specs.
-        let n = spec
-            .dtype
-            .bytes_for(info.num_elements())
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| Error::TooLargeForPlatform {
-                path: file.path().to_owned(),
-                tensor: info.name.clone(),
-                bytes: info.num_bytes(),
-            })?;
-        buf.clear();
-        buf.resize(n, 0);
-        if spec.dtype == info.dtype {
-            file.read_bytes_into(&info.name, &mut buf)?;
-        } else {
-            file.read_as_bytes_into(&info.name, spec.dtype, &mut buf)?;
-        }
-        writer.write_tensor(&info.name, &buf)?;
-        written += n as u64;
+        // Streamed: one chunk of the source and its conversion at a time.
+        file.for_each_chunk(&info.name, spec.dtype, |piece| {
+            writer.write_chunk(&info.name, piece)?;
+            written = written.saturating_add(piece.len() as u64);
+            if let Some(d) = delay {
+                std::thread::sleep(d);
+            }
+            Ok(())
+        })?;
         bar.inc(info.num_bytes());
     }
+    // Every read checked its file afterwards; check all of them (index
+    // included) once more just before the output is committed.
+    ck.check_unchanged()?;
     writer.finish()?;
     bar.finish_and_clear();
     Ok((specs.len(), written))
@@ -170,7 +186,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&args) {
+    let cancel = signals::install();
+    let result = run(&args, cancel);
+    // A signal that arrived after the output was committed changes nothing.
+    if let (Err(_), Some(sig)) = (&result, signals::received()) {
+        eprintln!(
+            "convert: interrupted by signal {sig}: temporary file removed, {} not written",
+            args.output.display()
+        );
+        return ExitCode::from(signals::exit_status(sig));
+    }
+    match result {
         Ok((n, bytes)) => {
             eprintln!(
                 "convert: wrote {n} tensors ({:.1} MiB of tensor data) to {}",

@@ -63,10 +63,20 @@ fn main() -> ExitCode {
                     _ => return usage(),
                 }
             }
-            "--budget-mib" => match val().parse::<u64>() {
-                Ok(m) => opts.memory_budget = Some(m << 20),
-                Err(_) => return usage(),
-            },
+            "--budget-mib" => {
+                let v = val();
+                // Checked: a value whose byte count overflows u64 is a
+                // usage error, never a wrapped (tiny) budget.
+                match v.parse::<u64>().ok().and_then(|m| m.checked_mul(1 << 20)) {
+                    Some(bytes) => opts.memory_budget = Some(bytes),
+                    None => {
+                        eprintln!(
+                            "load: --budget-mib {v:?}: not a number of MiB that fits in 64 bits of bytes"
+                        );
+                        return usage();
+                    }
+                }
+            }
             "--verbose" => verbose = true,
             _ => return usage(),
         }

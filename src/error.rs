@@ -399,6 +399,77 @@ pub enum Error {
         /// Bytes given.
         actual: u64,
     },
+    /// An input path that is not a regular file: a FIFO, a socket, a
+    /// device node or a folder. It is refused at open, without blocking
+    /// (a FIFO is opened non-blocking, then inspected).
+    #[error("{path}: not a regular file ({kind}): refused")]
+    NotRegularFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is (`"fifo"`, `"character device"`, `"folder"`, ...).
+        kind: &'static str,
+    },
+
+    /// A file changed while it was being read: its identity, size,
+    /// modification time or change time (nanoseconds) differs from when it
+    /// was opened, so the bytes read may mix old and new contents.
+    #[error("{path}: changed while being read{}: {what} differs from when it was opened", tensor.as_ref().map(|t| format!(" (tensor {t:?})")).unwrap_or_default())]
+    FileChanged {
+        /// The file.
+        path: PathBuf,
+        /// The tensor being read when the change was seen, if any.
+        tensor: Option<String>,
+        /// What differs (`"size"`, `"change time"`, ...).
+        what: &'static str,
+    },
+
+    /// A host buffer for a tensor cannot be allocated: larger than the
+    /// machine's memory (RAM plus swap), or refused by the allocator.
+    /// Nothing was allocated and the process goes on.
+    #[error("{path}: tensor {tensor:?}: cannot allocate {bytes} bytes on the host ({reason}; memory: {limit} bytes)")]
+    AllocationFailed {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The size asked for.
+        bytes: u64,
+        /// RAM plus swap of this machine.
+        limit: u64,
+        /// `"larger than memory"` or `"allocator refused"`.
+        reason: &'static str,
+    },
+
+    /// A writer's output is the same file (device and inode) as a file
+    /// being read: a safetensors file or index held open by a reader of
+    /// this process, or one named in the writer's options. Writing it
+    /// would destroy the input; nothing was written.
+    #[error("{path}: output is the same file as the input {input}: refused, nothing written")]
+    OutputIsInput {
+        /// The output path.
+        path: PathBuf,
+        /// The input it resolves to (its path as the reader opened it).
+        input: PathBuf,
+    },
+
+    /// A writer's output exists and is not a regular file (a device node,
+    /// FIFO, socket or folder): it is never replaced; nothing was written.
+    #[error("{path}: output exists and is not a regular file ({kind}): refused, nothing written")]
+    OutputNotRegular {
+        /// The output path.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+
+    /// A write was cancelled through the writer's cancellation flag (for
+    /// example by a signal handler); the temporary file was removed and
+    /// the output was not created.
+    #[error("{path}: write cancelled, temporary file removed, output not created")]
+    Cancelled {
+        /// The output path.
+        path: PathBuf,
+    },
     // ----- devices (src/device) -------------------------------------------
     /// A backend whose cargo feature is off in this build.
     #[error("{backend}: backend not built (enable the `{backend}` feature)")]
@@ -626,6 +697,36 @@ pub enum Error {
         dtype: DType,
         /// The dtype it needs.
         expected: DType,
+    },
+
+    /// A conv3d call whose buffers (output plus the CPU tier's padded
+    /// input copy) are larger than this machine's memory (RAM plus swap):
+    /// refused before anything is allocated.
+    #[error("conv3d: {what} needs {bytes} bytes, more than this machine's memory ({limit} bytes)")]
+    Conv3dTooLarge {
+        /// What is too large (`"output and scratch"`).
+        what: &'static str,
+        /// Bytes it needs (saturating).
+        bytes: u64,
+        /// RAM plus swap of this machine.
+        limit: u64,
+    },
+
+    /// A conv3d whose exact result is beyond the range of f32 at some
+    /// point although every input is finite: the f64 reference at the
+    /// first non-finite output point is larger in magnitude than
+    /// `f32::MAX`. This is a fact about the inputs, not a tier failure:
+    /// no other tier is tried.
+    #[error("conv3d: result overflows f32 at output index {index}: exact value {reference:e} (tier {tier} gave {value})")]
+    Conv3dOverflow {
+        /// Flat output index of the first overflowing point.
+        index: usize,
+        /// The f64 reference value there.
+        reference: f64,
+        /// What the tier computed (an infinity).
+        value: f32,
+        /// The tier whose output showed it.
+        tier: String,
     },
 
     /// A conv3d tier failed for a reason of its own (an internal size check,

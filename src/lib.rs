@@ -3,6 +3,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub(crate) mod alloc;
 pub mod conv3d;
 pub mod convert;
 pub mod device;

@@ -428,7 +428,20 @@ impl Conv3dChain {
     /// On error `out` holds whatever the last tier left there.
     ///
     /// Errors: [`Error::LengthMismatch`] for a wrong `out` length;
-    /// [`Error::Conv3dNoTier`] (carrying the report) when no tier served.
+    /// [`Error::Conv3dNoTier`] (carrying the report) when no tier served;
+    /// [`Error::Conv3dOverflow`] when the exact result overflows f32.
+    ///
+    /// # Non-finite output from finite inputs
+    ///
+    /// With [`Conv3dOptions::scan_non_finite`] on, a NaN or infinity in a
+    /// tier's output while every input is finite is told apart by the f64
+    /// reference at that point: when the exact value is beyond the f32
+    /// range, the infinity is the correctly rounded result, a fact about
+    /// the inputs: the call returns [`Error::Conv3dOverflow`] at once (no
+    /// other tier would do better; the tier is counted as a success and
+    /// `out` holds its result, the infinities included). Otherwise the
+    /// output is corrupt: the tier failed ([`Failure::NonFinite`]) and the
+    /// next tier runs.
     pub fn run_into(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<Conv3dReport> {
         let expected = problem.geometry.output_len();
         if out.len() != expected {
@@ -469,6 +482,21 @@ impl Conv3dChain {
                 Ok(()) => self.check(problem, out, &samples),
             };
             let time = start.elapsed();
+            if let Err(Failure::NonFinite { index, value }) = result {
+                if let Some(reference) = overflow_at(problem, index) {
+                    self.count(i, |s| {
+                        s.attempts += 1;
+                        s.time += time;
+                        s.successes += 1;
+                    });
+                    return Err(Error::Conv3dOverflow {
+                        index,
+                        reference,
+                        value,
+                        tier: tier.name().to_owned(),
+                    });
+                }
+            }
             let served = result.is_ok();
             self.count(i, |s| {
                 s.attempts += 1;
@@ -548,6 +576,14 @@ impl Conv3dChain {
         }
         Ok(())
     }
+}
+
+/// The f64 reference at output `index` when it is beyond the f32 range
+/// (rounds to an infinity), i.e. when a non-finite output there is the
+/// correctly rounded result of finite inputs.
+fn overflow_at(p: &Conv3dProblem<'_>, index: usize) -> Option<f64> {
+    let r = reference_point(p, index)?;
+    (r.value.is_finite() && (r.value as f32).is_infinite()).then_some(r.value)
 }
 
 /// `k` flat indices below `len` (first and last included, the rest from a

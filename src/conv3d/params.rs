@@ -215,6 +215,9 @@ impl<'a> Conv3dProblem<'a> {
     /// not divisible by groups, a weight whose input channels are not
     /// `C / groups`, a zero kernel size, a kernel larger than the padded
     /// input, a bias of the wrong length, or sizes overflowing `usize`;
+    /// [`Error::Conv3dTooLarge`] when the output plus the CPU tier's padded
+    /// input copy would not fit in this machine's memory (RAM plus swap),
+    /// checked before anything is allocated;
     /// [`Error::Conv3dDType`] when input and weight dtypes differ;
     /// [`Error::LengthMismatch`] when a buffer's length is not its shape's.
     pub fn new(
@@ -296,6 +299,7 @@ impl<'a> Conv3dProblem<'a> {
             )
         };
         let mut output = [0usize; 3];
+        let mut padded_dims = [0u64; 3];
         for (axis, (&x, &kx)) in [d, h, w].iter().zip(&[kd, kh, kw]).enumerate() {
             let padded = params.padding[axis]
                 .checked_mul(2)
@@ -313,12 +317,31 @@ impl<'a> Conv3dProblem<'a> {
                 ));
             }
             output[axis] = (padded - span) / params.stride[axis] + 1;
+            padded_dims[axis] = padded as u64;
         }
         let in_len = product(input_shape).ok_or_else(|| overflow("input"))?;
         let w_len = product(weight_shape).ok_or_else(|| overflow("weight"))?;
         // The output and the per-point work must be addressable too.
         product(&[n, k, output[0], output[1], output[2]]).ok_or_else(|| overflow("input"))?;
         product(&[cg, kd, kh, kw, 2]).ok_or_else(|| overflow("weight"))?;
+        // What a call allocates before any tier runs: the f32 output, and
+        // the CPU tier's padded copy of one batch item. A size beyond the
+        // machine's memory (a huge padding) is refused here, never tried.
+        let out_elems = [n, k, output[0], output[1], output[2]]
+            .iter()
+            .fold(1u64, |a, &x| a.saturating_mul(x as u64));
+        let padded_elems = padded_dims
+            .iter()
+            .fold(c as u64, |a, &x| a.saturating_mul(x));
+        let bytes = out_elems.saturating_add(padded_elems).saturating_mul(4);
+        let limit = crate::alloc::memory_limit();
+        if bytes > limit {
+            return Err(Error::Conv3dTooLarge {
+                what: "output and padded input",
+                bytes,
+                limit,
+            });
+        }
         if weight.dtype() != input.dtype() {
             return Err(Error::Conv3dDType {
                 tensor: "weight",

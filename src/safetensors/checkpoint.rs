@@ -1,12 +1,17 @@
 //! A checkpoint: one `.safetensors` file or a sharded `*.safetensors.index.json`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::Read;
 use std::ops::Range;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use super::file::SafeTensors;
 use super::header::{TensorInfo, MAX_HEADER_LEN};
 use super::json::Node;
+use super::open::{self, FileId, InFolder, Stamp};
+use super::reading::Reading;
 use crate::convert::Element;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -22,6 +27,17 @@ pub struct Checkpoint {
     by_name: HashMap<String, (usize, usize)>,
     metadata: Option<BTreeMap<String, String>>,
     index_metadata: Option<serde_json::Value>,
+    /// The index file (sharded checkpoints): kept open so that its
+    /// identity stays registered as being read and its stamp can be checked.
+    index: Option<IndexFile>,
+}
+
+/// A sharded checkpoint's index, read at open.
+#[derive(Debug)]
+struct IndexFile {
+    file: File,
+    stamp: Stamp,
+    _reading: Reading,
 }
 
 impl Checkpoint {
@@ -42,6 +58,14 @@ impl Checkpoint {
     /// `__metadata__` maps agree ([`Error::MetadataConflict`]). Other
     /// top-level keys of the index are ignored. Shards open in sorted
     /// file-name order.
+    ///
+    /// The file, the index and every shard must be regular files
+    /// ([`Error::NotRegularFile`], without blocking on a FIFO). Each shard
+    /// is opened relative to the folder's descriptor and the file opened
+    /// is checked to be a plain entry of the folder (a symlink inside the
+    /// folder to a file inside it is followed); a symlink pointing out, or
+    /// swapped while the shard is opened, is [`Error::InvalidShardName`]
+    /// and nothing of the file it led to is read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let is_index = path.extension().is_some_and(|e| e == "json");
@@ -61,6 +85,7 @@ impl Checkpoint {
                 shards: vec![file],
                 by_name,
                 index_metadata: None,
+                index: None,
             })
         }
     }
@@ -77,11 +102,24 @@ impl Checkpoint {
             op,
             source,
         };
-        let len = std::fs::metadata(path).map_err(|e| io("stat", e))?.len();
-        if len > MAX_HEADER_LEN {
+        let (file, stamp) = open::open_regular(path, "open index")?;
+        if stamp.len > MAX_HEADER_LEN {
             return Err(invalid(None, "index file larger than 100 MB"));
         }
-        let bytes = std::fs::read(path).map_err(|e| io("read index", e))?;
+        let mut bytes = Vec::new();
+        (&file)
+            .take(MAX_HEADER_LEN + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io("read index", e))?;
+        if bytes.len() as u64 > MAX_HEADER_LEN {
+            return Err(invalid(None, "index file larger than 100 MB"));
+        }
+        let index = IndexFile {
+            _reading: Reading::register(stamp.id, path),
+            file,
+            stamp,
+        };
+        check_stamp(path, &index.file, &index.stamp)?;
         let root: Node = serde_json::from_slice(&bytes)
             .map_err(|source| Error::HeaderJson { path: p(), source })?;
         let Node::Object(top) = root else {
@@ -129,6 +167,15 @@ impl Checkpoint {
         let dir_canon = dir
             .canonicalize()
             .map_err(|e| io("resolve index folder", e))?;
+        let dir_file = File::options()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&dir)
+            .map_err(|e| Error::Io {
+                path: dir.clone(),
+                op: "open index folder",
+                source: e,
+            })?;
 
         // Validate shard names, open each distinct shard once, sorted.
         let mut names: Vec<&str> = Vec::new();
@@ -140,26 +187,34 @@ impl Checkpoint {
         names.dedup();
         let mut shards = Vec::with_capacity(names.len());
         for name in &names {
-            let shard_path = dir.join(name);
-            let canon = shard_path.canonicalize().map_err(|e| Error::Io {
-                path: shard_path.clone(),
-                op: "open shard",
-                source: e,
-            })?;
-            if canon.parent() != Some(dir_canon.as_path()) {
+            let refused = |reason| {
                 let tensor = map
                     .iter()
                     .find(|(_, s)| s == name)
                     .map(|(t, _)| t.clone())
                     .unwrap_or_default();
-                return Err(Error::InvalidShardName {
+                Error::InvalidShardName {
                     path: p(),
                     tensor,
                     shard: (*name).to_owned(),
-                    reason: "resolves (through a symlink) outside the checkpoint's folder",
-                });
+                    reason,
+                }
+            };
+            match open::open_in_folder(&dir_file, &dir, &dir_canon, name)? {
+                InFolder::Yes(file, stamp) => {
+                    shards.push(SafeTensors::from_file(dir.join(name), file, stamp)?)
+                }
+                InFolder::Outside => {
+                    return Err(refused(
+                        "resolves (through a symlink) outside the checkpoint's folder",
+                    ))
+                }
+                InFolder::Changed => {
+                    return Err(refused(
+                        "changed while being opened (a symlink or file was swapped): refused, nothing read",
+                    ))
+                }
             }
-            shards.push(SafeTensors::open(&shard_path)?);
         }
         let shard_of: HashMap<&str, usize> =
             names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
@@ -244,7 +299,38 @@ impl Checkpoint {
             by_name,
             metadata,
             index_metadata,
+            index: Some(index),
         })
+    }
+
+    /// The identities (device, inode) of every file this checkpoint read:
+    /// the index (sharded checkpoints) and each shard. While the
+    /// checkpoint lives a [`SafeTensorsWriter`](super::SafeTensorsWriter)
+    /// of this process refuses all of them as output; pass them in
+    /// [`WriteOptions::inputs`](super::WriteOptions::inputs) to say so
+    /// explicitly.
+    pub fn file_ids(&self) -> Vec<FileId> {
+        self.index
+            .as_ref()
+            .map(|i| i.stamp.id)
+            .into_iter()
+            .chain(self.shards.iter().map(SafeTensors::file_id))
+            .collect()
+    }
+
+    /// Checks that no file of the checkpoint (index and shards) changed
+    /// since it was opened ([`SafeTensors::check_unchanged`] for what this
+    /// sees). Call it after a sequence of reads, before committing their
+    /// result.
+    ///
+    /// Errors: [`Error::FileChanged`] naming the file, [`Error::Io`].
+    pub fn check_unchanged(&self) -> Result<()> {
+        if let Some(i) = &self.index {
+            check_stamp(&self.path, &i.file, &i.stamp)?;
+        }
+        self.shards
+            .iter()
+            .try_for_each(SafeTensors::check_unchanged)
     }
 
     /// The path given to [`open`](Self::open) (the file or the index).
@@ -348,6 +434,32 @@ impl Checkpoint {
     /// [`SafeTensors::read_rows_bytes`] on the shard holding `name`.
     pub fn read_rows_bytes(&self, name: &str, rows: Range<u64>) -> Result<Vec<u8>> {
         self.locate(name)?.0.read_rows_bytes(name, rows)
+    }
+    /// [`SafeTensors::for_each_chunk`] on the shard holding `name`.
+    pub fn for_each_chunk(
+        &self,
+        name: &str,
+        to: DType,
+        f: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.locate(name)?.0.for_each_chunk(name, to, f)
+    }
+}
+
+/// [`Error::FileChanged`] when `file` (opened from `path`) differs from `stamp`.
+fn check_stamp(path: &Path, file: &File, stamp: &Stamp) -> Result<()> {
+    let meta = file.metadata().map_err(|e| Error::Io {
+        path: path.to_owned(),
+        op: "stat",
+        source: e,
+    })?;
+    match stamp.differs(&Stamp::of(&meta)) {
+        None => Ok(()),
+        Some(what) => Err(Error::FileChanged {
+            path: path.to_owned(),
+            tensor: None,
+            what,
+        }),
     }
 }
 

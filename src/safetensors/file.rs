@@ -8,6 +8,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::header::{self, Header, TensorInfo, LFS_POINTER_PREFIX};
+use super::open::{self, FileId, Stamp};
+use super::reading::Reading;
+use crate::alloc::{self, AllocFailure};
 use crate::convert::{self, Element};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -47,17 +50,28 @@ fn with_staging<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
 ///
 /// `SafeTensors` is `Send + Sync`: several threads may read different
 /// tensors (or row ranges) of one file at the same time.
+///
+/// While it lives, the file's identity is registered as being read: a
+/// [`SafeTensorsWriter`](super::SafeTensorsWriter) of this process refuses
+/// to write over it ([`Error::OutputIsInput`]).
 #[derive(Debug)]
 pub struct SafeTensors {
     path: PathBuf,
     file: File,
     file_len: u64,
     header: Header,
+    /// Identity, size and times at open; compared after every read.
+    stamp: Stamp,
+    _reading: Reading,
 }
 
 impl SafeTensors {
     /// Opens `path` and validates its whole header (see the module docs for
     /// every check) without reading any tensor data.
+    ///
+    /// The file is opened without blocking and must be a regular file
+    /// ([`Error::NotRegularFile`] for a FIFO, device, socket or folder:
+    /// refused at once, never waited on).
     ///
     /// Errors: [`Error::Io`] when the file cannot be opened or read, and
     /// the header errors ([`Error::LfsPointer`], [`Error::FileTooSmall`],
@@ -69,22 +83,19 @@ impl SafeTensors {
     /// [`Error::InvalidDataOffsets`], [`Error::DataLayout`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_owned();
+        let (file, stamp) = open::open_regular(&path, "open")?;
+        Self::from_file(path, file, stamp)
+    }
+
+    /// Validates the header of `file`, opened (regular, blocking) from
+    /// `path` with `stamp`.
+    pub(crate) fn from_file(path: PathBuf, file: File, stamp: Stamp) -> Result<Self> {
         let io = |op, source| Error::Io {
             path: path.clone(),
             op,
             source,
         };
-        let file = File::open(&path).map_err(|e| io("open", e))?;
-        let meta = file.metadata().map_err(|e| io("stat", e))?;
-        if !meta.is_file() {
-            // Directories, FIFOs, devices: refuse before any read can fail
-            // oddly or block.
-            return Err(io(
-                "open",
-                std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
-            ));
-        }
-        let file_len = meta.len();
+        let file_len = stamp.len;
 
         let mut prefix = [0u8; LFS_POINTER_PREFIX.len()];
         let plen = usize::try_from(file_len).map_or(prefix.len(), |l| l.min(prefix.len()));
@@ -101,12 +112,74 @@ impl SafeTensors {
         let mut json = vec![0u8; n_usize];
         read_exact_at(&file, &mut json, 8).map_err(|e| io("read header", e))?;
         let header = header::parse_header(&path, &json, file_len - 8 - n)?;
-        Ok(SafeTensors {
+        let _reading = Reading::register(stamp.id, &path);
+        let st = SafeTensors {
             path,
             file,
             file_len,
             header,
+            stamp,
+            _reading,
+        };
+        st.verify(None)?;
+        Ok(st)
+    }
+
+    /// A second descriptor of the very file this reader validated (`dup`,
+    /// never a new open by name, which a swapped symlink or a FIFO put in
+    /// its place could redirect or block). For the transfer pipeline's
+    /// positioned reads.
+    #[allow(dead_code)] // for src/transfer/source.rs (Source::open by path today)
+    pub(crate) fn try_clone_file(&self) -> Result<File> {
+        self.file.try_clone().map_err(|e| Error::Io {
+            path: self.path.clone(),
+            op: "duplicate descriptor",
+            source: e,
         })
+    }
+
+    /// The file's identity (device, inode), taken from the open descriptor.
+    pub fn file_id(&self) -> FileId {
+        self.stamp.id
+    }
+
+    /// Checks that the file is unchanged since [`open`](Self::open): same
+    /// identity, size, modification and change time (nanoseconds). Every
+    /// read already checks this after its last `pread`; call it to check
+    /// once more, e.g. after a sequence of reads and before committing
+    /// their result.
+    ///
+    /// Detected: any write, truncation, regrowth, `utimes` or metadata
+    /// change after open (the change time moves), including a rewrite
+    /// that restores size and modification time. Not detected: a change
+    /// that keeps the size and falls in the same timestamp tick as the
+    /// file's previous change (the kernel's coarse clock, a few
+    /// milliseconds: the times do not move), e.g. a file still being
+    /// written when it was opened; writes through a shared memory map not
+    /// yet written back; a change after the last check (reads already
+    /// returned stay as they were). Metadata-only changes (`chmod`, a new
+    /// hard link) are reported too: a false alarm rather than a mixed read.
+    ///
+    /// Errors: [`Error::FileChanged`], [`Error::Io`] when `fstat` fails.
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.verify(None)
+    }
+
+    /// [`check_unchanged`](Self::check_unchanged), naming `tensor`.
+    fn verify(&self, tensor: Option<&str>) -> Result<()> {
+        let meta = self.file.metadata().map_err(|e| Error::Io {
+            path: self.path.clone(),
+            op: "stat",
+            source: e,
+        })?;
+        match self.stamp.differs(&Stamp::of(&meta)) {
+            None => Ok(()),
+            Some(what) => Err(Error::FileChanged {
+                path: self.path.clone(),
+                tensor: tensor.map(str::to_owned),
+                what,
+            }),
+        }
     }
 
     /// The file's path, as given to [`open`](Self::open).
@@ -160,7 +233,7 @@ impl SafeTensors {
     /// Reads a tensor's bytes, as stored, into a new buffer. Any dtype.
     pub fn read_bytes(&self, name: &str) -> Result<Vec<u8>> {
         let info = self.info(name)?;
-        let mut out = vec![0u8; self.to_usize(info, info.num_bytes())?];
+        let mut out: Vec<u8> = self.alloc(info, self.to_usize(info, info.num_bytes())?)?;
         self.read_span(info, (0, info.num_bytes()), info.dtype, &mut out)?;
         Ok(out)
     }
@@ -191,7 +264,7 @@ impl SafeTensors {
     pub fn read<T: Element>(&self, name: &str) -> Result<Vec<T>> {
         let info = self.info(name)?;
         self.check_convertible(info, T::DTYPE)?;
-        let mut out = bytemuck::zeroed_vec::<T>(self.to_usize(info, info.num_elements())?);
+        let mut out: Vec<T> = self.alloc(info, self.to_usize(info, info.num_elements())?)?;
         self.read_span(
             info,
             (0, info.num_bytes()),
@@ -215,9 +288,57 @@ impl SafeTensors {
         let info = self.info(name)?;
         self.check_convertible(info, to)?;
         let len = self.out_bytes(info, info.num_elements(), to)?;
-        let mut out = vec![0u8; len];
+        let mut out: Vec<u8> = self.alloc(info, len)?;
         self.read_span(info, (0, info.num_bytes()), to, &mut out)?;
         Ok(out)
+    }
+
+    /// Streams a tensor as little-endian bytes of dtype `to` (the stored
+    /// dtype: raw bytes, any dtype; otherwise the conversions of
+    /// [`read_into`](Self::read_into)), calling `f` on consecutive pieces of
+    /// the output, each from at most [`CHUNK_BYTES`] of the file: memory is
+    /// two chunks whatever the tensor's size. This is how a whole file is
+    /// converted or copied (e.g. into
+    /// [`SafeTensorsWriter::write_chunk`](super::SafeTensorsWriter::write_chunk))
+    /// without holding a tensor. `f` is called at least once (with an
+    /// empty piece for a tensor of zero bytes), so a writer fed by it sees
+    /// every tensor. An error from `f` stops the stream and is returned. After the last piece the file is checked unchanged
+    /// ([`Error::FileChanged`]): a caller committing the output only after
+    /// this returns `Ok` never commits a mix of old and new data (see
+    /// [`check_unchanged`](Self::check_unchanged) for the limits).
+    pub fn for_each_chunk(
+        &self,
+        name: &str,
+        to: DType,
+        mut f: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let info = self.info(name)?;
+        self.check_convertible(info, to)?;
+        let (ss, ds) = if to == info.dtype {
+            (1u64, 1u64)
+        } else {
+            (
+                info.dtype.size().unwrap_or(1) as u64,
+                to.size().unwrap_or(1) as u64,
+            )
+        };
+        let total = info.num_bytes();
+        let chunk_src = (CHUNK_BYTES as u64 / ss).max(1) * ss;
+        let out_cap = self.to_usize(info, chunk_src.min(total) / ss * ds)?;
+        let mut out: Vec<u8> = self.alloc(info, out_cap)?;
+        if total == 0 {
+            f(&[])?;
+        }
+        let mut off = 0u64;
+        while off < total {
+            let n = chunk_src.min(total - off);
+            let len = ((n / ss * ds) as usize).min(out.len());
+            let (piece, _) = out.split_at_mut(len);
+            self.read_span_unverified(info, (off, off + n), to, piece)?;
+            f(piece)?;
+            off += n;
+        }
+        self.verify(Some(&info.name))
     }
 
     // ----- rows -----------------------------------------------------------
@@ -276,7 +397,7 @@ impl SafeTensors {
         let info = self.info(name)?;
         let (span, elems) = self.row_span(info, &rows)?;
         self.check_convertible(info, T::DTYPE)?;
-        let mut out = bytemuck::zeroed_vec::<T>(self.to_usize(info, elems)?);
+        let mut out: Vec<T> = self.alloc(info, self.to_usize(info, elems)?)?;
         self.read_span(info, span, T::DTYPE, bytemuck::cast_slice_mut(&mut out))?;
         Ok(out)
     }
@@ -292,12 +413,27 @@ impl SafeTensors {
     pub fn read_rows_bytes(&self, name: &str, rows: Range<u64>) -> Result<Vec<u8>> {
         let info = self.info(name)?;
         let (span, _) = self.row_span(info, &rows)?;
-        let mut out = vec![0u8; self.to_usize(info, span.1 - span.0)?];
+        let mut out: Vec<u8> = self.alloc(info, self.to_usize(info, span.1 - span.0)?)?;
         self.read_span(info, span, info.dtype, &mut out)?;
         Ok(out)
     }
 
     // ----- internals ------------------------------------------------------
+
+    /// `n` zeroed elements for `info`'s data, allocated fallibly after a
+    /// check against the machine's memory ([`Error::AllocationFailed`]).
+    fn alloc<T: bytemuck::Zeroable>(&self, info: &TensorInfo, n: usize) -> Result<Vec<T>> {
+        alloc::try_zeroed_vec(n).map_err(|f| Error::AllocationFailed {
+            path: self.path.clone(),
+            tensor: info.name.clone(),
+            bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+            limit: alloc::memory_limit(),
+            reason: match f {
+                AllocFailure::AboveLimit => "larger than memory",
+                AllocFailure::Refused => "allocator refused",
+            },
+        })
+    }
 
     fn to_usize(&self, info: &TensorInfo, n: u64) -> Result<usize> {
         usize::try_from(n).map_err(|_| Error::TooLargeForPlatform {
@@ -344,8 +480,22 @@ impl SafeTensors {
     }
 
     /// Reads bytes `span` (relative to the tensor's start) of `info`,
-    /// converted to `to`, into `dst`. The one place that touches the file.
+    /// converted to `to`, into `dst`, then checks that the file did not
+    /// change since it was opened ([`Error::FileChanged`]).
     fn read_span(
+        &self,
+        info: &TensorInfo,
+        span: (u64, u64),
+        to: DType,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        self.read_span_unverified(info, span, to, dst)?;
+        self.verify(Some(&info.name))
+    }
+
+    /// [`read_span`](Self::read_span) without the final check. The one
+    /// place that touches the file.
+    fn read_span_unverified(
         &self,
         info: &TensorInfo,
         span: (u64, u64),

@@ -61,18 +61,50 @@
 //! thread, reused). Raw reads go straight into the output; converting
 //! reads convert chunk by chunk. Offsets need no alignment. A file
 //! truncated after `open` gives [`Error::FileShrunk`](crate::Error::FileShrunk)
-//! (a short read), never `SIGBUS`; a file rewritten in place with the same
-//! length cannot be detected and yields whatever bytes it now holds.
+//! (a short read), never `SIGBUS`. A file changed in place after `open`
+//! (same size, other bytes; truncated and regrown) is detected after each
+//! read by its identity, size, and modification and change times:
+//! [`Error::FileChanged`](crate::Error::FileChanged) naming the file and
+//! tensor ([`SafeTensors::check_unchanged`] says what is and is not seen).
+//! Whole-tensor reads (`read`, `read_rows`, `read_bytes`, ...) allocate
+//! fallibly, after checking the size against the machine's memory:
+//! [`Error::AllocationFailed`](crate::Error::AllocationFailed) instead of
+//! an abort; [`SafeTensors::for_each_chunk`] streams a tensor of any size.
+//!
+//! # What is refused
+//!
+//! * An input that is not a regular file (FIFO, device, socket, folder),
+//!   as a file, an index or a shard: opened non-blocking, refused at once
+//!   ([`Error::NotRegularFile`](crate::Error::NotRegularFile)), never
+//!   waited on.
+//! * A shard that is not a plain entry of the index's folder: each shard is
+//!   opened relative to the folder's descriptor and **what was opened** is
+//!   checked (its device and inode must be those of a non-symlink entry of
+//!   the folder), so a symlink swapped during the open cannot make a read
+//!   escape the folder ([`Error::InvalidShardName`](crate::Error::InvalidShardName)).
+//! * A writer output that is the same file (device, inode; through `..`,
+//!   symlinks or hard links) as a file being read
+//!   ([`Error::OutputIsInput`](crate::Error::OutputIsInput)), or that
+//!   exists and is not a regular file
+//!   ([`Error::OutputNotRegular`](crate::Error::OutputNotRegular)): before
+//!   anything is written.
 //!
 //! # Writing
 //!
 //! [`SafeTensorsWriter`] streams a file tensor by tensor, in the declared
-//! order, through a temporary file renamed into place by `finish`.
+//! order, through a temporary file renamed into place by `finish`. It
+//! refuses any output that is a file this process is reading (every live
+//! [`SafeTensors`] and [`Checkpoint`] index registers itself) or that
+//! [`WriteOptions::inputs`] names, and stops at once, removing its
+//! temporary file, when [`WriteOptions::cancel`] is set (a signal handler
+//! sets it: see the `convert` example).
 
 mod checkpoint;
 pub(crate) mod file;
 mod header;
 mod json;
+mod open;
+mod reading;
 mod writer;
 
 pub use checkpoint::Checkpoint;
@@ -80,4 +112,5 @@ pub use file::{SafeTensors, CHUNK_BYTES};
 #[doc(hidden)]
 pub use header::parse_bytes;
 pub use header::{Header, TensorInfo, LFS_POINTER_PREFIX, MAX_HEADER_LEN};
-pub use writer::{SafeTensorsWriter, TensorSpec};
+pub use open::FileId;
+pub use writer::{SafeTensorsWriter, TensorSpec, WriteOptions};

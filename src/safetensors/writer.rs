@@ -4,9 +4,12 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::header::{TensorInfo, MAX_HEADER_LEN};
+use super::open::{kind_of, FileId};
+use super::reading::reader_of;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -38,22 +41,91 @@ impl From<&TensorInfo> for TensorSpec {
     }
 }
 
+/// Longest file name the writer creates (`NAME_MAX` of Linux file systems).
+const NAME_MAX: usize = 255;
+
+/// What a [`SafeTensorsWriter`] must know beyond its output: the files it
+/// must never write over, and a flag that cancels it.
+///
+/// ```
+/// use std::sync::{atomic::AtomicBool, Arc};
+/// use rocm_safe::safetensors::WriteOptions;
+/// let cancel = Arc::new(AtomicBool::new(false));
+/// let opts = WriteOptions::default().with_cancel(cancel.clone());
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct WriteOptions {
+    /// Identities of files the output must not be (besides every file a
+    /// live reader of this process holds, which is always refused), e.g.
+    /// [`Checkpoint::file_ids`](super::Checkpoint::file_ids) of the source.
+    pub inputs: Vec<FileId>,
+    /// Checked before every write and before the final rename: once it is
+    /// `true`, the writer closes and removes its temporary file and
+    /// returns [`Error::Cancelled`]. A signal handler may set it (storing
+    /// to an `AtomicBool` is async-signal-safe); a program that wants
+    /// SIGINT/SIGTERM/SIGHUP to leave no temporary file behind installs
+    /// such a handler, because the default action of those signals ends
+    /// the process without running any destructor.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl WriteOptions {
+    /// These options, also refusing `inputs` as output.
+    pub fn with_inputs(mut self, inputs: impl IntoIterator<Item = FileId>) -> Self {
+        self.inputs.extend(inputs);
+        self
+    }
+    /// These options with a cancellation flag.
+    pub fn with_cancel(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.cancel = Some(flag);
+        self
+    }
+}
+
 /// Writes a safetensors file tensor by tensor, holding none of them.
 ///
 /// [`create`](Self::create) writes the header (8-byte little-endian length,
 /// JSON padded with spaces to a multiple of 8, `__metadata__` first, then
 /// the tensors in the given order with consecutive `data_offsets`: the
 /// layout of the `safetensors` crate) to a temporary file `.{name}.tmp-{pid}-{n}`
-/// in the destination's folder. [`write_tensor`](Self::write_tensor) takes
+/// in the destination's folder (`{name}` shortened so that the temporary
+/// name fits in 255 bytes). [`write_tensor`](Self::write_tensor) takes
 /// each tensor's bytes in the declared order;
 /// [`finish`](Self::finish) flushes, fsyncs, and renames the temporary file
 /// to the final name (then fsyncs the folder). Dropping the writer without
 /// `finish` (or after a failed `finish`) removes the temporary file, so a
 /// partial file never appears under the final name.
+///
+/// # What is refused, before anything is written
+///
+/// * An output that is the same file (device and inode, so through `..`,
+///   symlinks and hard links, and a name whose folder resolves through a
+///   symlink) as a file this process is reading (every live
+///   [`SafeTensors`](super::SafeTensors), every live
+///   [`Checkpoint`](super::Checkpoint)'s index and shards) or one named in
+///   [`WriteOptions::inputs`]: [`Error::OutputIsInput`]. Checked at
+///   `create` and again just before the rename in `finish`.
+/// * An output that exists and is not a regular file (a device node such
+///   as `/dev/null`, a FIFO, a socket, a folder; also through a symlink):
+///   [`Error::OutputNotRegular`]. Such a file is never replaced nor written
+///   through. A symlink to a regular file is replaced by the new file
+///   (the rename replaces the link, not its target).
+///
+/// # Cancellation and signals
+///
+/// With [`WriteOptions::cancel`], a set flag makes the next write (or
+/// `finish`) remove the temporary file and return [`Error::Cancelled`].
+/// Without a handler, SIGINT/SIGTERM/SIGHUP end the process at once and
+/// the hidden temporary file stays behind; the `convert` and `conv3d`
+/// examples show the handler that prevents it.
 #[derive(Debug)]
 pub struct SafeTensorsWriter {
     path: PathBuf,
     tmp: PathBuf,
+    inputs: Vec<FileId>,
+    cancel: Option<Arc<AtomicBool>>,
     out: Option<BufWriter<File>>,
     /// Declared tensors and their byte sizes, in order.
     specs: Vec<(TensorSpec, u64)>,
@@ -64,16 +136,32 @@ pub struct SafeTensorsWriter {
 }
 
 impl SafeTensorsWriter {
-    /// Creates the temporary file and writes the header.
+    /// Creates the temporary file and writes the header, with the default
+    /// [`WriteOptions`] (no extra inputs, no cancellation flag; files this
+    /// process is reading are refused all the same).
     ///
     /// Errors: [`Error::Writer`] for a duplicate or reserved
     /// (`__metadata__`) tensor name, [`Error::InvalidTensorSize`] when a
     /// shape's byte size overflows or sub-byte elements do not fill whole
-    /// bytes, [`Error::HeaderTooLarge`], [`Error::Io`].
+    /// bytes, [`Error::HeaderTooLarge`], [`Error::OutputIsInput`],
+    /// [`Error::OutputNotRegular`], [`Error::Io`].
     pub fn create(
         path: impl AsRef<Path>,
         tensors: impl IntoIterator<Item = TensorSpec>,
         metadata: Option<&BTreeMap<String, String>>,
+    ) -> Result<Self> {
+        Self::create_with(path, tensors, metadata, WriteOptions::default())
+    }
+
+    /// [`create`](Self::create) with options: files to refuse as output
+    /// besides those being read, and a cancellation flag.
+    ///
+    /// Errors: as [`create`](Self::create), [`Error::Cancelled`].
+    pub fn create_with(
+        path: impl AsRef<Path>,
+        tensors: impl IntoIterator<Item = TensorSpec>,
+        metadata: Option<&BTreeMap<String, String>>,
+        options: WriteOptions,
     ) -> Result<Self> {
         let path = path.as_ref().to_owned();
         let mut specs = Vec::new();
@@ -105,19 +193,26 @@ impl SafeTensorsWriter {
             specs.push((spec, size));
         }
         let header = header_json(&path, &specs, metadata)?;
-
         let file_name = path.file_name().ok_or_else(|| Error::Io {
             path: path.clone(),
             op: "create",
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"),
         })?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(file_name);
+        check_output(&path, &options.inputs)?;
+        if options
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::SeqCst))
+        {
+            return Err(Error::Cancelled { path });
+        }
         // pid plus a per-process counter: two writers never share a name.
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let seq = NEXT.fetch_add(1, Ordering::Relaxed);
-        tmp_name.push(format!(".tmp-{}-{seq}", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
+        let tmp = path.with_file_name(temp_name(
+            file_name,
+            &format!(".tmp-{}-{seq}", std::process::id()),
+        ));
         let file = File::options()
             .write(true)
             .create_new(true)
@@ -130,6 +225,8 @@ impl SafeTensorsWriter {
         let mut w = SafeTensorsWriter {
             path,
             tmp,
+            inputs: options.inputs,
+            cancel: options.cancel,
             out: Some(BufWriter::with_capacity(1 << 20, file)),
             specs,
             next: 0,
@@ -240,8 +337,9 @@ impl SafeTensorsWriter {
                 reason: "finish before every declared tensor was written",
             });
         }
+        let tmp = self.tmp.clone();
         let io = |op, source| Error::Io {
-            path: self.tmp.clone(),
+            path: tmp.clone(),
             op,
             source,
         };
@@ -251,6 +349,10 @@ impl SafeTensorsWriter {
         let file = out.into_inner().map_err(|e| io("flush", e.into_error()))?;
         file.sync_all().map_err(|e| io("fsync", e))?;
         drop(file);
+        // Once more, just before the rename: the output may have been
+        // replaced (by a link to an input, a device node) since `create`.
+        self.check_cancel()?;
+        check_output(&self.path, &self.inputs)?;
         std::fs::rename(&self.tmp, &self.path).map_err(|e| io("rename to final name", e))?;
         // The temporary name is gone: nothing for Drop to remove.
         self.tmp = PathBuf::new();
@@ -266,7 +368,28 @@ impl SafeTensorsWriter {
         Ok(self.path.clone())
     }
 
+    /// [`Error::Cancelled`] (after removing the temporary file) when the
+    /// cancellation flag is set.
+    fn check_cancel(&mut self) -> Result<()> {
+        if self
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::SeqCst))
+        {
+            self.out = None;
+            if !self.tmp.as_os_str().is_empty() {
+                let _ = std::fs::remove_file(&self.tmp);
+                self.tmp = PathBuf::new();
+            }
+            return Err(Error::Cancelled {
+                path: self.path.clone(),
+            });
+        }
+        Ok(())
+    }
+
     fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.check_cancel()?;
         let Some(out) = self.out.as_mut() else {
             return Err(Error::Io {
                 path: self.tmp.clone(),
@@ -297,6 +420,73 @@ impl Drop for SafeTensorsWriter {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
+}
+
+/// `.{name}{suffix}`, with `name` cut (at a character boundary when it is
+/// UTF-8) so that the whole fits in [`NAME_MAX`] bytes.
+fn temp_name(name: &std::ffi::OsStr, suffix: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let bytes = name.as_bytes();
+    let room = NAME_MAX.saturating_sub(1 + suffix.len());
+    let mut cut = bytes.len().min(room);
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        while cut > 0 && !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+    }
+    let mut out = Vec::with_capacity(1 + cut + suffix.len());
+    out.push(b'.');
+    out.extend_from_slice(bytes.get(..cut).unwrap_or_default());
+    out.extend_from_slice(suffix.as_bytes());
+    std::ffi::OsString::from_vec(out)
+}
+
+/// Refuses an output that is a file being read or an existing non-regular
+/// file (see [`SafeTensorsWriter`]). A missing output, or a dangling
+/// symlink, is fine: there is nothing to destroy.
+fn check_output(path: &Path, inputs: &[FileId]) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => match std::fs::metadata(path) {
+            Ok(target) => target,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => {
+                return Err(Error::Io {
+                    path: path.to_owned(),
+                    op: "stat output",
+                    source: e,
+                })
+            }
+        },
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(Error::Io {
+                path: path.to_owned(),
+                op: "stat output",
+                source: e,
+            })
+        }
+    };
+    let id = FileId::of(&meta);
+    if let Some(input) = reader_of(id) {
+        return Err(Error::OutputIsInput {
+            path: path.to_owned(),
+            input,
+        });
+    }
+    if inputs.contains(&id) {
+        return Err(Error::OutputIsInput {
+            path: path.to_owned(),
+            input: path.to_owned(),
+        });
+    }
+    if !meta.is_file() {
+        return Err(Error::OutputNotRegular {
+            path: path.to_owned(),
+            kind: kind_of(meta.file_type()),
+        });
+    }
+    Ok(())
 }
 
 /// The JSON header, padded with spaces to a multiple of 8 bytes.
