@@ -817,6 +817,7 @@ impl Error {
     /// (the runtime said so), else `other()`: how a backend reports a failed
     /// allocation, so that callers can tell memory pressure (retry, free
     /// caches, go down a ladder) from every other error.
+    #[cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
     pub(crate) fn or_out_of_memory(
         oom: bool,
         backend: &'static str,
