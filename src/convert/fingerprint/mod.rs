@@ -45,6 +45,9 @@
 //!   are finished).
 //! - [`Fingerprinter`]: the same for a buffer that arrives in order, in
 //!   pieces of any length (not necessarily whole words).
+//! - [`sum_raw_and_widened`]: for a piece of a bf16 or f16 buffer, both the
+//!   partial sum of its bytes and that of their f32 widening, in one pass
+//!   (what a verified bf16/f16 -> f32 upload checks).
 //!
 //! # Files
 //!
@@ -71,7 +74,7 @@ pub(crate) use blocks::sum_bf16_as_f32_blocks;
 pub use spec::{finish, Fingerprint};
 pub(crate) use spec::{mix64, term};
 pub use stream::Fingerprinter;
-pub(crate) use widened::sum_raw_and_widened;
+pub use widened::{sum_raw_and_widened, RawAndWidened};
 
 use blocks::sum_whole_words;
 

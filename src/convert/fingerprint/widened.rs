@@ -10,7 +10,7 @@ use super::x86;
 /// The two partial sums that verify a piece of a bf16 or f16 buffer widened
 /// to f32 (see [`sum_raw_and_widened`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct RawAndWidened {
+pub struct RawAndWidened {
     /// The partial sum of the piece's own bytes: exactly
     /// [`sum_bytes`]`(start_word, bytes)`.
     pub raw: u64,
@@ -63,7 +63,20 @@ impl RawAndWidened {
 ///
 /// Returns `None` when `from` is neither [`DType::BF16`](crate::DType::BF16)
 /// nor [`DType::F16`](crate::DType::F16).
-pub(crate) fn sum_raw_and_widened(
+///
+/// ```
+/// use rocm_safe::convert::fingerprint::{sum_bytes, sum_raw_and_widened};
+/// use rocm_safe::DType;
+/// let bf16: Vec<u8> = (0..4096u32).map(|i| (i * 37) as u8).collect();
+/// let f32: Vec<u8> = bf16
+///     .chunks_exact(2)
+///     .flat_map(|h| [0, 0, h[0], h[1]])
+///     .collect();
+/// let s = sum_raw_and_widened(DType::BF16, 256, &bf16).unwrap();
+/// assert_eq!(s.raw, sum_bytes(256, &bf16));
+/// assert_eq!(s.widened, sum_bytes(512, &f32));
+/// ```
+pub fn sum_raw_and_widened(
     from: crate::dtype::DType,
     start_word: u64,
     bytes: &[u8],
