@@ -9,6 +9,7 @@ pub mod device;
 pub mod diagnostics;
 pub mod dtype;
 pub mod error;
+pub mod fallback;
 pub mod safetensors;
 pub mod transfer;
 pub mod verify;

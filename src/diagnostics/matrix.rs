@@ -155,7 +155,7 @@ fn staged_copy_inner(kind: BackendKind, ordinal: usize) -> crate::Result<(Compat
                 if r.rung != Rung::PinnedRing {
                     let why = r.attempts.first().map_or_else(
                         || "no failure recorded".to_owned(),
-                        |a| format!("{}: {}", a.rung, a.failure),
+                        |a| format!("{}: {}", a.step, a.failure),
                     );
                     fallbacks.push((r.rung.to_string(), format!("{name}: {why}")));
                 }
