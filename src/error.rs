@@ -644,7 +644,7 @@ pub enum Error {
     #[error("conv3d: no tier served the call: {report}")]
     Conv3dNoTier {
         /// What happened at each tier.
-        report: Box<crate::conv3d::Conv3dReport>,
+        report: Box<crate::conv3d_chain::Conv3dReport>,
     },
 
     /// A cuDNN call of the conv3d vendor tier failed (no algorithm for the

@@ -4,6 +4,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod conv3d;
+pub mod conv3d_chain;
 pub mod convert;
 pub mod device;
 pub mod diagnostics;

@@ -5,8 +5,8 @@
 //! (whose "kernels" are the CPU code, so the whole path runs in CI), and
 //! [`Faults`](crate::device::faults::Faults) wrapping any of them.
 
-use super::chain::{Conv3dTier, CpuTier, Support, TierKind};
-use super::params::{Conv3dData, Conv3dProblem};
+use super::{Conv3dTier, CpuTier, Support, TierKind};
+use crate::conv3d::{Conv3dData, Conv3dProblem};
 use crate::convert::Element;
 use crate::device::{BackendKind, Conv3dKernel, Conv3dWeightLayout, Device, Stream};
 use crate::error::Result;
