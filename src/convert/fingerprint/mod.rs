@@ -1,4 +1,4 @@
-//! The buffer fingerprint of DESIGN.md contract 2.
+//! The buffer fingerprint of crate [contract 2](crate#contracts).
 //!
 //! # Definition (version 1)
 //!
