@@ -5,7 +5,7 @@
 //! - [`Conv3dProblem::new`] validates shapes and parameters (NCDHW, stride,
 //!   padding, dilation, groups, optional bias; f32 or bf16 inputs) into a
 //!   [`Conv3dGeometry`], with typed errors.
-//! - [`reference`] and [`reference_point`] compute the definition in f64
+//! - [`reference()`] and [`reference_point`] compute the definition in f64
 //!   (what every tier is tested, and each result sampled, against).
 //! - [`conv3d_cpu`] is the CPU kernel (rayon; AVX2/AVX-512 register tiles
 //!   chosen at run time), every tier's last resort.

@@ -98,7 +98,7 @@ impl Conv3dChain {
     /// The default chain for this build, with default options: the tiers
     /// of the first GPU this build and machine have (HIP, then CUDA; see
     /// [`Conv3dChain::for_device`]), then the CPU tier. Without a GPU the
-    /// GPU tiers are [`UnavailableTier`]s, so the report says why they were
+    /// GPU tiers are [`UnavailableTier`](super::UnavailableTier)s, so the report says why they were
     /// skipped. The GPU is opened once per process and shared by these
     /// chains.
     pub fn new() -> Self {

@@ -26,7 +26,7 @@ pub enum Fallback {
     Force(Rung),
 }
 
-/// Options of a [`Loader`].
+/// Options of a [`Loader`](super::Loader).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LoadOptions {
     /// Convert float tensors (F64, F32, F16, BF16) to this dtype (F32, F16
@@ -37,7 +37,7 @@ pub struct LoadOptions {
     /// [`Policy::FusedFingerprint`], [`Policy::ReadBack`]).
     pub policy: Policy,
     /// Run the device's exhaustive conversion self-test before the first
-    /// device conversion ([`verify::self_test`], cached per device).
+    /// device conversion ([`verify::self_test`](crate::verify::self_test), cached per device).
     pub self_test: bool,
     /// Pinned buffers in the ring, 2..=4.
     pub ring_buffers: usize,
@@ -63,7 +63,7 @@ pub struct LoadOptions {
     /// with more the pool has more to choose from.
     pub concurrent_fills: Option<usize>,
     /// Device bytes the loader may use: its own staging
-    /// ([`Loader::staging_device_bytes`]: the ring's device buffers and one
+    /// ([`Loader::staging_device_bytes`](super::Loader::staging_device_bytes): the ring's device buffers and one
     /// more for the lower rungs) plus the loaded tensors. The tensors (in
     /// request order) that do not fit stay on the host (offloading); a
     /// budget smaller than the staging keeps every tensor on the host.

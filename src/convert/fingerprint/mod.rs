@@ -21,7 +21,7 @@
 //! Properties that the verification relies on:
 //! - **order-independent**: `S` is a wrapping sum, so any partition of the
 //!   words (CPU threads, GPU blocks, transfer chunks) gives the same value;
-//!   partial sums over word ranges add up ([`sum_words`]).
+//!   partial sums over word ranges add up ([`sum_bytes`]).
 //! - **position-keyed**: every position has its own `add_i`/`mul_i`, so
 //!   swapped or shifted chunks change it.
 //! - **any single-word change is always detected**: for fixed `i`, `t_i` is

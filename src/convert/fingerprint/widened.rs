@@ -54,7 +54,7 @@ impl RawAndWidened {
 ///   trailing odd byte is not an element and is left out of `widened`).
 ///
 /// Every 1 KiB of `bytes` that is a whole keyed block of the buffer (it
-/// starts at a word position that is a multiple of [`BLOCK_WORDS`]) is one
+/// starts at a word position that is a multiple of 256 (`BLOCK_WORDS`)) is one
 /// block of the raw sum and two blocks of the widened sum; those are summed
 /// together, each 32-byte (or, with AVX-512, 64-byte) load feeding both
 /// sums: AVX-512 or AVX2 loops chosen at run time on x86-64, a portable loop
