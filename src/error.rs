@@ -590,7 +590,7 @@ pub enum Error {
         /// Patterns tested.
         tested: u64,
     },
-    // ----- conv3d (src/conv3d) ----------------------------------------------
+    // ----- conv3d (src/conv3d, src/conv3d_chain) ----------------------------
     /// A conv3d parameter is out of range (a zero stride, dilation or group
     /// count).
     #[error("conv3d: {param} {value:?}: {reason}")]
@@ -694,7 +694,7 @@ pub enum Error {
         tensor: String,
         /// The rung that failed (`"pinned ring"`, ...).
         rung: &'static str,
-        /// What failed (the rung's `transfer::Failure`, displayed).
+        /// What failed (the rung's `fallback::Failure`, displayed).
         failure: String,
         /// The error, when the failure was one.
         #[source]
