@@ -23,8 +23,9 @@
 //! ladder ([`Rung`]): pinned ring -> small synchronous chunks ->
 //! synchronous pageable copy -> CPU conversion then copy -> kept on the
 //! host. The [`LoadReport`] says which rung served each tensor and what
-//! failed before. An allocation that runs out of memory is retried once
-//! after the loader releases its own cached device memory.
+//! failed before (in the vocabulary of [`crate::fallback`]). An allocation
+//! that runs out of memory is retried once after the loader releases its
+//! own cached device memory.
 //!
 //! Progress goes to a callback; each rung taken is a `tracing` span
 //! (`transfer.load`, `transfer.ring`, `transfer.rung`).
@@ -81,7 +82,7 @@ use crate::device::{Device, DeviceBuffer, PinnedBuffer, Stream};
 use crate::error::{Error, Result};
 use crate::safetensors::Checkpoint;
 
-pub use crate::fallback::{Attempt, Check, Failure};
+use crate::fallback::{Attempt, Check, Failure};
 pub use loaded::{LoadProgress, Loaded, LoadedTensor, TensorData};
 pub use options::{Fallback, LoadOptions, Request};
 pub use report::{LoadReport, LoadTiming, Rung, TensorReport};

@@ -81,7 +81,9 @@ pub struct TensorReport {
     pub out_bytes: u64,
     /// The rung that served it.
     pub rung: Rung,
-    /// Rungs that failed before, in order.
+    /// Rungs that failed before, in order, each with its
+    /// [`Failure`](crate::fallback::Failure) (the vocabulary of
+    /// [`crate::fallback`], shared with the conv3d chain).
     pub attempts: Vec<Attempt<Rung>>,
     /// Whether an allocation ran out of memory once and succeeded after the
     /// loader released its cached device memory.
