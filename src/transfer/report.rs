@@ -225,3 +225,57 @@ impl fmt::Display for LoadReport {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fallback::Failure;
+
+    fn tensor(name: &str, rung: Rung, attempts: Vec<Attempt<Rung>>) -> TensorReport {
+        TensorReport {
+            name: name.into(),
+            dtype: DType::BF16,
+            out_dtype: DType::F32,
+            shape: vec![2],
+            file_bytes: 4,
+            out_bytes: 8,
+            rung,
+            attempts,
+            oom_retried: false,
+            offloaded: false,
+            ms: 0.0,
+        }
+    }
+
+    #[test]
+    fn display_sums_up_by_rung_and_lists_what_fell_back() {
+        let report = LoadReport {
+            device: "host:0 cpu".into(),
+            tensors: vec![
+                tensor("a", Rung::PinnedRing, Vec::new()),
+                tensor(
+                    "b",
+                    Rung::SmallChunks,
+                    vec![Attempt {
+                        step: Rung::PinnedRing,
+                        failure: Failure::JobFailed { with: "a".into() },
+                    }],
+                ),
+            ],
+            file_bytes: 8,
+            out_bytes: 16,
+            ms: 2.0,
+            ..LoadReport::default()
+        };
+        assert_eq!(
+            report.to_string(),
+            "2 tensors, 8 file bytes on host:0 cpu in 2.0 ms (0.00 GB/s): \
+             pinned ring: 1 (4 bytes), small chunks: 1 (4 bytes)\n  \
+             b: small chunks (pinned ring failed: its pinned-buffer job failed \
+             (error recorded on \"a\"))"
+        );
+        let mut kept = tensor("c", Rung::KeepOnHost, Vec::new());
+        kept.offloaded = true;
+        assert_eq!(kept.to_string(), "c: keep on host (memory budget spent)");
+    }
+}
