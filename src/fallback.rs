@@ -1,4 +1,4 @@
-//! The vocabulary shared by every fallback chain (the transfer ladder, the conv3d tiers): attempts, outcomes, failures.
+//! The vocabulary of every fallback chain: attempts, outcomes, failures.
 //!
 //! A chain tries its steps in order (the rungs of
 //! [`transfer::Rung`](crate::transfer::Rung), the tiers of

@@ -1,5 +1,7 @@
-//! The CPU kernel (the chain's CPU tier): a direct convolution on rayon, for every parameter
-//! combination.
+//! The CPU kernel: a direct convolution on rayon for every parameter combination.
+//!
+//! It is the conv3d chain's CPU tier and the host backend's stand-in for
+//! the GPU kernels.
 //!
 //! Per batch item the input is widened to f32 once (bf16 exactly, bits
 //! shifted left by 16) into a zero-padded copy, so the inner loops need no

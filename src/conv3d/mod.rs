@@ -1,3 +1,5 @@
+//! The conv3d problem: parameters, validated geometry, f64 reference, CPU kernel.
+//!
 //! The conv3d *problem*: parameters and validated geometry, the f64
 //! reference, and the CPU kernel. The chain that tries vendor, GPU and CPU
 //! tiers in turn is [`crate::conv3d_chain`].

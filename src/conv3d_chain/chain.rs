@@ -1,5 +1,6 @@
-//! The chain: [`Conv3dOptions`], [`Conv3dChain`] (tiers in order, output
-//! checks, statistics) and the choice of the sampled points.
+//! The chain: tiers tried in order, output checks, statistics.
+//!
+//! [`Conv3dOptions`], [`Conv3dChain`] and the choice of the sampled points.
 
 use std::fmt;
 use std::sync::Mutex;

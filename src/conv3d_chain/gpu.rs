@@ -1,3 +1,5 @@
+//! The GPU tiers of one device (vendor, tiled, naive), run through its backend.
+//!
 //! The GPU tiers, per [`Device`]: each uploads the problem, runs one
 //! conv3d on the device through the [`Backend`](crate::device::Backend)
 //! trait ([`Stream::conv3d`] or [`Stream::conv3d_vendor`]), and downloads

@@ -1,3 +1,5 @@
+//! The conv3d chain: vendor -> tiled GPU -> naive GPU -> CPU, with checks and reports.
+//!
 //! The conv3d chain: a 3-D convolution with an explicit fallback chain
 //! (crate [contract 3](crate#contracts)): vendor library -> tiled GPU
 //! kernel -> naive GPU kernel -> CPU.

@@ -1,5 +1,7 @@
-//! What a call and a chain's life did: [`Conv3dReport`] (one
-//! [`TierAttempt`] per tier) and [`TierStats`].
+//! What a call and a chain's life did: reports and statistics.
+//!
+//! [`Conv3dReport`]: one [`TierAttempt`] per tier; [`TierStats`]: counters
+//! per tier over the chain's life.
 
 use std::fmt;
 use std::time::Duration;

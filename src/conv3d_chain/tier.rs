@@ -1,5 +1,7 @@
-//! What a tier is: [`TierKind`], [`Support`], the [`Conv3dTier`] trait, and
-//! the two tiers without a device ([`CpuTier`], [`UnavailableTier`]).
+//! What a tier is: its kind, its support, the trait, the CPU and unavailable tiers.
+//!
+//! [`TierKind`], [`Support`], the [`Conv3dTier`] trait, and the two tiers
+//! without a device ([`CpuTier`], [`UnavailableTier`]).
 
 use std::fmt;
 

@@ -1,3 +1,5 @@
+//! Per-piece checks: device work of a staged piece, host sums against the device's.
+//!
 //! The checks of each piece: the policy applied, the device work of one
 //! staged piece (copy check, conversion, output check), the host's sums
 //! against the device's, and the read-back.

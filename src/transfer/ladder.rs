@@ -1,5 +1,7 @@
-//! The ladder below the pinned ring: small chunks, pageable copy, CPU
-//! conversion, keep on host; each rung's failure recorded.
+//! The ladder below the pinned ring, each rung's failure recorded.
+//!
+//! Small chunks, pageable copy, CPU conversion, keep on host: each rung
+//! tried in turn, each failure recorded.
 
 use std::time::Instant;
 

@@ -1,4 +1,4 @@
-//! What a load returns: [`Loaded`] tensors, where their bytes are, and [`LoadProgress`].
+//! What a load returns: the loaded tensors and the progress.
 
 use super::LoadReport;
 use crate::device::DeviceBuffer;

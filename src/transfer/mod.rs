@@ -1,3 +1,5 @@
+//! Staged, verified uploads of checkpoint tensors to a device, with a fallback ladder.
+//!
 //! Staged, verified uploads of checkpoint tensors to a [`Device`], with an
 //! explicit fallback ladder and a report (crate [contracts](crate#contracts)
 //! 2, 3, 6).

@@ -1,5 +1,4 @@
-//! What a load is asked to do: [`LoadOptions`] (with its [`Fallback`]
-//! policy) and the [`Request`]s.
+//! What a load is asked to do: options, fallback policy, requests.
 
 use std::ops::Range;
 

@@ -1,5 +1,4 @@
-//! What a load did: [`LoadReport`], per tensor [`TensorReport`], and the
-//! ladder's [`Rung`]s.
+//! What a load did: the load and tensor reports, and the ladder's rungs.
 
 use std::fmt;
 

@@ -1,4 +1,4 @@
-//! Block sums: whole 256-word blocks (portable loop or AVX2) and partial blocks.
+//! Block sums: whole 256-word blocks (portable or AVX2) and partial blocks.
 
 use super::spec::{block_consts, BLOCK_WORDS, LANE_ADD, LANE_MUL, PAIR_TABLES};
 

@@ -1,4 +1,4 @@
-//! The definition (version 1): the keys, the one-word term, the lane tables, the finish.
+//! The definition (version 1): keys, the one-word term, lane tables, finish.
 
 /// Words per keyed block (the block key changes every 256 words = 1 KiB).
 pub(crate) const BLOCK_WORDS: u64 = 256;

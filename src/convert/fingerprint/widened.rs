@@ -1,4 +1,4 @@
-//! Raw and widened sums in one pass: what a verified bf16/f16 -> f32 piece checks.
+//! Raw and widened sums of a bf16/f16 piece in one pass.
 
 use super::blocks::full_block;
 use super::spec::BLOCK_WORDS;

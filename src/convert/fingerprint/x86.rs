@@ -1,4 +1,4 @@
-//! The x86-64 paths: AVX2 block sums, AVX2 and AVX-512 fused raw and widened sums.
+//! The x86-64 loops: AVX2 block sums, AVX2 and AVX-512 fused sums.
 
 use std::arch::x86_64::*;
 

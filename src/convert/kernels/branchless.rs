@@ -1,5 +1,7 @@
-//! Branchless element conversions (the scalar reference's results, with
-//! no data-dependent branches) and the short forms for the common case.
+//! Branchless element conversions and their short forms for the common case.
+//!
+//! Each gives the scalar reference's result with no data-dependent branch,
+//! so LLVM vectorises the loops built from them.
 
 /// f16 -> f32 (exact widening), written without branches.
 #[inline(always)]

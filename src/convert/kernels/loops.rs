@@ -1,5 +1,7 @@
-//! The slice loops every kernel is built from: element maps, grouped maps
-//! with a short form, streaming stores; CPU feature checks and prefetch.
+//! The slice loops every kernel is built from, with streaming stores.
+//!
+//! Element maps, grouped maps with a short form, streaming stores; CPU
+//! feature checks and prefetch.
 
 /// Applies `f` to every `S`-byte source element, writing `D` bytes each.
 /// Stops at the shorter of the two (callers pass matching lengths).
