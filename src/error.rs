@@ -661,7 +661,7 @@ pub enum Error {
         /// Patterns tested.
         tested: u64,
     },
-    // ----- conv3d (src/conv3d) ----------------------------------------------
+    // ----- conv3d (src/conv3d, src/conv3d_chain) ----------------------------
     /// A conv3d parameter is out of range (a zero stride, dilation or group
     /// count).
     #[error("conv3d: {param} {value:?}: {reason}")]
@@ -745,7 +745,7 @@ pub enum Error {
     #[error("conv3d: no tier served the call: {report}")]
     Conv3dNoTier {
         /// What happened at each tier.
-        report: Box<crate::conv3d::Conv3dReport>,
+        report: Box<crate::conv3d_chain::Conv3dReport>,
     },
 
     /// A cuDNN call of the conv3d vendor tier failed (no algorithm for the
@@ -795,7 +795,7 @@ pub enum Error {
         tensor: String,
         /// The rung that failed (`"pinned ring"`, ...).
         rung: &'static str,
-        /// What failed (the rung's `transfer::Failure`, displayed).
+        /// What failed (the rung's `fallback::Failure`, displayed).
         failure: String,
         /// The error, when the failure was one.
         #[source]

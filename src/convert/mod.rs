@@ -1,5 +1,5 @@
 //! Exact, integer-only dtype conversions on the CPU, and the buffer
-//! fingerprint used to verify GPU results (DESIGN.md contracts 1 and 2).
+//! fingerprint used to verify GPU results (crate [contracts](crate#contracts) 1 and 2).
 //!
 //! Supported: sources F64, F32, F16, BF16; targets F32, F16, BF16. Every
 //! function reads little-endian bytes at any alignment.

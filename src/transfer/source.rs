@@ -1,5 +1,7 @@
-//! The load plan: which bytes of which file become which tensor, the
-//! positioned reads, and the host's expected fingerprint sums.
+//! Sources: the items read, positioned reads of shard files, host sums.
+//!
+//! Which bytes of which file become which tensor (`Item`), the positioned
+//! reads, and the host's expected fingerprint sums.
 
 use std::fs::File;
 use std::path::PathBuf;
