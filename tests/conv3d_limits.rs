@@ -2,9 +2,8 @@
 //! memory is a typed error before any allocation; an exact result beyond
 //! f32 is `Conv3dOverflow` (a fact), told apart from a corrupt tier.
 
-use rocm_safe::conv3d::{
-    Conv3dChain, Conv3dData, Conv3dOptions, Conv3dParams, Conv3dProblem, CpuTier,
-};
+use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
+use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dOptions, CpuTier};
 use rocm_safe::Error;
 
 const ONE: [usize; 5] = [1; 5];
