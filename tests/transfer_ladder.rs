@@ -137,11 +137,12 @@ fn clean_load_is_exact_and_fast() {
                     assert_eq!(t.rung, Rung::PinnedRing, "{} {dtype:?}", t.name);
                     assert!(t.attempts.is_empty());
                 } else {
+                    // Routed there on purpose: nothing was tried, nothing
+                    // failed, and the report says why.
                     assert_eq!(t.rung, Rung::CpuConvert, "{} {dtype:?}", t.name);
-                    assert!(matches!(
-                        t.attempts[0].failure,
-                        Failure::NoTrustedKernel { from, .. } if from == t.dtype
-                    ));
+                    assert!(t.attempts.is_empty(), "{t}");
+                    let why = t.routed.as_deref().unwrap_or_default();
+                    assert!(why.contains("no device kernel"), "{t}");
                 }
             }
             assert!(
@@ -350,7 +351,8 @@ fn every_device_rung_failing_ends_on_the_host() {
         assert_eq!(t.rung, Rung::KeepOnHost, "{}", t.name);
         let rungs: Vec<Rung> = t.attempts.iter().map(|a| a.step).collect();
         let want: &[Rung] = if t.dtype == DType::F64 {
-            &[Rung::PinnedRing, Rung::CpuConvert]
+            // Routed to the CPU rung (no f64 kernel): only it failed.
+            &[Rung::CpuConvert]
         } else {
             &[
                 Rung::PinnedRing,
@@ -412,6 +414,10 @@ fn out_of_memory_releases_the_cached_ring_and_the_next_pass_makes_it_again() {
     let warm = loader.load_all(&ckpt).unwrap();
     let rungs: Vec<Rung> = warm.report.tensors.iter().map(|t| t.rung).collect();
     drop(warm);
+    // Its buffers' frees happen at the device's next sync point; make it
+    // now, so the device has nothing pending to free on out of memory and
+    // the loader's own release is what the retry needs.
+    dev.synchronize().unwrap();
     // The second load's first allocation fails: the cached ring is
     // released, the retry succeeds and the ring pass builds a new ring.
     h.set_enabled(true);
@@ -1013,24 +1019,22 @@ fn tracing_check() {
 }
 
 #[test]
-fn a_shard_gone_before_the_load_is_an_io_error() {
+fn a_shard_removed_before_the_load_is_a_changed_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = mixed(dir.path());
     let ckpt = Checkpoint::open(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
     let dev = Device::host();
+    // The loader reads through the descriptor the checkpoint validated (it
+    // never opens a shard again by name), so the bytes are still the ones
+    // checked; the unlink changed the file's change time, which the check
+    // after the reads reports, naming the file.
     let e = Loader::new(&dev, small(None))
         .unwrap()
         .load_all(&ckpt)
         .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Io {
-                op: "open for loading",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    match &e {
+        Error::FileChanged { path: p, .. } => assert_eq!(p, &path),
+        other => panic!("{other}"),
+    }
 }

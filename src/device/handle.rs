@@ -348,3 +348,60 @@ pub(crate) fn byte_len<T>(op: &'static str, len: usize) -> Result<usize> {
     len.checked_mul(std::mem::size_of::<T>())
         .ok_or(Error::SizeOverflow { op, elements: len })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::faults::{FaultKind, FaultPlan, Faults, When};
+    use crate::device::host::HostBackend;
+
+    #[test]
+    fn out_of_memory_with_frees_pending_syncs_frees_and_retries_once() {
+        let (f, h) = Faults::new(
+            HostBackend::new(),
+            FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(1)),
+        );
+        let dev = Device::from_backend(Box::new(f));
+        let s = dev.stream().unwrap();
+        drop(s.alloc::<u8>(4096).unwrap()); // allocation 0: now pending
+        assert_eq!(dev.pending_free_bytes(), 4096);
+        // Allocation 1 runs out of memory; the pending free is made and
+        // allocation 2 serves the call.
+        let b = s.alloc::<u8>(1024).unwrap();
+        assert_eq!(h.injected().len(), 1);
+        assert_eq!(dev.pending_free_bytes(), 0);
+        assert_eq!(dev.owned_bytes(), 1024);
+        drop(b);
+        // Nothing pending: out of memory is returned as it is.
+        let (f, _h) = Faults::new(
+            HostBackend::new(),
+            FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(0)),
+        );
+        let dev = Device::from_backend(Box::new(f));
+        let e = dev.stream().unwrap().alloc::<u8>(16).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_failed_free_at_the_sync_point_is_recorded_and_stays_owned() {
+        let (f, h) = Faults::new(
+            HostBackend::new(),
+            FaultPlan::one(FaultKind::TeardownFailure, When::Always),
+        );
+        h.set_enabled(false);
+        let dev = Device::from_backend(Box::new(f));
+        let s = dev.stream().unwrap();
+        drop(s.alloc::<u8>(64).unwrap());
+        drop(s);
+        // A failing free at the sync point is recorded, not lost.
+        h.set_enabled(true);
+        dev.synchronize().unwrap();
+        let errs = dev.take_errors();
+        assert!(
+            errs.iter()
+                .any(|e| matches!(e, Error::InjectedFault { .. })),
+            "{errs:?}"
+        );
+        assert_eq!(dev.owned_bytes(), 64, "a failed free stays owned (leaked)");
+    }
+}

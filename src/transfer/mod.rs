@@ -204,6 +204,8 @@ impl Loader {
     /// the load); [`Error::TransferFailed`] when a tensor fails and the
     /// fallback option forbids the next rung. Device failures and
     /// mismatches otherwise only move tensors down the ladder.
+    /// [`Error::FileChanged`] when a shard or the index changed while it was
+    /// read (checked after the last read).
     pub fn load_with_progress(
         &mut self,
         ckpt: &Checkpoint,
@@ -281,6 +283,9 @@ impl Loader {
         }
         report.timing = cx.timing;
         let states = cx.states;
+        // Every byte was read: a shard changed meanwhile (same size, other
+        // bytes; truncated and regrown) fails the load, naming the file.
+        ckpt.check_unchanged()?;
 
         // Results.
         let mut tensors = Vec::with_capacity(items.len());
@@ -307,6 +312,7 @@ impl Loader {
                 attempts: st.attempts,
                 oom_retried: st.oom_retried,
                 offloaded: st.offloaded,
+                routed: st.routed,
                 ms,
             });
             tensors.push(LoadedTensor {

@@ -55,6 +55,8 @@ pub(super) struct State {
     pub oom_retried: bool,
     /// Whether the budget kept it on the host.
     pub offloaded: bool,
+    /// Why it starts below the pinned ring with nothing failed.
+    pub routed: Option<String>,
     /// First operation.
     pub t0: Option<Instant>,
     /// Last check.
@@ -86,7 +88,7 @@ impl Loader {
                 .position(|s| std::ptr::eq(s, shard))
                 .unwrap_or(0);
             if let Some(slot @ None) = sources.get_mut(si) {
-                *slot = Some(Source::open(shard.path().to_owned(), shard.file_len())?);
+                *slot = Some(Source::of(shard)?);
             }
             let mut shape = info.shape.clone();
             let mut start = shard.data_start() + info.data_offsets.0;
@@ -140,17 +142,12 @@ impl Loader {
         }
         let sources = sources
             .into_iter()
-            .enumerate()
-            .map(|(i, s)| match s {
+            .zip(shards)
+            .map(|(s, shard)| match s {
                 Some(s) => Ok(s),
-                // Never read: a placeholder keeping indices aligned.
-                None => Source::open(
-                    shards
-                        .get(i)
-                        .map(|s| s.path().to_owned())
-                        .unwrap_or_default(),
-                    0,
-                ),
+                // Never read: a placeholder keeping indices aligned (a
+                // duplicate descriptor, no new open).
+                None => Source::of(shard),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok((sources, items))
@@ -169,11 +166,20 @@ impl Loader {
             .iter()
             .map(|item| {
                 let mut attempts = Vec::new();
-                let mut start = match self.opts.fallback {
-                    Fallback::Force(r) => r,
-                    _ => Rung::PinnedRing,
+                let (mut start, mut routed) = match self.opts.fallback {
+                    Fallback::Force(r) if r != Rung::PinnedRing => {
+                        (r, Some(format!("forced: {r}")))
+                    }
+                    Fallback::Force(r) => (r, None),
+                    _ => (Rung::PinnedRing, None),
                 };
                 if let Some(op) = item.op {
+                    let forbid = matches!(self.opts.fallback, Fallback::Forbid);
+                    if !op.on_device() && start.converts_on_device() && !forbid {
+                        // No kernel exists: nothing to try, nothing failed.
+                        routed = Some(format!("no device kernel for {op}: converted on the CPU"));
+                        start = Rung::CpuConvert;
+                    }
                     let trusted = op.on_device() && st.as_ref().is_none_or(|s| s.trusted(op));
                     if !trusted && start.converts_on_device() {
                         attempts.push(Attempt {
@@ -195,6 +201,7 @@ impl Loader {
                     served: None,
                     oom_retried: false,
                     offloaded: false,
+                    routed,
                     t0: None,
                     t1: None,
                     counted: 0,

@@ -90,6 +90,10 @@ pub struct TensorReport {
     /// Whether the tensor stayed on the host because the device memory
     /// budget was spent (offloading), not because of a failure.
     pub offloaded: bool,
+    /// Why the tensor started below the pinned ring when nothing failed:
+    /// its conversion has no device kernel (`f64 -> f32` is done on the
+    /// CPU), or a forced rung. `None` when it started on the pinned ring.
+    pub routed: Option<String>,
     /// Wall time from the tensor's first operation to its last check
     /// (pinned-ring tensors overlap with each other).
     pub ms: f32,
@@ -156,11 +160,16 @@ impl LoadReport {
             .collect()
     }
 
-    /// Whether every tensor was served by the pinned ring with no failure.
+    /// Whether nothing fell back: every tensor was served by the pinned
+    /// ring, or by the rung it was routed to on purpose
+    /// ([`TensorReport::routed`]: no device kernel for its conversion, a
+    /// forced rung), with no failed attempt and no offloading.
     pub fn all_fast(&self) -> bool {
-        self.tensors
-            .iter()
-            .all(|t| t.rung == Rung::PinnedRing && t.attempts.is_empty())
+        self.tensors.iter().all(|t| {
+            (t.rung == Rung::PinnedRing || t.routed.is_some())
+                && t.attempts.is_empty()
+                && !t.offloaded
+        })
     }
 
     /// File bytes per second of wall time.
@@ -179,6 +188,9 @@ impl fmt::Display for TensorReport {
         write!(f, "{}: {}", self.name, self.rung)?;
         if self.offloaded {
             f.write_str(" (memory budget spent)")?;
+        }
+        if let Some(why) = &self.routed {
+            write!(f, " ({why})")?;
         }
         if !self.attempts.is_empty() {
             f.write_str(" (")?;
@@ -242,6 +254,7 @@ mod tests {
             attempts,
             oom_retried: false,
             offloaded: false,
+            routed: None,
             ms: 0.0,
         }
     }
