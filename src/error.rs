@@ -27,6 +27,17 @@ pub enum Error {
         actual: usize,
     },
 
+    /// A tensor read as another element type than its dtype.
+    #[error("tensor {tensor}: holds {stored}, asked for {asked}")]
+    DTypeMismatch {
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        stored: crate::dtype::DType,
+        /// The element type's dtype asked for.
+        asked: crate::dtype::DType,
+    },
+
     /// A conversion between two dtypes that rocm-safe does not convert.
     #[error("{op}: cannot convert {from} to {to}")]
     UnsupportedConversion {

@@ -130,6 +130,10 @@ impl<T> DeviceSpan<T> {
 pub struct DeviceBuffer<T> {
     span: DeviceSpan<T>,
     stream: Stream,
+    /// Whether dropping frees the memory: false for a crate-internal
+    /// stand-in over memory a caller lends for one call
+    /// ([`DeviceBuffer::lent`]).
+    owned: bool,
 }
 
 impl<T> std::fmt::Debug for DeviceBuffer<T> {
@@ -155,6 +159,22 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
         DeviceBuffer {
             span: DeviceSpan::new(ptr, len),
             stream,
+            owned: true,
+        }
+    }
+
+    /// A buffer over `view`'s memory that never frees it, so that code
+    /// written for owned buffers (the loader's pipeline) can fill memory a
+    /// caller lends ([`crate::transfer::Loader::load_into`]).
+    ///
+    /// # Safety
+    /// The returned buffer (and anything made from it) is dropped before
+    /// the borrow of `view` ends, and `stream` belongs to `view`'s device.
+    pub(crate) unsafe fn lent(view: &mut DeviceViewMut<'_, T>, stream: Stream) -> DeviceBuffer<T> {
+        DeviceBuffer {
+            span: view.span,
+            stream,
+            owned: false,
         }
     }
     /// Gives up ownership: the device address, the length in elements and
@@ -165,7 +185,9 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
     /// to another framework (DLPack export does this).
     pub fn into_raw_parts(self) -> (DevicePtr, usize, Stream) {
         let me = std::mem::ManuallyDrop::new(self);
-        me.stream.device().account(-(me.span.num_bytes() as i128));
+        if me.owned {
+            me.stream.device().account(-(me.span.num_bytes() as i128));
+        }
         // SAFETY: `me` is never used or dropped again, so the stream is
         // moved out exactly once (its destructor runs with the returned
         // value's).
@@ -252,7 +274,7 @@ impl<T> Drop for DeviceBuffer<T> {
     /// point (work on any stream may still use it); never waits here.
     fn drop(&mut self) {
         let bytes = self.span.num_bytes();
-        if bytes > 0 {
+        if bytes > 0 && self.owned {
             self.stream.device().defer_free(self.span.ptr, bytes);
         }
     }

@@ -1,9 +1,10 @@
 //! What a load returns: the loaded tensors and the progress.
 
 use super::LoadReport;
-use crate::device::DeviceBuffer;
+use crate::convert::Element;
+use crate::device::{DeviceBuffer, DeviceView};
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Where a loaded tensor's bytes are.
 #[derive(Debug)]
@@ -49,6 +50,57 @@ pub struct LoadedTensor {
     pub shape: Vec<u64>,
     /// The bytes.
     pub data: TensorData,
+}
+
+impl LoadedTensor {
+    /// Its elements as `T` on the device, borrowed; `None` when it was kept
+    /// on the host ([`TensorData::Host`]).
+    ///
+    /// Errors: [`Error::DTypeMismatch`] when `T` is not its dtype,
+    /// [`Error::Misaligned`] / [`Error::LengthMismatch`] from the cast.
+    pub fn device_view<T: Element>(&self) -> Result<Option<DeviceView<'_, T>>> {
+        self.check::<T>()?;
+        match &self.data {
+            TensorData::Device(b) => Ok(Some(b.view().cast::<T>()?)),
+            TensorData::Host(_) => Ok(None),
+        }
+    }
+
+    /// Its elements as a vector of `T` (copied back from the device when
+    /// there; decoded from bytes, never assuming alignment, on the host).
+    ///
+    /// Errors: [`Error::DTypeMismatch`] when `T` is not its dtype; device
+    /// copy errors.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.check::<T>()?;
+        let bytes = match &self.data {
+            TensorData::Device(b) => {
+                return b.view().cast::<T>()?.to_vec(b.stream());
+            }
+            TensorData::Host(v) => v,
+        };
+        let size = std::mem::size_of::<T>();
+        if bytes.len() % size != 0 {
+            return Err(Error::LengthMismatch {
+                op: "LoadedTensor::to_vec",
+                expected: bytes.len() / size * size,
+                actual: bytes.len(),
+            });
+        }
+        Ok(bytemuck::pod_collect_to_vec(bytes))
+    }
+
+    fn check<T: Element>(&self) -> Result<()> {
+        if T::DTYPE == self.dtype {
+            Ok(())
+        } else {
+            Err(Error::DTypeMismatch {
+                tensor: self.name.clone(),
+                stored: self.dtype,
+                asked: T::DTYPE,
+            })
+        }
+    }
 }
 
 /// The result of a load.

@@ -80,7 +80,7 @@ mod source;
 
 use std::time::Instant;
 
-use crate::device::{Device, DeviceBuffer, PinnedBuffer, Stream};
+use crate::device::{Device, DeviceBuffer, DeviceViewMut, PinnedBuffer, Stream};
 use crate::error::{Error, Result};
 use crate::safetensors::Checkpoint;
 
@@ -129,6 +129,9 @@ pub struct Loader {
     /// out of memory).
     scratch: Option<Slot>,
     scratch_pinned: Option<PinnedBuffer<u8>>,
+    /// Outputs lent by the caller for the next load, by request index
+    /// ([`Loader::load_into`]); empty otherwise.
+    lent: Vec<Option<DeviceBuffer<u8>>>,
 }
 
 impl std::fmt::Debug for Loader {
@@ -168,6 +171,7 @@ impl Loader {
             ring: None,
             scratch: None,
             scratch_pinned: None,
+            lent: Vec::new(),
         })
     }
 
@@ -194,6 +198,75 @@ impl Loader {
     /// Loads `reqs` (whole tensors or row slices).
     pub fn load(&mut self, ckpt: &Checkpoint, reqs: &[Request]) -> Result<Loaded> {
         self.load_with_progress(ckpt, reqs, &mut |_| {})
+    }
+
+    /// Loads `req` into device memory the caller provides (a trainer
+    /// allocates, rocm-safe fills and verifies): `dst` holds exactly the
+    /// loaded bytes (the tensor, or its rows, in the loader's output dtype:
+    /// [`LoadOptions::dtype`]). The same pipeline, checks and ladder as
+    /// [`Loader::load`]; where a lower rung served the tensor from the host
+    /// (CPU conversion, keep on host) its bytes are copied into `dst` and
+    /// checked there against their fingerprint. Work is complete when this
+    /// returns.
+    ///
+    /// Errors: as [`Loader::load`]; [`Error::DeviceMismatch`] when `dst`
+    /// is on another device, [`Error::LengthMismatch`] when its length is
+    /// not the output's, [`Error::VerificationFailed`] when the bytes copied
+    /// from the host do not check out.
+    pub fn load_into(
+        &mut self,
+        ckpt: &Checkpoint,
+        req: &Request,
+        dst: &mut DeviceViewMut<'_, u8>,
+    ) -> Result<TensorReport> {
+        if !dst.device().same(&self.device) {
+            return Err(Error::DeviceMismatch { op: "load_into" });
+        }
+        let (_, items) = self.plan(ckpt, std::slice::from_ref(req))?;
+        let want = items.first().map_or(0, |i| i.out_bytes);
+        if want != dst.len() as u64 {
+            return Err(Error::LengthMismatch {
+                op: "load_into",
+                expected: usize::try_from(want).unwrap_or(usize::MAX),
+                actual: dst.len(),
+            });
+        }
+        // SAFETY: the stand-in lives in `self.lent` and then in this load's
+        // states, all dropped before this call returns (the load takes them
+        // out at its start; `self.lent` is cleared below on every path); the
+        // compute stream is on `dst`'s device (checked above).
+        let stand_in = unsafe { DeviceBuffer::lent(dst, self.compute.clone()) };
+        self.lent = vec![Some(stand_in)];
+        let r = self.load(ckpt, std::slice::from_ref(req));
+        self.lent.clear();
+        let mut loaded = r?;
+        let (Some(t), Some(rep)) = (loaded.tensors.pop(), loaded.report.tensors.pop()) else {
+            return Err(Error::TensorNotFound {
+                path: ckpt.path().to_owned(),
+                tensor: req.name.clone(),
+            });
+        };
+        match t.data {
+            TensorData::Device(b) if b.device_ptr() == dst.device_ptr() => {}
+            TensorData::Device(b) => {
+                dst.copy_dtod(&self.compute, &b.view())?;
+                self.compute.synchronize()?;
+            }
+            TensorData::Host(v) => {
+                dst.copy_htod(&self.compute, &v)?;
+                let expected = crate::convert::fingerprint::fingerprint_bytes(&v);
+                let actual = self.compute.fingerprint(&dst.as_view())?;
+                if expected != actual {
+                    return Err(Error::VerificationFailed {
+                        op: format!("load_into {} (host copy)", req.name),
+                        device: label(&self.device),
+                        expected,
+                        actual,
+                    });
+                }
+            }
+        }
+        Ok(rep)
     }
 
     /// [`Loader::load`], calling `progress` as bytes are loaded and checked.
@@ -225,7 +298,10 @@ impl Loader {
         let mut cx = LoadCtx {
             sources: &sources,
             items: &items,
-            states: self.initial_states(&items)?,
+            states: {
+                let lent = std::mem::take(&mut self.lent);
+                self.initial_states(&items, lent)?
+            },
             prog: LoadProgress {
                 done_bytes: 0,
                 total_bytes,

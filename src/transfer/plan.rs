@@ -155,7 +155,12 @@ impl Loader {
 
     /// The first rung of each item: the forced one, or the pinned ring
     /// unless its conversion has no trusted device kernel.
-    pub(super) fn initial_states(&self, items: &[Item]) -> Result<Vec<State>> {
+    pub(super) fn initial_states(
+        &self,
+        items: &[Item],
+        lent: Vec<Option<DeviceBuffer<u8>>>,
+    ) -> Result<Vec<State>> {
+        let mut lent = lent.into_iter();
         let needs_kernel = items.iter().any(|i| i.op.is_some_and(|o| o.on_device()));
         let st = if self.opts.self_test && needs_kernel {
             Some(verify::self_test(&self.compute)?)
@@ -196,7 +201,7 @@ impl Loader {
                     start,
                     failed: None,
                     attempts,
-                    out: None,
+                    out: lent.next().flatten(),
                     host: None,
                     served: None,
                     oom_retried: false,
@@ -215,7 +220,9 @@ impl Loader {
     pub(super) fn allocate(&mut self, items: &[Item], states: &mut [State]) -> Result<()> {
         let mut used = self.staging_device_bytes();
         for (item, st) in items.iter().zip(states.iter_mut()) {
-            if st.start == Rung::KeepOnHost {
+            // Kept on the host by choice, or filling memory the caller lent
+            // (never offloaded, nothing to allocate).
+            if st.start == Rung::KeepOnHost || st.out.is_some() {
                 continue;
             }
             if let Some(b) = self.opts.memory_budget {
