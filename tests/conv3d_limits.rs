@@ -90,3 +90,33 @@ fn an_exact_result_beyond_f32_is_an_overflow_not_a_tier_failure() {
     let (out, _) = cpu_chain().run(&p).unwrap();
     assert_eq!(out, vec![3.0e38]);
 }
+
+#[test]
+fn shapes_pass_from_reader_types_without_conversion_and_negatives_are_refused() {
+    let x = vec![1f32; 2 * 3 * 3 * 3];
+    let w = vec![1f32; 4 * 2 * 27];
+    // u64, as `TensorInfo::shape` and `LoadedTensor::shape` give them.
+    let xs: Vec<u64> = vec![1, 2, 3, 3, 3];
+    let ws: Vec<u64> = vec![4, 2, 3, 3, 3];
+    let p = Conv3dProblem::new(
+        Conv3dParams::default().with_padding([1; 3]),
+        Conv3dData::F32(&x),
+        &xs,
+        Conv3dData::F32(&w),
+        &ws,
+        None,
+    )
+    .unwrap();
+    assert_eq!(p.geometry.output_shape(), [1, 4, 3, 3, 3]);
+    // i64, as DLPack and PyTorch give them: a negative size is an error.
+    let e = Conv3dProblem::new(
+        Conv3dParams::default(),
+        Conv3dData::F32(&x),
+        &[1i64, 2, -3, 3, 3],
+        Conv3dData::F32(&w),
+        &[4i64, 2, 3, 3, 3],
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::Conv3dShape { .. }), "{e}");
+}

@@ -21,5 +21,5 @@ mod params;
 mod reference;
 
 pub use cpu::{conv3d_cpu, conv3d_cpu_with, release_cpu_scratch, CpuKernel};
-pub use params::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem};
+pub use params::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem, ShapeDim};
 pub use reference::{reference, reference_point, RefPoint};
