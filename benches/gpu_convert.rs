@@ -193,6 +193,47 @@ fn benches(c: &mut Criterion) {
             r.elapsed_ms, r.reference_ms, r.upload_ms, r.device_ms
         );
     }
+    // Dropping a temporary while another stream is busy: the drop hands the
+    // memory to the device (freed at its next sync point) and returns; the
+    // baseline is what a drop did before (wait for the whole device, then
+    // free). Each iteration queues a 2^lg conversion on `s` first, so the
+    // device is busy when the temporary goes.
+    let other = dev.stream().expect("stream");
+    let mut g = c.benchmark_group(format!("drop_temporary_while_busy/2^{lg}"));
+    g.sample_size(20);
+    g.bench_function("drop (deferred free)", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = std::time::Duration::ZERO;
+            for _ in 0..iters {
+                let tmp = other.alloc::<f32>(1 << 20).expect("alloc");
+                s.convert(&src.view(), &mut out.view_mut())
+                    .expect("convert");
+                let t = std::time::Instant::now();
+                drop(tmp);
+                spent += t.elapsed();
+                dev.synchronize().expect("sync");
+            }
+            spent
+        })
+    });
+    g.bench_function("baseline: device synchronize + free (the old drop)", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = std::time::Duration::ZERO;
+            for _ in 0..iters {
+                let tmp = other.alloc::<f32>(1 << 20).expect("alloc");
+                s.convert(&src.view(), &mut out.view_mut())
+                    .expect("convert");
+                let t = std::time::Instant::now();
+                dev.synchronize().expect("sync");
+                drop(tmp);
+                dev.synchronize().expect("sync");
+                spent += t.elapsed();
+            }
+            spent
+        })
+    });
+    g.finish();
+
     let mut g = c.benchmark_group("self_test");
     g.sample_size(20);
     g.bench_function("exhaustive", |b| {

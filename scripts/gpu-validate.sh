@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# On the borrowed GPU machine (no Rust there): unpack the binaries that
+# ../shared/tools/stage-gpu.sh --features cuda staged into .gpu.tgz, then
+#   bash scripts/gpu-validate.sh tests   every test binary with the GPU tests, then the doctor
+#   bash scripts/gpu-validate.sh bench   GPU benches with their anchors in the same call
+# Logs go to $OUT (the device tool brings them back) and to stdout.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+[ -d .gpu ] || tar xzf .gpu.tgz
+# cuDNN (the conv3d vendor tier) comes with PyTorch's wheels.
+cudnn=$(python3 - <<'PY' 2>/dev/null
+import os, glob, nvidia
+print(":".join(sorted({os.path.dirname(p) for p in glob.glob(os.path.join(os.path.dirname(nvidia.__path__[0]), "nvidia", "*", "lib", "lib*.so*"))})))
+PY
+)
+export LD_LIBRARY_PATH="${cudnn}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export RUST_BACKTRACE=1
+case "${1:-tests}" in
+tests)
+  rc=0
+  for t in .gpu/bin/*; do
+    case "$t" in *bench-*) continue ;; esac
+    "$t" --include-ignored > /tmp/one.log 2>&1
+    r=$?
+    echo "== $t: exit $r, $(grep -E '^test result' /tmp/one.log | tail -n 1)"
+    if [ $r -ne 0 ]; then rc=1; grep -E -A12 "panicked|FAILED" /tmp/one.log | head -n 60; fi
+  done > "$out/tests.log" 2>&1
+  cat "$out/tests.log" | cut -c1-200 | head -n 80
+  .gpu/examples/doctor > "$out/doctor.txt" 2>&1; echo "doctor exit $?"; tail -n 30 "$out/doctor.txt"
+  exit $rc ;;
+bench)
+  b() { ls .gpu/bin/bench-"$1"-* 2>/dev/null | head -1; }
+  {
+    python3 benches/torch_anchor.py 23 28
+    "$(b gpu_convert)" --bench --warm-up-time 1 --measurement-time 3
+    python3 benches/torch_anchor.py 23 28
+  } > "$out/gpu_convert.log" 2>&1
+  {
+    python3 benches/conv3d_anchor.py
+    "$(b conv3d)" --bench cuda --warm-up-time 1 --measurement-time 3
+    python3 benches/conv3d_anchor.py
+  } > "$out/conv3d.log" 2>&1
+  {
+    python3 scripts/make-checkpoint.py /tmp/ck --gib 4.2 --shards 2 --largest-mib 256
+    cat /tmp/ck/*.safetensors > /dev/null
+    python3 benches/transfer_anchor.py /tmp/ck 2
+    TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=4 "$(b transfer)" --bench
+    python3 benches/transfer_anchor.py /tmp/ck 2
+  } > "$out/transfer.log" 2>&1
+  tail -n 5 "$out"/*.log ;;
+esac
