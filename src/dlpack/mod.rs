@@ -59,7 +59,9 @@
 //! compactness rule, and the views. Writing the `#[repr(C)]` structs by
 //! hand would repeat the header without its layout checks, and the Python
 //! bindings will want the same pointer types that dlpark's own PyO3 support
-//! uses.
+//! uses. Its types appear in this module's signatures (re-exported here as
+//! [`ffi`], [`Managed`], [`DlpackFlags`]), so a dlpark release that changes
+//! them is an API change of this module.
 //!
 //! # Example: a round trip on the host backend
 //!
