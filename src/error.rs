@@ -821,6 +821,38 @@ pub enum Error {
         /// What is wrong with it.
         reason: &'static str,
     },
+
+    // ----- dlpack (src/dlpack) --------------------------------------------
+    /// A DLPack tensor that is valid DLPack but that rocm-safe cannot take
+    /// (import) or a tensor it cannot describe (export): a device type or
+    /// ordinal other than the importing device's, a dtype without a
+    /// [`DType`], vector lanes, non-compact strides, a DLPack major version
+    /// other than 1, a mutable view of a read-only tensor. An import that
+    /// fails so has already called the producer's deleter.
+    #[error("dlpack {op}: unsupported {what}: {found}")]
+    DlpackUnsupported {
+        /// The operation (`"import"`, `"export"`, `"view_mut"`).
+        op: &'static str,
+        /// What is unsupported (`"device"`, `"dtype"`, `"lanes"`,
+        /// `"strides"`, `"version"`, `"flags"`, `"shape"`).
+        what: &'static str,
+        /// What was found, and what was needed where that helps.
+        found: String,
+    },
+
+    /// A DLPack tensor that breaks the DLPack contract: a null managed
+    /// tensor, a null data pointer with a non-zero size, a negative
+    /// dimension, sizes that overflow, a null shape. An import that fails so
+    /// after taking ownership has already called the producer's deleter.
+    #[error("dlpack {op}: invalid {what}: {found}")]
+    DlpackInvalid {
+        /// The operation (`"import"`).
+        op: &'static str,
+        /// The part that is invalid (`"pointer"`, `"shape"`, `"data"`).
+        what: &'static str,
+        /// What was found.
+        found: String,
+    },
 }
 
 impl Error {

@@ -46,7 +46,8 @@
 //! `ARCHITECTURE.md`): [`error`], [`dtype`] -> [`convert`], [`conv3d`] (the
 //! problem), [`fallback`] -> [`safetensors`] -> [`device`] -> [`verify`] ->
 //! [`transfer`], [`conv3d_chain`] -> [`diagnostics`] (the engine behind the
-//! `doctor` example).
+//! `doctor` example), [`dlpack`] (device memory and loaded tensors handed
+//! to and taken from other frameworks).
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -57,6 +58,7 @@ pub mod conv3d_chain;
 pub mod convert;
 pub mod device;
 pub mod diagnostics;
+pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod fallback;
