@@ -23,7 +23,9 @@ pub use rng::Rng;
 /// a backend opener, `fn NAME(open: common::Open<'_>)` (a fresh
 /// `Box<dyn Backend>` per call, to wrap in `Faults` or a tamperer); the
 /// signature decides which it gets. Functions after `gpu_only:` (also
-/// either shape) get no host variant:
+/// either shape) get no host variant (they are still compiled, and
+/// type-checked, in builds without a GPU feature). One invocation per file:
+/// it makes the modules `host`, `cuda` and `hip`.
 ///
 /// ```ignore
 /// per_device!(widening_is_exact, faults_are_caught; gpu_only: past_2_pow_32);
