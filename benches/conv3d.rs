@@ -10,19 +10,20 @@
 //! 1x128x9x128x128, 128 out, k3 p1 (anchors: cuDNN 0.49 ms f32, PyTorch's
 //! own fallback 3.79 ms f32 / 1.43 ms bf16).
 
+/// The tests' seeded generator (`tests/common/rng.rs`).
+#[allow(dead_code)]
+#[path = "../tests/common/rng.rs"]
+mod rng;
+
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rocm_safe::conv3d::{conv3d_cpu, Conv3dData, Conv3dParams, Conv3dProblem};
 
+/// Deterministic values in [-1, 1), varied per `salt` (the seed).
 fn values(n: usize, salt: u64) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let z = (i ^ salt).wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40;
-            (z % 2000) as f32 / 1000.0 - 1.0
-        })
-        .collect()
+    rng::Rng::new(salt).f32s(n, -1.0, 1.0)
 }
 
 fn cpu(c: &mut Criterion) {

@@ -25,6 +25,11 @@
 //!   in [-0.1, 0.1]), all threads, `Throughput::Bytes` of source plus
 //!   destination.
 
+/// The tests' seeded generator (`tests/common/rng.rs`).
+#[allow(dead_code)]
+#[path = "../tests/common/rng.rs"]
+mod rng;
+
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -33,23 +38,9 @@ use half::slice::HalfFloatSliceExt;
 use rocm_safe::convert::{self, fingerprint};
 use rocm_safe::DType;
 
-/// The splitmix64 finaliser.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Deterministic pseudo-random bytes (splitmix64).
 fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        out.extend_from_slice(&mix64(s).to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    rng::Rng::new(seed).bytes(len)
 }
 
 fn one_thread_pool() -> rayon::ThreadPool {
@@ -147,9 +138,7 @@ fn fingerprint_group(c: &mut Criterion) {
 /// Weight-like values: uniform in [-0.1, 0.1], as f32 bit patterns (almost
 /// all normal numbers, as in real tensors).
 fn weights(n: usize) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| (mix64(i) as i32) as f32 * 2f32.powi(-31) * 0.1)
-        .collect()
+    rng::Rng::new(4).f32s(n, -0.1, 0.1)
 }
 
 fn pairs(c: &mut Criterion) {

@@ -13,6 +13,11 @@
 //!
 //! Every timed closure synchronizes the stream before returning.
 
+/// The tests' seeded generator (`tests/common/rng.rs`).
+#[allow(dead_code)]
+#[path = "../tests/common/rng.rs"]
+mod rng;
+
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use half::{bf16, f16};
 use rocm_safe::device::{BackendKind, Device};
@@ -29,15 +34,7 @@ fn device() -> Device {
 }
 
 fn pattern(n: usize) -> Vec<u16> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u16
-        })
-        .collect()
+    rng::Rng::new(1).u16s(n)
 }
 
 fn benches(c: &mut Criterion) {

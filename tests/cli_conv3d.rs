@@ -5,12 +5,12 @@
 
 mod example_bin;
 
-mod conv3d_common;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use conv3d_common::values;
+use common::conv3d::values;
 use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
 use rocm_safe::safetensors::{SafeTensors, SafeTensorsWriter, TensorSpec};
 use rocm_safe::DType;
@@ -123,7 +123,7 @@ fn writes_the_reference_result_and_a_report() {
         Some(Conv3dData::F32(&b)),
     )
     .unwrap();
-    conv3d_common::assert_close("cli", &p, &got, 1e-4);
+    common::conv3d::assert_close("cli", &p, &got, 1e-4);
 }
 
 #[test]
@@ -169,7 +169,7 @@ fn bf16_inputs_and_forced_cpu_tier() {
         None,
     )
     .unwrap();
-    conv3d_common::assert_close("cli bf16", &p, &got, 1e-5);
+    common::conv3d::assert_close("cli bf16", &p, &got, 1e-5);
 }
 
 #[test]
@@ -219,7 +219,7 @@ fn host_device_runs_the_gpu_tiers() {
         Some(Conv3dData::F32(&b)),
     )
     .unwrap();
-    conv3d_common::assert_close("cli host device", &p, &got, 1e-5);
+    common::conv3d::assert_close("cli host device", &p, &got, 1e-5);
     // The vendor tier forced on the host device: nothing serves.
     let out2 = dir.path().join("out2.safetensors");
     let o = run(&[

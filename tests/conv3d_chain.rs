@@ -6,9 +6,9 @@
 //! doubles wrapping the CPU tier for the precise corruptions (an infinity
 //! at the last point, one zeroed point) the chain's checks must catch.
 
-mod conv3d_common;
+mod common;
 
-use conv3d_common::{cases, Data};
+use common::conv3d::{cases, Data};
 use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
 use rocm_safe::conv3d_chain::{
     device_tiers, Conv3dChain, Conv3dOptions, Conv3dTier, CpuTier, Support, TierKind,
@@ -82,7 +82,7 @@ fn fake(kind: TierKind, name: &'static str, mode: Mode) -> Box<dyn Conv3dTier> {
 }
 
 /// "k3 p1": bias, 3 output channels, 630 points.
-fn data() -> (conv3d_common::Case, Data) {
+fn data() -> (common::conv3d::Case, Data) {
     let case = cases()[0].clone();
     let data = Data::new(&case);
     (case, data)
@@ -103,7 +103,7 @@ fn default_chain_order_and_cpu_serves_without_gpu() {
     }
     let p = data.problem(&case, false);
     let (out, report) = chain.run(&p).unwrap();
-    conv3d_common::assert_close("chain", &p, &out, 1e-5);
+    common::conv3d::assert_close("chain", &p, &out, 1e-5);
     assert_eq!(report.served_by(), Some(TierKind::Cpu));
     assert_eq!(report.attempts.len(), 4);
     for a in &report.attempts[..3] {
@@ -153,7 +153,7 @@ fn every_failure_falls_through_and_is_counted_by_kind() {
     for bf16 in [false, true] {
         let p = data.problem(&case, bf16);
         let (out, report) = chain.run(&p).unwrap();
-        conv3d_common::assert_close("fall-through", &p, &out, 1e-5);
+        common::conv3d::assert_close("fall-through", &p, &out, 1e-5);
         assert_eq!(report.served_by(), Some(TierKind::Cpu));
         let failures: Vec<(&str, &Failure)> = report
             .failures()
@@ -308,7 +308,7 @@ fn host_device_chain_serves_every_case() {
         for bf16 in [false, true] {
             let p = data.problem(&case, bf16);
             let (out, report) = chain.run(&p).unwrap();
-            conv3d_common::assert_close(case.name, &p, &out, 1e-5);
+            common::conv3d::assert_close(case.name, &p, &out, 1e-5);
             let by = report.served_by().unwrap();
             let expected = if Conv3dKernel::Naive.unsupported(&p.geometry).is_some() {
                 TierKind::Cpu

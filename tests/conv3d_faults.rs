@@ -5,18 +5,17 @@
 //! library that is not there is skipped, not failed. Each test runs on the
 //! host backend here and, with `--ignored`, on a CUDA or HIP device.
 
-mod conv3d_common;
+mod common;
 
-use conv3d_common::{assert_close, cases, Case, Data};
+use common::conv3d::{assert_close, cases, Case, Data};
+use common::Open;
 use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dOptions, TierKind};
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
 use rocm_safe::device::{Backend, Device};
 use rocm_safe::fallback::{Failure, Outcome};
 use rocm_safe::Error;
 
-type Make = fn() -> Box<dyn Backend>;
-
-fn faulty(make: Make, seed: u64, rules: &[(FaultKind, When)]) -> (Device, FaultHandle) {
+fn faulty(open: Open<'_>, seed: u64, rules: &[(FaultKind, When)]) -> (Device, FaultHandle) {
     let plan = FaultPlan {
         seed,
         rules: rules
@@ -24,7 +23,7 @@ fn faulty(make: Make, seed: u64, rules: &[(FaultKind, When)]) -> (Device, FaultH
             .map(|&(kind, when)| FaultRule { kind, when })
             .collect(),
     };
-    let (f, h) = Faults::new(make(), plan);
+    let (f, h) = Faults::new(open(), plan);
     (Device::from_backend(Box::new(f)), h)
 }
 
@@ -48,10 +47,10 @@ fn chain(dev: &Device) -> Conv3dChain {
 
 /// Runs one call per dtype; the tiled tier fails with `check`, the naive
 /// tier serves, and the statistics count it.
-fn tiled_fails_naive_serves(make: Make, kind: FaultKind, check: fn(&Failure) -> bool) {
+fn tiled_fails_naive_serves(open: Open<'_>, kind: FaultKind, check: fn(&Failure) -> bool) {
     let (case, data) = tiled_case();
     for bf16 in [false, true] {
-        let (dev, h) = faulty(make, 7, &[(kind, When::Nth(0))]);
+        let (dev, h) = faulty(open, 7, &[(kind, When::Nth(0))]);
         let chain = chain(&dev);
         let p = data.problem(&case, bf16);
         let (out, report) = chain.run(&p).unwrap();
@@ -71,8 +70,8 @@ fn tiled_fails_naive_serves(make: Make, kind: FaultKind, check: fn(&Failure) -> 
     }
 }
 
-fn launch_failure_of_tiled_falls_to_naive(make: Make) {
-    tiled_fails_naive_serves(make, FaultKind::Conv3dLaunchFailure, |f| {
+fn launch_failure_of_tiled_falls_to_naive(open: Open<'_>) {
+    tiled_fails_naive_serves(open, FaultKind::Conv3dLaunchFailure, |f| {
         matches!(
             f,
             Failure::Error(Error::InjectedFault {
@@ -83,33 +82,33 @@ fn launch_failure_of_tiled_falls_to_naive(make: Make) {
     });
 }
 
-fn zeros_from_tiled_are_caught(make: Make) {
+fn zeros_from_tiled_are_caught(open: Open<'_>) {
     tiled_fails_naive_serves(
-        make,
+        open,
         FaultKind::Conv3dWritesZeros,
         |f| matches!(f, Failure::ValueMismatch { got, .. } if *got == 0.0),
     );
 }
 
-fn garbage_from_tiled_is_caught(make: Make) {
+fn garbage_from_tiled_is_caught(open: Open<'_>) {
     tiled_fails_naive_serves(
-        make,
+        open,
         FaultKind::Conv3dWritesGarbage,
         |f| matches!(f, Failure::ValueMismatch { got, .. } if got.is_finite()),
     );
 }
 
-fn nan_from_tiled_is_caught(make: Make) {
+fn nan_from_tiled_is_caught(open: Open<'_>) {
     tiled_fails_naive_serves(
-        make,
+        open,
         FaultKind::Conv3dWritesNonFinite,
         |f| matches!(f, Failure::NonFinite { value, .. } if value.is_nan()),
     );
 }
 
-fn both_kernels_failing_fall_to_the_cpu(make: Make) {
+fn both_kernels_failing_fall_to_the_cpu(open: Open<'_>) {
     let (case, data) = tiled_case();
-    let (dev, h) = faulty(make, 7, &[(FaultKind::Conv3dLaunchFailure, When::Always)]);
+    let (dev, h) = faulty(open, 7, &[(FaultKind::Conv3dLaunchFailure, When::Always)]);
     let chain = chain(&dev);
     let p = data.problem(&case, false);
     let (out, report) = chain.run(&p).unwrap();
@@ -134,12 +133,12 @@ fn both_kernels_failing_fall_to_the_cpu(make: Make) {
 
 /// Garbage is reproducible by seed: with the checks off the corrupt tiled
 /// output is served, the same for the same seed, different for another.
-fn garbage_is_deterministic_by_seed(make: Make) {
+fn garbage_is_deterministic_by_seed(open: Open<'_>) {
     let (case, data) = tiled_case();
     let p = data.problem(&case, false);
     let run = |seed| {
         let (dev, _) = faulty(
-            make,
+            open,
             seed,
             &[(FaultKind::Conv3dWritesGarbage, When::Always)],
         );
@@ -158,10 +157,10 @@ fn garbage_is_deterministic_by_seed(make: Make) {
 /// The vendor tier: skipped (not failed) where the library is absent (the
 /// host backend has none); where it is present, an injected "no suitable
 /// algorithm" falls through to the tiled kernel.
-fn vendor_is_skipped_or_falls_through(make: Make) {
+fn vendor_is_skipped_or_falls_through(open: Open<'_>) {
     let (case, data) = tiled_case();
     let p = data.problem(&case, false);
-    let (dev, h) = faulty(make, 7, &[(FaultKind::VendorNoAlgorithm, When::Always)]);
+    let (dev, h) = faulty(open, 7, &[(FaultKind::VendorNoAlgorithm, When::Always)]);
     let chain = Conv3dChain::for_device(&dev);
     let (out, report) = chain.run(&p).unwrap();
     assert_close("after the vendor tier", &p, &out, 1e-5);
@@ -193,10 +192,10 @@ fn vendor_is_skipped_or_falls_through(make: Make) {
 
 /// Every check is needed: with the sampled check and the scan off, the
 /// zeros of the tiled kernel would be served.
-fn checks_are_what_catch_corruption(make: Make) {
+fn checks_are_what_catch_corruption(open: Open<'_>) {
     let (case, data) = tiled_case();
     let p = data.problem(&case, false);
-    let (dev, _) = faulty(make, 7, &[(FaultKind::Conv3dWritesZeros, When::Always)]);
+    let (dev, _) = faulty(open, 7, &[(FaultKind::Conv3dWritesZeros, When::Always)]);
     let options = Conv3dOptions {
         verify_samples: 0,
         scan_non_finite: false,
@@ -209,47 +208,7 @@ fn checks_are_what_catch_corruption(make: Make) {
     assert!(out.iter().all(|&v| v == 0.0));
 }
 
-/// One test per backend: `_host` here, `_cuda` / `_hip` on a GPU.
-macro_rules! on_backends {
-    ($($name:ident),* $(,)?) => {
-        mod host {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name(|| Box::new(rocm_safe::device::host::HostBackend::new()));
-                }
-            )*
-        }
-        #[cfg(feature = "cuda")]
-        mod cuda {
-            $(
-                #[test]
-                #[ignore = "needs a GPU"]
-                fn $name() {
-                    super::$name(|| {
-                        rocm_safe::device::open_backend(rocm_safe::device::BackendKind::Cuda, 0)
-                            .unwrap()
-                    });
-                }
-            )*
-        }
-        #[cfg(feature = "hip")]
-        mod hip {
-            $(
-                #[test]
-                #[ignore = "needs a GPU"]
-                fn $name() {
-                    super::$name(|| {
-                        rocm_safe::device::open_backend(rocm_safe::device::BackendKind::Hip, 0)
-                            .unwrap()
-                    });
-                }
-            )*
-        }
-    };
-}
-
-on_backends!(
+per_device!(
     launch_failure_of_tiled_falls_to_naive,
     zeros_from_tiled_are_caught,
     garbage_from_tiled_is_caught,
@@ -267,8 +226,8 @@ on_backends!(
 fn vendor_no_algorithm_is_injected_into_the_vendor_call() {
     let (case, data) = tiled_case();
     let g = data.problem(&case, false).geometry;
-    let make: Make = || Box::new(rocm_safe::device::host::HostBackend::new());
-    let (dev, h) = faulty(make, 7, &[(FaultKind::VendorNoAlgorithm, When::Nth(0))]);
+    let open = || -> Box<dyn Backend> { Box::new(rocm_safe::device::host::HostBackend::new()) };
+    let (dev, h) = faulty(&open, 7, &[(FaultKind::VendorNoAlgorithm, When::Nth(0))]);
     let s = dev.stream().unwrap();
     let x = s.clone_htod(&data.x).unwrap();
     let w = s.clone_htod(&data.w).unwrap();

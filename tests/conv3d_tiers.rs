@@ -5,16 +5,21 @@
 //! behind the device interface) here, of a CUDA or HIP device with
 //! `--ignored` where there is one; plus the device entry points' errors.
 
-mod conv3d_common;
+mod common;
 
-use conv3d_common::{assert_close, cases, Data};
+use common::conv3d::{assert_close, cases, Data};
 use rocm_safe::conv3d::{conv3d_cpu, conv3d_cpu_with, CpuKernel};
 use rocm_safe::conv3d_chain::{
     Conv3dTier, CpuTier, NaiveTier, Support, TierKind, TiledTier, VendorTier,
 };
-#[allow(unused_imports)]
 use rocm_safe::device::{BackendKind, Conv3dKernel, Device};
 use rocm_safe::Error;
+
+per_device!(
+    device_tiers_match_reference_on_every_case,
+    device_errors_are_typed;
+    gpu_only: default_chain_is_served_on_the_gpu,
+);
 
 /// Runs `tier` over every case it supports, in both dtypes, and compares
 /// within `rel` (f32) / `rel_bf16` of each point's magnitude. Returns how
@@ -145,45 +150,24 @@ fn device_tiers_match_reference(dev: Device, vendor_tol: Option<(f64, f64)>) {
     assert!(dev.take_errors().is_empty());
 }
 
-#[test]
-fn host_device_tiers_match_reference_on_every_case() {
-    device_tiers_match_reference(Device::host(), None);
-    let dev = Device::host();
+/// Every GPU tier of the device (the vendor one only where its library
+/// is: never on the host backend).
+fn device_tiers_match_reference_on_every_case(dev: &Device) {
+    let tol = dev
+        .backend()
+        .conv3d_vendor_available()
+        .is_ok()
+        .then_some((1e-4, 4e-3));
+    device_tiers_match_reference(dev.clone(), tol);
     assert_eq!(VendorTier::new(dev.clone()).name(), "vendor");
     assert_eq!(TiledTier::new(dev.clone()).kind(), TierKind::Tiled);
-    assert_eq!(NaiveTier::new(dev).kind(), TierKind::Naive);
-}
-
-#[cfg(feature = "cuda")]
-#[test]
-#[ignore = "needs a GPU"]
-fn cuda_device_tiers_match_reference_on_every_case() {
-    let dev = Device::open(BackendKind::Cuda, 0).unwrap();
-    let tol = dev
-        .backend()
-        .conv3d_vendor_available()
-        .is_ok()
-        .then_some((1e-4, 4e-3));
-    device_tiers_match_reference(dev, tol);
-}
-
-#[cfg(feature = "hip")]
-#[test]
-#[ignore = "needs a GPU"]
-fn hip_device_tiers_match_reference_on_every_case() {
-    let dev = Device::open(BackendKind::Hip, 0).unwrap();
-    let tol = dev
-        .backend()
-        .conv3d_vendor_available()
-        .is_ok()
-        .then_some((1e-4, 4e-3));
-    device_tiers_match_reference(dev, tol);
+    assert_eq!(NaiveTier::new(dev.clone()).kind(), TierKind::Naive);
 }
 
 /// The safe device entry points check their operands before any backend
 /// call: lengths, devices, sizes the kernel refuses, zero-size calls, and
 /// a backend without a vendor library.
-fn device_errors_are_typed(dev: Device) {
+fn device_errors_are_typed(dev: &Device) {
     let s = dev.stream().unwrap();
     let case = &cases()[0];
     let data = Data::new(case);
@@ -335,71 +319,41 @@ fn device_errors_are_typed(dev: Device) {
     let mut want = vec![0f32; g.output_len()];
     conv3d_cpu(&p, &mut want).unwrap();
     assert_close("device naive", &p, &got, 1e-5);
+    // Without a vendor library (the host backend has none) the vendor
+    // call is a typed error.
+    let available = dev.backend().conv3d_vendor_available();
+    assert!(dev.kind() != BackendKind::Host || available.is_err());
+    if available.is_err() {
+        let e = s
+            .conv3d_vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::VendorUnavailable { backend, .. } if backend == dev.kind().name()),
+            "{e}"
+        );
+    }
 }
 
-#[test]
-fn host_device_errors_are_typed() {
-    let dev = Device::host();
-    device_errors_are_typed(dev.clone());
-    // The host backend has no vendor library.
-    let s = dev.stream().unwrap();
-    let case = &cases()[0];
-    let data = Data::new(case);
-    let g = data.problem(case, false).geometry;
-    let x = s.clone_htod(&data.x).unwrap();
-    let w = s.clone_htod(&data.w).unwrap();
-    let mut y = s.alloc_zeros::<f32>(g.output_len()).unwrap();
-    let e = s
-        .conv3d_vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::VendorUnavailable {
-                backend: "host",
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(dev.backend().conv3d_vendor_available().is_err());
-}
-
-#[cfg(feature = "cuda")]
-#[test]
-#[ignore = "needs a GPU"]
-fn cuda_device_errors_are_typed() {
-    device_errors_are_typed(Device::open(BackendKind::Cuda, 0).unwrap());
-}
-
-#[cfg(feature = "hip")]
-#[test]
-#[ignore = "needs a GPU"]
-fn hip_device_errors_are_typed() {
-    device_errors_are_typed(Device::open(BackendKind::Hip, 0).unwrap());
-}
-
-/// On a GPU the default chain is served there (not by the CPU), and a
-/// depthwise call skips the tiled tier as unsupported.
-#[cfg(any(feature = "cuda", feature = "hip"))]
-#[test]
-#[ignore = "needs a GPU"]
-fn default_chain_is_served_on_the_gpu() {
+/// On a GPU the default chain (of the first available device) and the
+/// device's own chain are served there (not by the CPU), and a depthwise
+/// call skips the tiled tier as unsupported.
+fn default_chain_is_served_on_the_gpu(dev: &Device) {
     use rocm_safe::conv3d_chain::Conv3dChain;
     use rocm_safe::fallback::Outcome;
     let case = &cases()[0];
     let data = Data::new(case);
-    let chain = Conv3dChain::new();
-    for bf16 in [false, true] {
-        let p = data.problem(case, bf16);
-        let (out, report) = chain.run(&p).unwrap();
-        assert_close("chain on gpu", &p, &out, 4e-3);
-        assert_ne!(report.served_by(), Some(TierKind::Cpu), "{report}");
-        println!("bf16={bf16}: {report}");
+    for chain in [Conv3dChain::new(), Conv3dChain::for_device(dev)] {
+        for bf16 in [false, true] {
+            let p = data.problem(case, bf16);
+            let (out, report) = chain.run(&p).unwrap();
+            assert_close("chain on gpu", &p, &out, 4e-3);
+            assert_ne!(report.served_by(), Some(TierKind::Cpu), "{report}");
+            println!("bf16={bf16}: {report}");
+        }
     }
     let case = cases().into_iter().find(|c| c.name == "depthwise").unwrap();
     let data = Data::new(&case);
-    let mut chain = Conv3dChain::new();
+    let mut chain = Conv3dChain::for_device(dev);
     chain.options_mut().forbid = vec![TierKind::Vendor];
     let (out, report) = chain.run(&data.problem(&case, false)).unwrap();
     assert_close("depthwise on gpu", &data.problem(&case, false), &out, 1e-5);
@@ -414,7 +368,7 @@ fn default_chain_is_served_on_the_gpu() {
 fn cpu_takes_extreme_strides_without_overflow() {
     // One output column per row; a width stride near usize::MAX must not
     // overflow any index (debug builds check arithmetic).
-    let case = conv3d_common::Case {
+    let case = common::conv3d::Case {
         name: "huge width stride",
         input: [1, 2, 3, 2, 7],
         weight: [3, 2, 2, 1, 2],

@@ -1,6 +1,9 @@
 //! The fingerprint: its defining formula (from the docs), partial sums, parallel
 //! and streaming forms, and the changes it must detect.
 
+mod common;
+
+use common::Rng;
 use proptest::prelude::*;
 use rocm_safe::convert::fingerprint::{
     fingerprint_bytes, fingerprint_words, finish, par_sum_bytes, sum_bytes, Fingerprint,
@@ -27,14 +30,7 @@ fn term(i: u64, w: u32) -> u64 {
 }
 
 fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut s = seed;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        out.extend_from_slice(&mix64(s).to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    Rng::new(seed).bytes(len)
 }
 
 /// The definition, word by word, straight from the documented formula.

@@ -2,6 +2,9 @@
 //! subnormals and overflow, against independent references computed with
 //! f64 arithmetic (and `half`, where its NaN handling agrees).
 
+mod common;
+
+use common::Rng;
 use rocm_safe::convert::{self, scalar};
 use rocm_safe::DType;
 
@@ -299,28 +302,16 @@ fn subnormal_inputs_and_results_are_rounded_not_flushed() {
 
 // ----- sweeps -----------------------------------------------------------------------
 
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    mix64(*state)
-}
-
-/// The splitmix64 finaliser.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 #[test]
 fn f32_random_sample_matches_the_references() {
-    let mut s = 11u64;
+    let mut rng = Rng::new(11);
     let n = if cfg!(debug_assertions) {
         20_000
     } else {
         1_000_000
     };
     for _ in 0..n {
-        check_f32(splitmix(&mut s) as u32);
+        check_f32(rng.u64() as u32);
     }
 }
 
@@ -440,14 +431,14 @@ fn f64_edges_and_samples_match_the_references() {
     );
     assert_eq!(scalar::f64_to_f32(0x7ff0_0000_0000_0001), 0x7fc0_0000);
 
-    let mut s = 12u64;
+    let mut rng = Rng::new(12);
     let n = if cfg!(debug_assertions) {
         20_000
     } else {
         500_000
     };
     for _ in 0..n {
-        let r = splitmix(&mut s);
+        let r = rng.u64();
         check_f64(r);
         // Exponents in and around f32's range, where the rounding happens.
         let e = 1023 - 160 + (r >> 52) % 300;

@@ -2,7 +2,7 @@
 //! on every backend: `host::*` always, `cuda::*` / `hip::*` with
 //! `--features cuda|hip -- --ignored` on a machine with that GPU.
 
-mod device_common;
+mod common;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -13,9 +13,10 @@ use rocm_safe::device::{Device, NonFinite};
 use rocm_safe::verify::{self, Policy, Served, VerifyOptions};
 use rocm_safe::{DType, Error};
 
-use device_common::{mode, Rng, Tamper};
+use common::tamper::{mode, Tamper};
+use common::{Open, Rng};
 
-device_tests!(
+per_device!(
     widening_all_patterns_bit_exact,
     narrowing_tricky_and_random_bit_exact,
     sizes_and_unaligned_offsets,
@@ -61,7 +62,7 @@ fn widening_all_patterns_bit_exact(dev: &Device) {
 
 fn narrowing_tricky_and_random_bit_exact(dev: &Device) {
     let s = dev.stream().unwrap();
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let mut inputs: Vec<u32> = (0..=0xffffu32)
         .flat_map(|hi| {
             [
@@ -90,10 +91,10 @@ fn narrowing_tricky_and_random_bit_exact(dev: &Device) {
 /// of either side varies independently).
 fn sizes_and_unaligned_offsets(dev: &Device) {
     let s = dev.stream().unwrap();
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     const MAX: usize = 100_003;
     let h16 = rng.u16s(MAX + 16);
-    let h32: Vec<f32> = rng.u32s(MAX + 16).into_iter().map(f32::from_bits).collect();
+    let h32 = rng.f32_patterns(MAX + 16);
     let d_bf = s.clone_htod(&as_bf16(&h16)).unwrap();
     let d_f16 = s.clone_htod(&as_f16(&h16)).unwrap();
     let d32 = s.clone_htod(&h32).unwrap();
@@ -164,8 +165,8 @@ fn sizes_and_unaligned_offsets(dev: &Device) {
 
 fn fingerprint_matches_cpu(dev: &Device) {
     let s = dev.stream().unwrap();
-    let mut rng = Rng(3);
-    let data: Vec<u8> = (0..300_000).map(|_| rng.next_u64() as u8).collect();
+    let mut rng = Rng::new(3);
+    let data = rng.bytes(300_000);
     let d = s.clone_htod(&data).unwrap();
     for start in 0..9 {
         for len in [
@@ -203,7 +204,7 @@ fn fingerprint_matches_cpu(dev: &Device) {
 
 fn fused_convert_fingerprint_matches_cpu(dev: &Device) {
     let s = dev.stream().unwrap();
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     for n in [1usize, 7, 8, 9, 255, 256, 257, 4099, 1 << 20] {
         for so in [0usize, 1, 3] {
             let h = rng.u16s(n + so);
@@ -229,7 +230,7 @@ fn fused_convert_fingerprint_matches_cpu(dev: &Device) {
 /// check): the device fingerprint differs from the host's expectation.
 fn corruption_after_kernel_is_detected(dev: &Device) {
     let s = dev.stream().unwrap();
-    let mut rng = Rng(9);
+    let mut rng = Rng::new(9);
     let h = as_bf16(&rng.u16s(123_457));
     let d = s.clone_htod(&h).unwrap();
     let mut out = s.alloc::<f32>(h.len()).unwrap();
@@ -257,13 +258,12 @@ fn corruption_after_kernel_is_detected(dev: &Device) {
     assert_ne!(s.fingerprint(&out.view()).unwrap(), expected);
 }
 
-fn tampering(dev: &Device) -> (Device, Arc<AtomicU8>) {
-    // Wrap a fresh device of the same kind (the tamper device gets its own
-    // self-test cache).
+fn tampering(open: Open<'_>) -> (Device, Arc<AtomicU8>) {
+    // Wrap a fresh backend (the tamper device gets its own self-test
+    // cache).
     let mode = Arc::new(AtomicU8::new(mode::OFF));
-    let backend = rocm_safe::device::open_backend(dev.kind(), dev.info().ordinal).unwrap();
     let t = Device::from_backend(Box::new(Tamper {
-        inner: backend,
+        inner: open(),
         mode: Arc::clone(&mode),
     }));
     (t, mode)
@@ -271,9 +271,9 @@ fn tampering(dev: &Device) -> (Device, Arc<AtomicU8>) {
 
 fn verified_policies_serve_device(dev: &Device) {
     let s = dev.stream().unwrap();
-    let mut rng = Rng(13);
+    let mut rng = Rng::new(13);
     let h = as_bf16(&rng.u16s(200_001));
-    let hf: Vec<f32> = rng.u32s(50_001).into_iter().map(f32::from_bits).collect();
+    let hf = rng.f32_patterns(50_001);
     for policy in [
         Policy::Off,
         Policy::Fingerprint,
@@ -332,12 +332,12 @@ fn verified_policies_serve_device(dev: &Device) {
     assert_eq!(r.elements, 0);
 }
 
-fn verified_mismatch_falls_back_or_fails(dev: &Device) {
-    let (t, m) = tampering(dev);
+fn verified_mismatch_falls_back_or_fails(open: Open<'_>) {
+    let (t, m) = tampering(open);
     let s = t.stream().unwrap();
     verify::self_test(&s).unwrap(); // passes: nothing armed yet
     m.store(mode::CORRUPT_OUTPUT, Ordering::SeqCst);
-    let mut rng = Rng(17);
+    let mut rng = Rng::new(17);
     let h = as_bf16(&rng.u16s(10_007));
     let mut want = vec![0f32; h.len()];
     convert::convert_slice(&h, &mut want).unwrap();
@@ -385,8 +385,8 @@ fn verified_mismatch_falls_back_or_fails(dev: &Device) {
     }
 }
 
-fn untrusted_kernel_goes_to_cpu(dev: &Device) {
-    let (t, m) = tampering(dev);
+fn untrusted_kernel_goes_to_cpu(open: Open<'_>) {
+    let (t, m) = tampering(open);
     m.store(mode::CORRUPT_OUTPUT, Ordering::SeqCst); // armed before the self-test
     let s = t.stream().unwrap();
     let st = verify::self_test(&s).unwrap();
@@ -560,7 +560,7 @@ fn copies_and_length_errors(dev: &Device) {
 fn pinned_async_round_trip(dev: &Device) {
     let copy = dev.stream().unwrap();
     let compute = dev.stream().unwrap();
-    let mut rng = Rng(21);
+    let mut rng = Rng::new(21);
     let n = 1 << 20;
     let h = as_bf16(&rng.u16s(n));
     let mut pin = dev.alloc_pinned::<bf16>(n).unwrap();
@@ -577,15 +577,29 @@ fn pinned_async_round_trip(dev: &Device) {
     let got = bits32(back.as_slice().unwrap());
     let want: Vec<u32> = h.iter().map(|x| scalar::bf16_to_f32(x.to_bits())).collect();
     assert_eq!(got, want);
-    // Event timing works on recorded events and fails on unrecorded ones.
+    // Event timing works on recorded events: an event recorded after more
+    // work is not earlier, and the work took some time. It fails on
+    // unrecorded events and on events of another device.
     let e0 = dev.event().unwrap();
     let e1 = dev.event().unwrap();
+    let e2 = dev.event().unwrap();
     compute.record(&e0).unwrap();
     compute.record(&e1).unwrap();
+    for _ in 0..4 {
+        compute.convert(&d.view(), &mut out.view_mut()).unwrap();
+    }
+    compute.record(&e2).unwrap();
     compute.synchronize().unwrap();
-    assert!(e0.elapsed_ms(&e1).unwrap() >= 0.0);
+    let (t01, t02) = (e0.elapsed_ms(&e1).unwrap(), e0.elapsed_ms(&e2).unwrap());
+    assert!(t01.is_finite() && t02.is_finite(), "{t01} {t02}");
+    assert!(t02 >= t01 && t02 > 0.0, "{t01} ms, then {t02} ms");
     let never = dev.event().unwrap();
     assert!(never.elapsed_ms(&e1).is_err());
+    let elsewhere = Device::host().event().unwrap();
+    assert!(matches!(
+        e0.elapsed_ms(&elsewhere),
+        Err(Error::DeviceMismatch { .. })
+    ));
     let e = d
         .view_mut()
         .copy_htod_async(&copy, &mut dev.alloc_pinned::<bf16>(3).unwrap())
@@ -647,7 +661,7 @@ fn nonfinite_counts_and_clamps(dev: &Device) {
 /// element-by-element reference output (independent of the fused fast path).
 #[test]
 fn expected_fingerprint_equals_reference() {
-    let mut rng = Rng(99);
+    let mut rng = Rng::new(99);
     for (from, to, n) in [
         (DType::BF16, DType::F32, 5000usize),
         (DType::F16, DType::F32, 777),
@@ -657,9 +671,7 @@ fn expected_fingerprint_equals_reference() {
         (DType::BF16, DType::F16, 3),
         (DType::F32, DType::F32, 0),
     ] {
-        let src: Vec<u8> = (0..n * from.size().unwrap())
-            .map(|_| rng.next_u64() as u8)
-            .collect();
+        let src = rng.bytes(n * from.size().unwrap());
         let mut out = vec![0u8; n * to.size().unwrap()];
         convert::scalar::convert_bytes_reference(from, &src, to, &mut out).unwrap();
         assert_eq!(

@@ -1,18 +1,18 @@
 //! The fault-injection backend over every backend, and what the verified
 //! conversion API makes of each fault.
 
-mod device_common;
+mod common;
 
 use half::bf16;
 use rocm_safe::convert;
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
-use rocm_safe::device::{open_backend, Device};
+use rocm_safe::device::Device;
 use rocm_safe::verify::{self, Policy, Served, VerifyOptions};
 use rocm_safe::Error;
 
-use device_common::Rng;
+use common::{Open, Rng};
 
-device_tests!(
+per_device!(
     copy_lands_zeros_is_caught_and_fallback_upload_checked,
     copy_lands_stale_keeps_old_data,
     invalid_value_on_copy_is_an_error,
@@ -23,15 +23,18 @@ device_tests!(
     teardown_errors_are_recorded_not_panicked,
 );
 
-fn faulty(dev: &Device, plan: FaultPlan) -> (Device, FaultHandle) {
-    // A fresh backend of the same kind (its own self-test cache).
-    let inner = open_backend(dev.kind(), dev.info().ordinal).unwrap();
-    let (f, h) = Faults::new(inner, plan);
+fn faulty(open: Open<'_>, plan: FaultPlan) -> (Device, FaultHandle) {
+    // A fresh backend (its own self-test cache).
+    let (f, h) = Faults::new(open(), plan);
     (Device::from_backend(Box::new(f)), h)
 }
 
 fn data(n: usize) -> Vec<bf16> {
-    Rng(42).u16s(n).into_iter().map(bf16::from_bits).collect()
+    Rng::new(42)
+        .u16s(n)
+        .into_iter()
+        .map(bf16::from_bits)
+        .collect()
 }
 
 fn reference(h: &[bf16]) -> Vec<u32> {
@@ -52,10 +55,13 @@ fn trusted(d: &Device, h: &FaultHandle) {
     h.set_enabled(true);
 }
 
-fn copy_lands_zeros_is_caught_and_fallback_upload_checked(dev: &Device) {
+fn copy_lands_zeros_is_caught_and_fallback_upload_checked(open: Open<'_>) {
     // Only the first upload after the self-test lands zeros: the check sees
     // it and the CPU fallback (whose own upload is checked) serves.
-    let (d, h) = faulty(dev, FaultPlan::one(FaultKind::CopyLandsZeros, When::Nth(0)));
+    let (d, h) = faulty(
+        open,
+        FaultPlan::one(FaultKind::CopyLandsZeros, When::Nth(0)),
+    );
     trusted(&d, &h);
     let s = d.stream().unwrap();
     let src = data(4099);
@@ -69,7 +75,10 @@ fn copy_lands_zeros_is_caught_and_fallback_upload_checked(dev: &Device) {
 
     // Every upload lands zeros: the fallback's upload fails its check too,
     // and the call fails instead of returning zeros.
-    let (d, h) = faulty(dev, FaultPlan::one(FaultKind::CopyLandsZeros, When::Always));
+    let (d, h) = faulty(
+        open,
+        FaultPlan::one(FaultKind::CopyLandsZeros, When::Always),
+    );
     trusted(&d, &h);
     let s = d.stream().unwrap();
     let mut out = s.alloc::<f32>(src.len()).unwrap();
@@ -79,8 +88,11 @@ fn copy_lands_zeros_is_caught_and_fallback_upload_checked(dev: &Device) {
     assert!(h.injected().len() >= 2);
 }
 
-fn copy_lands_stale_keeps_old_data(dev: &Device) {
-    let (d, h) = faulty(dev, FaultPlan::one(FaultKind::CopyLandsStale, When::Nth(1)));
+fn copy_lands_stale_keeps_old_data(open: Open<'_>) {
+    let (d, h) = faulty(
+        open,
+        FaultPlan::one(FaultKind::CopyLandsStale, When::Nth(1)),
+    );
     let s = d.stream().unwrap();
     let mut b = s.alloc::<u32>(5).unwrap();
     b.copy_htod(&[1, 2, 3, 4, 5]).unwrap();
@@ -93,9 +105,9 @@ fn copy_lands_stale_keeps_old_data(dev: &Device) {
     assert_eq!((log[0].kind, log[0].index), (FaultKind::CopyLandsStale, 1));
 }
 
-fn invalid_value_on_copy_is_an_error(dev: &Device) {
+fn invalid_value_on_copy_is_an_error(open: Open<'_>) {
     let (d, _h) = faulty(
-        dev,
+        open,
         FaultPlan::one(FaultKind::InvalidValueOnCopy, When::Always),
     );
     let s = d.stream().unwrap();
@@ -116,9 +128,9 @@ fn invalid_value_on_copy_is_an_error(dev: &Device) {
     z.copy_htod(&[]).unwrap();
 }
 
-fn out_of_memory_on_alloc(dev: &Device) {
+fn out_of_memory_on_alloc(open: Open<'_>) {
     let (d, h) = faulty(
-        dev,
+        open,
         FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(0)),
     );
     let s = d.stream().unwrap();
@@ -133,7 +145,7 @@ fn out_of_memory_on_alloc(dev: &Device) {
     assert_eq!(h.injected().len(), 1);
 }
 
-fn convert_writes_zeros_is_caught_by_both_fingerprints(dev: &Device) {
+fn convert_writes_zeros_is_caught_by_both_fingerprints(open: Open<'_>) {
     let src = data(10_001);
     for policy in [
         Policy::Fingerprint,
@@ -141,7 +153,7 @@ fn convert_writes_zeros_is_caught_by_both_fingerprints(dev: &Device) {
         Policy::ReadBack,
     ] {
         let (d, h) = faulty(
-            dev,
+            open,
             FaultPlan::one(FaultKind::ConvertWritesZeros, When::Always),
         );
         trusted(&d, &h);
@@ -161,7 +173,7 @@ fn convert_writes_zeros_is_caught_by_both_fingerprints(dev: &Device) {
     }
     // The self-test marks a kernel that writes zeros untrusted.
     let (d, _h) = faulty(
-        dev,
+        open,
         FaultPlan::one(FaultKind::ConvertWritesZeros, When::Always),
     );
     let s = d.stream().unwrap();
@@ -179,8 +191,8 @@ fn convert_writes_zeros_is_caught_by_both_fingerprints(dev: &Device) {
     assert_eq!(bits(&out.to_vec().unwrap()), reference(&src));
 }
 
-fn launch_failure_is_an_error(dev: &Device) {
-    let (d, _h) = faulty(dev, FaultPlan::one(FaultKind::LaunchFailure, When::Always));
+fn launch_failure_is_an_error(open: Open<'_>) {
+    let (d, _h) = faulty(open, FaultPlan::one(FaultKind::LaunchFailure, When::Always));
     let s = d.stream().unwrap();
     let src = s.clone_htod(&data(100)).unwrap();
     let mut out = s.alloc::<f32>(100).unwrap();
@@ -210,7 +222,7 @@ fn launch_failure_is_an_error(dev: &Device) {
     assert!(matches!(e, Error::InjectedFault { .. }), "{e}");
 }
 
-fn random_faults_are_reproducible(dev: &Device) {
+fn random_faults_are_reproducible(open: Open<'_>) {
     let run = |seed: u64| {
         let plan = FaultPlan {
             seed,
@@ -221,7 +233,7 @@ fn random_faults_are_reproducible(dev: &Device) {
                 },
             }],
         };
-        let (d, h) = faulty(dev, plan);
+        let (d, h) = faulty(open, plan);
         let s = d.stream().unwrap();
         let mut b = s.alloc::<u32>(1).unwrap();
         for i in 0..200u32 {
@@ -238,7 +250,7 @@ fn random_faults_are_reproducible(dev: &Device) {
     assert!((50..150).contains(&a.len()), "{}", a.len());
     // Every-nth and disabled.
     let (d, h) = faulty(
-        dev,
+        open,
         FaultPlan::one(FaultKind::CopyLandsStale, When::EveryNth(3)),
     );
     let s = d.stream().unwrap();
@@ -256,9 +268,9 @@ fn random_faults_are_reproducible(dev: &Device) {
 
 /// Errors in `Drop` (buffer, pinned buffer, stream, event) are recorded on
 /// the device and read with `take_errors`; nothing panics or prints.
-fn teardown_errors_are_recorded_not_panicked(dev: &Device) {
+fn teardown_errors_are_recorded_not_panicked(open: Open<'_>) {
     let (d, h) = faulty(
-        dev,
+        open,
         FaultPlan::one(FaultKind::TeardownFailure, When::Always),
     );
     h.set_enabled(false);
@@ -283,8 +295,8 @@ fn teardown_errors_are_recorded_not_panicked(dev: &Device) {
             other => panic!("unexpected {other}"),
         })
         .collect();
-    // The buffer's free waits for the device's next sync point, which
-    // `take_errors` makes: its error comes last.
+    // The buffer's free waits for the next sync point (`take_errors` is
+    // one): it comes last.
     assert_eq!(
         ops,
         ["free_pinned", "event_destroy", "stream_destroy", "free"]

@@ -3,7 +3,7 @@
 //! deferred frees and the device's accounting of what it owns. `host::*`
 //! always; `cuda::*` / `hip::*` with `--ignored` on a GPU.
 
-mod device_common;
+mod common;
 
 use half::bf16;
 use rocm_safe::convert::scalar;
@@ -12,7 +12,7 @@ use rocm_safe::device::{
 };
 use rocm_safe::Error;
 
-device_tests!(
+per_device!(
     raw_parts_round_trip_and_account,
     outside_memory_borrowed_as_views,
     borrowed_stream_is_never_destroyed,

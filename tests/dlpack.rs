@@ -17,86 +17,15 @@ use rocm_safe::dlpack::{self, DlpackFlags, Export, Imported};
 use rocm_safe::transfer::{LoadedTensor, TensorData};
 use rocm_safe::{DType, Error};
 
-mod host {
-    use rocm_safe::device::Device;
-    #[test]
-    fn round_trip_both_abis() {
-        super::round_trip_both_abis(&Device::host())
-    }
-    #[test]
-    fn deleter_runs_once_and_frees() {
-        super::deleter_runs_once_and_frees(&Device::host())
-    }
-    #[test]
-    fn export_refusals_give_the_memory_back() {
-        super::export_refusals_give_the_memory_back(&Device::host())
-    }
-    #[test]
-    fn import_refuses_other_devices() {
-        super::import_refuses_other_devices(&Device::host())
-    }
-}
+mod common;
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use rocm_safe::device::{BackendKind, Device};
-    fn dev() -> Device {
-        Device::open(BackendKind::Cuda, 0).expect("open cuda:0")
-    }
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn round_trip_both_abis() {
-        super::round_trip_both_abis(&dev())
-    }
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn deleter_runs_once_and_frees() {
-        super::deleter_runs_once_and_frees(&dev())
-    }
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn export_refusals_give_the_memory_back() {
-        super::export_refusals_give_the_memory_back(&dev())
-    }
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn import_refuses_other_devices() {
-        super::import_refuses_other_devices(&dev())
-    }
-}
+per_device!(
+    round_trip_both_abis,
+    deleter_runs_once_and_frees,
+    export_refusals_give_the_memory_back,
+    import_refuses_other_devices,
+);
 
-#[cfg(feature = "hip")]
-mod hip {
-    use rocm_safe::device::{BackendKind, Device};
-    fn dev() -> Device {
-        Device::open(BackendKind::Hip, 0).expect("open hip:0")
-    }
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn round_trip_both_abis() {
-        super::round_trip_both_abis(&dev())
-    }
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn deleter_runs_once_and_frees() {
-        super::deleter_runs_once_and_frees(&dev())
-    }
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn export_refusals_give_the_memory_back() {
-        super::export_refusals_give_the_memory_back(&dev())
-    }
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn import_refuses_other_devices() {
-        super::import_refuses_other_devices(&dev())
-    }
-}
-
-// ----- helpers ---------------------------------------------------------------
-
-/// The DLPack device type a backend's memory has: written out from the
-/// header, not from the crate's mapping.
 fn expected_device_type(kind: BackendKind) -> u32 {
     match kind {
         BackendKind::Host => 1,

@@ -1,6 +1,9 @@
 //! Reading values: raw bytes, typed conversion (across chunk boundaries and
 //! at unaligned offsets), rows, and agreement with the safetensors crate.
 
+mod common;
+
+use common::Rng;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
@@ -8,16 +11,8 @@ use half::{bf16, f16};
 use rocm_safe::safetensors::{Checkpoint, SafeTensors, SafeTensorsWriter, TensorSpec, CHUNK_BYTES};
 use rocm_safe::DType;
 
-fn pattern(n: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    Rng::new(seed).bytes(n)
 }
 
 fn write_file(path: &Path, tensors: &[(&str, DType, Vec<u64>, Vec<u8>)]) {
@@ -157,7 +152,7 @@ fn agrees_with_safetensors_crate() {
     let datas: Vec<Vec<u8>> = specs
         .iter()
         .enumerate()
-        .map(|(i, (_, d, s))| pattern(d.size().unwrap() * s.iter().product::<usize>(), i as u32))
+        .map(|(i, (_, d, s))| pattern(d.size().unwrap() * s.iter().product::<usize>(), i as u64))
         .collect();
     let views: Vec<(&str, TensorView)> = specs
         .iter()

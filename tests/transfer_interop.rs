@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
 use half::bf16;
 use rocm_safe::device::faults::{FaultKind, FaultPlan, Faults, When};
 use rocm_safe::device::{host::HostBackend, Device};
@@ -42,6 +44,11 @@ fn checkpoint(dir: &Path) -> PathBuf {
     w.write_tensor("pos", &pb).unwrap();
     w.finish().unwrap()
 }
+
+per_device!(
+    load_into_fills_caller_memory,
+    typed_access_to_loaded_tensors
+);
 
 fn opts() -> LoadOptions {
     LoadOptions {
@@ -143,16 +150,6 @@ fn typed_access_to_loaded_tensors(dev: &Device) {
 }
 
 #[test]
-fn load_into_on_the_host() {
-    load_into_fills_caller_memory(&Device::host());
-}
-
-#[test]
-fn typed_access_on_the_host() {
-    typed_access_to_loaded_tensors(&Device::host());
-}
-
-#[test]
 fn load_into_goes_down_the_ladder_and_refuses_a_bad_host_copy() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
@@ -187,26 +184,4 @@ fn load_into_goes_down_the_ladder_and_refuses_a_bad_host_copy() {
         .load_into(&ckpt, &Request::whole("w"), &mut dst.view_mut())
         .unwrap_err();
     assert!(matches!(e, Error::VerificationFailed { .. }), "{e}");
-}
-
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
-    use rocm_safe::device::BackendKind;
-
-    fn dev() -> Device {
-        Device::open(BackendKind::Cuda, 0).expect("open cuda:0")
-    }
-
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn load_into_on_the_gpu() {
-        load_into_fills_caller_memory(&dev());
-    }
-
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn typed_access_on_the_gpu() {
-        typed_access_to_loaded_tensors(&dev());
-    }
 }

@@ -3,6 +3,8 @@
 //! forced rungs, fail-fast, budget offloading, progress, concurrent loads, a
 //! file truncated during the load, and a seeded campaign of 1000 trials.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
@@ -13,27 +15,19 @@ use rocm_safe::transfer::{Fallback, LoadOptions, Loaded, Loader, Request, Rung};
 use rocm_safe::verify::{self, Policy};
 use rocm_safe::{DType, Error};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
+use common::{Open, Rng};
+
+per_device!(
+    clean_load_is_exact,
+    faults_are_caught,
+    tiny_tensors_past_256_per_slot_are_exact_on_the_ring,
+    zeros_in_a_slot_of_many_pieces_send_each_piece_down,
+);
 
 /// Writes a checkpoint of `(name, dtype, shape)` with random contents.
 fn write(dir: &Path, file: &str, specs: &[(&str, DType, Vec<u64>)], seed: u64) -> PathBuf {
     let path = dir.join(file);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut w = SafeTensorsWriter::create(
         &path,
         specs
@@ -414,10 +408,11 @@ fn out_of_memory_releases_the_cached_ring_and_the_next_pass_makes_it_again() {
     let warm = loader.load_all(&ckpt).unwrap();
     let rungs: Vec<Rung> = warm.report.tensors.iter().map(|t| t.rung).collect();
     drop(warm);
-    // Its buffers' frees happen at the device's next sync point; make it
-    // now, so the device has nothing pending to free on out of memory and
-    // the loader's own release is what the retry needs.
+    // The dropped tensors' frees are done now: with frees still pending,
+    // the device itself would free them and retry, and the loader would
+    // never see the failure.
     dev.synchronize().unwrap();
+    assert_eq!(dev.pending_free_bytes(), 0);
     // The second load's first allocation fails: the cached ring is
     // released, the retry succeeds and the ring pass builds a new ring.
     h.set_enabled(true);
@@ -749,7 +744,7 @@ fn a_file_truncated_during_the_load_is_an_error() {
             None,
         )
         .unwrap();
-        w.write_tensor("x", &Rng(9).bytes(2 << 20)).unwrap();
+        w.write_tensor("x", &Rng::new(9).bytes(2 << 20)).unwrap();
         w.finish().unwrap();
         std::fs::rename(&fresh, &path).unwrap();
     }
@@ -778,7 +773,7 @@ fn campaign_of_seeded_trials_has_no_undetected_corruption() {
         DType::I16,
         DType::U8,
     ];
-    let mut rng = Rng(2026);
+    let mut rng = Rng::new(2026);
     let (mut injected, mut fell_back, mut undetected) = (0usize, 0usize, 0usize);
     for trial in 0..1000u64 {
         let n = 1 + rng.below(4) as usize;
@@ -848,72 +843,194 @@ fn campaign_of_seeded_trials_has_no_undetected_corruption() {
     );
 }
 
-/// The same on a GPU: a clean load, and each copy/conversion fault caught.
-#[cfg(feature = "cuda")]
-mod cuda {
-    use super::*;
-    use rocm_safe::device::{open_backend, BackendKind};
+/// On every backend (a GPU with `--ignored`): a clean load in each policy
+/// is exact and takes the pinned ring wherever a device kernel converts.
+fn clean_load_is_exact(dev: &Device) {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    for dtype in [None, Some(DType::F32), Some(DType::BF16)] {
+        for policy in [
+            Policy::Fingerprint,
+            Policy::FusedFingerprint,
+            Policy::ReadBack,
+        ] {
+            let mut l = Loader::new(
+                dev,
+                LoadOptions {
+                    policy,
+                    ..small(dtype)
+                },
+            )
+            .unwrap();
+            let loaded = l.load_all(&ckpt).unwrap();
+            assert_exact(&ckpt, &loaded);
+            assert!(loaded
+                .report
+                .tensors
+                .iter()
+                .all(|t| t.attempts.is_empty() || t.rung == Rung::CpuConvert));
+        }
+    }
+}
 
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn clean_load_is_exact_on_cuda() {
-        let dir = tempfile::tempdir().unwrap();
-        let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
-        let dev = Device::open(BackendKind::Cuda, 0).unwrap();
-        for dtype in [None, Some(DType::F32), Some(DType::BF16)] {
-            for policy in [
-                Policy::Fingerprint,
-                Policy::FusedFingerprint,
-                Policy::ReadBack,
-            ] {
-                let mut l = Loader::new(
-                    &dev,
-                    LoadOptions {
-                        policy,
-                        ..small(dtype)
-                    },
-                )
-                .unwrap();
-                let loaded = l.load_all(&ckpt).unwrap();
-                assert_exact(&ckpt, &loaded);
-                assert!(loaded
-                    .report
-                    .tensors
-                    .iter()
-                    .all(|t| t.attempts.is_empty() || t.rung == Rung::CpuConvert));
+/// On every backend: each copy/conversion fault is caught and the next
+/// rung serves.
+fn faults_are_caught(open: Open<'_>) {
+    one_fault_on(
+        open(),
+        FaultKind::CopyLandsZeros,
+        When::Nth(1),
+        Some(Check::Copy),
+    );
+    one_fault_on(
+        open(),
+        FaultKind::CopyLandsStale,
+        When::Nth(0),
+        Some(Check::Copy),
+    );
+    one_fault_on(
+        open(),
+        FaultKind::CopyLandsGarbage,
+        When::Nth(2),
+        Some(Check::Copy),
+    );
+    one_fault_on(
+        open(),
+        FaultKind::ConvertWritesZeros,
+        When::Nth(0),
+        Some(Check::Output),
+    );
+    one_fault_on(open(), FaultKind::InvalidValueOnCopy, When::Nth(1), None);
+}
+
+/// A checkpoint of `n` tiny bf16 tensors (`t000`, ...: 2 to 5 elements
+/// each), and their names in order.
+fn tiny(dir: &Path, n: usize) -> (PathBuf, Vec<String>) {
+    let names: Vec<String> = (0..n).map(|i| format!("t{i:03}")).collect();
+    let specs: Vec<(&str, DType, Vec<u64>)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, nm)| (nm.as_str(), DType::BF16, vec![2 + i as u64 % 4]))
+        .collect();
+    (write(dir, "tiny.safetensors", &specs, 11), names)
+}
+
+/// bf16 -> f32 with slots of 1 MiB: room for 4096 tiny pieces (256 bytes
+/// each, the piece alignment), so the limit of 256 pieces per slot is what
+/// splits the jobs.
+fn roomy() -> LoadOptions {
+    LoadOptions {
+        dtype: Some(DType::F32),
+        ring_buffers: 2,
+        buffer_bytes: 1 << 20,
+        small_chunk_bytes: 16 * 1024,
+        ..LoadOptions::default()
+    }
+}
+
+/// Each loaded tensor is the CPU's widening of its bf16 bits.
+fn assert_widened(ckpt: &Checkpoint, loaded: &Loaded) {
+    for t in &loaded.tensors {
+        let raw = ckpt.read_bytes(&t.name).unwrap();
+        let want: Vec<u8> = raw
+            .chunks_exact(2)
+            .flat_map(|b| {
+                rocm_safe::convert::scalar::bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+                    .to_le_bytes()
+            })
+            .collect();
+        assert_eq!(t.data.to_host().unwrap(), want, "tensor {}", t.name);
+    }
+}
+
+/// 256, 257 and 600 tiny tensors: one, two and three jobs (the slot's
+/// piece limit splits them), every tensor bit-exact and served by the
+/// pinned ring with no failure, under each checking policy.
+fn tiny_tensors_past_256_per_slot_are_exact_on_the_ring(dev: &Device) {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, names) = tiny(dir.path(), 600);
+    let ckpt = Checkpoint::open(path).unwrap();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    for policy in [
+        Policy::Fingerprint,
+        Policy::FusedFingerprint,
+        Policy::ReadBack,
+    ] {
+        let mut l = Loader::new(dev, LoadOptions { policy, ..roomy() }).unwrap();
+        for (n, jobs) in [(256, 1), (257, 2), (600, 3)] {
+            let loaded = l.load_names(&ckpt, &names[..n]).unwrap();
+            let what = format!("{n} tensors, {policy:?}");
+            assert_eq!(loaded.tensors.len(), n, "{what}");
+            assert_eq!(loaded.report.ring_jobs, jobs, "{what}");
+            assert_exact(&ckpt, &loaded);
+            assert_widened(&ckpt, &loaded);
+            for t in &loaded.report.tensors {
+                assert_eq!(t.rung, Rung::PinnedRing, "{what}: {t}");
+                assert!(t.attempts.is_empty(), "{what}: {t}");
             }
         }
     }
+}
 
-    #[test]
-    #[ignore = "needs a GPU"]
-    fn faults_are_caught_on_cuda() {
-        let open = || open_backend(BackendKind::Cuda, 0).unwrap();
-        one_fault_on(
-            open(),
-            FaultKind::CopyLandsZeros,
-            When::Nth(1),
-            Some(Check::Copy),
-        );
-        one_fault_on(
-            open(),
-            FaultKind::CopyLandsStale,
-            When::Nth(0),
-            Some(Check::Copy),
-        );
-        one_fault_on(
-            open(),
-            FaultKind::CopyLandsGarbage,
-            When::Nth(2),
-            Some(Check::Copy),
-        );
-        one_fault_on(
-            open(),
-            FaultKind::ConvertWritesZeros,
-            When::Nth(0),
-            Some(Check::Output),
-        );
-        one_fault_on(open(), FaultKind::InvalidValueOnCopy, When::Nth(1), None);
+/// One copy landing zeros over a slot that carries a full job of tiny
+/// tensors: every tensor of that job (and only those) fails its copy check
+/// and is served by the next rung, exactly; none is lost.
+fn zeros_in_a_slot_of_many_pieces_send_each_piece_down(open: Open<'_>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, names) = tiny(dir.path(), 600);
+    let ckpt = Checkpoint::open(path).unwrap();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (f, h) = Faults::new(
+        open(),
+        FaultPlan::one(FaultKind::CopyLandsZeros, When::Nth(0)),
+    );
+    let dev = Device::from_backend(Box::new(f));
+    h.set_enabled(false);
+    let mut l = Loader::new(
+        &dev,
+        LoadOptions {
+            self_test: false,
+            ..roomy()
+        },
+    )
+    .unwrap();
+    h.set_enabled(true);
+    let loaded = l.load_names(&ckpt, &names).unwrap();
+    // One slot copy, of one of the three jobs, landed zeros.
+    let injected = h.injected();
+    assert_eq!(injected.len(), 1, "{injected:?}");
+    assert_eq!(loaded.report.ring_jobs, 3);
+    assert_eq!(loaded.tensors.len(), names.len());
+    assert_exact(&ckpt, &loaded);
+    assert_widened(&ckpt, &loaded);
+    let hit: Vec<usize> = (0..names.len())
+        .filter(|&i| !loaded.report.tensors[i].attempts.is_empty())
+        .collect();
+    let jobs = [0..256, 256..512, 512..600];
+    assert!(
+        jobs.iter().any(|j| hit == j.clone().collect::<Vec<_>>()),
+        "the tensors sent down are not one job's: {hit:?}\n{}",
+        loaded.report
+    );
+    for (i, t) in loaded.report.tensors.iter().enumerate() {
+        assert_eq!(t.name, names[i]);
+        if hit.contains(&i) {
+            assert_eq!(t.rung, Rung::SmallChunks, "{t}");
+            assert_eq!(t.attempts.len(), 1, "{t}");
+            assert_eq!(t.attempts[0].step, Rung::PinnedRing);
+            assert!(
+                matches!(
+                    t.attempts[0].failure,
+                    Failure::FingerprintMismatch {
+                        check: Check::Copy,
+                        ..
+                    }
+                ),
+                "{t}"
+            );
+        } else {
+            assert_eq!(t.rung, Rung::PinnedRing, "{t}");
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Shared by the conv3d tests: a table of cases, deterministic data, and a
 //! comparison of a tier's output with the float64 reference.
-#![allow(dead_code)]
 
+use super::Rng;
 use rocm_safe::conv3d::{reference_point, Conv3dData, Conv3dParams, Conv3dProblem};
 
 /// One conv3d case: shapes, parameters, bias or not.
@@ -219,16 +219,9 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-/// Deterministic values in [-1, 1), varied per `salt`.
+/// Deterministic values in [-1, 1), varied per `salt` (the seed).
 pub fn values(n: usize, salt: u64) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let z = (i.wrapping_add(salt.wrapping_mul(0x9e37_79b9)))
-                .wrapping_mul(0x2545_f491_4f6c_dd1d)
-                >> 40;
-            (z % 2000) as f32 / 1000.0 - 1.0
-        })
-        .collect()
+    Rng::new(salt).f32s(n, -1.0, 1.0)
 }
 
 /// The data of one case, in f32 and in bf16.

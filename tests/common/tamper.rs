@@ -1,6 +1,4 @@
-//! Shared helpers for the device tests: the per-backend test macro and a
-//! tampering backend wrapper that corrupts conversion output on demand.
-#![allow(dead_code)]
+//! A tampering backend wrapper that corrupts conversion output on demand.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -9,33 +7,6 @@ use rocm_safe::device::{
     Backend, ConvertOp, CopyOp, DeviceInfo, DevicePtr, Driver, KernelOp, RawStream,
 };
 use rocm_safe::Result;
-
-/// Makes `host::NAME` (always run), `cuda::NAME` and `hip::NAME` (feature
-/// builds, `#[ignore = "needs a GPU"]`) from `fn NAME(dev: &Device)`.
-#[macro_export]
-macro_rules! device_tests {
-    ($($name:ident),* $(,)?) => {
-        mod host {
-            $(#[test] fn $name() { super::$name(&rocm_safe::device::Device::host()) })*
-        }
-        #[cfg(feature = "cuda")]
-        mod cuda {
-            $(#[test] #[ignore = "needs a GPU"] fn $name() {
-                let d = rocm_safe::device::Device::open(rocm_safe::device::BackendKind::Cuda, 0)
-                    .expect("open cuda:0");
-                super::$name(&d)
-            })*
-        }
-        #[cfg(feature = "hip")]
-        mod hip {
-            $(#[test] #[ignore = "needs a GPU"] fn $name() {
-                let d = rocm_safe::device::Device::open(rocm_safe::device::BackendKind::Hip, 0)
-                    .expect("open hip:0");
-                super::$name(&d)
-            })*
-        }
-    };
-}
 
 /// What [`Tamper`] does to conversion output.
 pub mod mode {
@@ -103,23 +74,5 @@ unsafe impl Backend for Tamper {
                 _ => Ok(()),
             }
         }
-    }
-}
-
-/// A small deterministic generator (splitmix64) for test data.
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub fn u32s(&mut self, n: usize) -> Vec<u32> {
-        (0..n).map(|_| self.next_u64() as u32).collect()
-    }
-    pub fn u16s(&mut self, n: usize) -> Vec<u16> {
-        (0..n).map(|_| self.next_u64() as u16).collect()
     }
 }

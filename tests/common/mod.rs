@@ -1,0 +1,109 @@
+//! Shared by the integration tests (each includes it with `mod common;`):
+//! the per-device test macro [`per_device!`](crate::per_device), the one
+//! seeded generator [`Rng`], a tampering backend, and the conv3d cases.
+#![allow(dead_code)]
+
+pub mod conv3d;
+pub mod device;
+pub mod rng;
+pub mod tamper;
+
+#[allow(unused_imports)]
+pub use device::Open;
+#[allow(unused_imports)]
+pub use rng::Rng;
+
+/// Makes one test per backend from test functions of the including file:
+/// `host::NAME` (always run), `cuda::NAME` (feature `cuda`) and
+/// `hip::NAME` (feature `hip`), the GPU ones `#[ignore = "needs a GPU"]`
+/// (run them with `-- --include-ignored` where the GPU is). Each runs on
+/// ordinal 0 of its backend.
+///
+/// A function takes either the opened device, `fn NAME(dev: &Device)`, or
+/// a backend opener, `fn NAME(open: common::Open<'_>)` (a fresh
+/// `Box<dyn Backend>` per call, to wrap in `Faults` or a tamperer); the
+/// signature decides which it gets. Functions after `gpu_only:` (also
+/// either shape) get no host variant (they are still compiled, and
+/// type-checked, in builds without a GPU feature). One invocation per file:
+/// it makes the modules `host`, `cuda` and `hip`.
+///
+/// ```ignore
+/// per_device!(widening_is_exact, faults_are_caught; gpu_only: past_2_pow_32);
+/// per_device!(gpu_only: past_2_pow_32);
+/// ```
+#[macro_export]
+macro_rules! per_device {
+    (gpu_only: $($gpu:ident),* $(,)?) => {
+        $crate::per_device!(; gpu_only: $($gpu),*);
+    };
+    ($($name:ident),* $(,)? $(; gpu_only: $($gpu:ident),* $(,)?)?) => {
+        mod host {
+            $(
+                #[test]
+                fn $name() {
+                    $crate::common::device::run(
+                        rocm_safe::device::BackendKind::Host,
+                        super::$name,
+                    );
+                }
+            )*
+            // GPU-only tests stay compiled (and not dead code) in builds
+            // without a GPU backend.
+            $($(
+                #[allow(dead_code)]
+                fn $gpu() {
+                    $crate::common::device::run(
+                        rocm_safe::device::BackendKind::Host,
+                        super::$gpu,
+                    );
+                }
+            )*)?
+        }
+        #[cfg(feature = "cuda")]
+        mod cuda {
+            $(
+                #[test]
+                #[ignore = "needs a GPU"]
+                fn $name() {
+                    $crate::common::device::run(
+                        rocm_safe::device::BackendKind::Cuda,
+                        super::$name,
+                    );
+                }
+            )*
+            $($(
+                #[test]
+                #[ignore = "needs a GPU"]
+                fn $gpu() {
+                    $crate::common::device::run(
+                        rocm_safe::device::BackendKind::Cuda,
+                        super::$gpu,
+                    );
+                }
+            )*)?
+        }
+        #[cfg(feature = "hip")]
+        mod hip {
+            $(
+                #[test]
+                #[ignore = "needs a GPU"]
+                fn $name() {
+                    $crate::common::device::run(
+                        rocm_safe::device::BackendKind::Hip,
+                        super::$name,
+                    );
+                }
+            )*
+            $($(
+                #[test]
+                #[ignore = "needs a GPU"]
+                fn $gpu() {
+                    $crate::common::device::run(
+                        rocm_safe::device::BackendKind::Hip,
+                        super::$gpu,
+                    );
+                }
+            )*)?
+        }
+    };
+}
