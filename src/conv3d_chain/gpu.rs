@@ -10,7 +10,7 @@
 use super::{Conv3dTier, CpuTier, Support, TierKind};
 use crate::conv3d::{Conv3dData, Conv3dProblem};
 use crate::convert::Element;
-use crate::device::{BackendKind, Conv3dKernel, Conv3dWeightLayout, Device, Stream};
+use crate::device::{Conv3dKernel, Conv3dWeightLayout, Device, Stream};
 use crate::error::Result;
 
 /// What a GPU tier runs.
@@ -92,12 +92,15 @@ impl Conv3dTier for VendorTier {
     fn kind(&self) -> TierKind {
         TierKind::Vendor
     }
+    /// The library's name as the backend declares it
+    /// ([`crate::device::KernelCaps::vendor_library`]: `"miopen"`,
+    /// `"cudnn"`), `"vendor"` where it has none.
     fn name(&self) -> &str {
-        match self.device.kind() {
-            BackendKind::Hip => "miopen",
-            BackendKind::Cuda => "cudnn",
-            BackendKind::Host => "vendor",
-        }
+        self.device
+            .backend()
+            .caps()
+            .vendor_library
+            .unwrap_or("vendor")
     }
     fn support(&self, p: &Conv3dProblem<'_>) -> Support {
         if let Err(e) = self.device.backend().conv3d_vendor_available() {
