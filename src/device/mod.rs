@@ -61,7 +61,7 @@ mod conv3d;
 mod cudnn;
 pub mod faults;
 pub mod host;
-mod kernels;
+pub(crate) mod kernels;
 #[cfg(any(feature = "hip", test))]
 pub(crate) mod miopen;
 mod visible;
