@@ -187,6 +187,8 @@ struct HipCompiler {
     source: String,
     /// Other compilers seen and why they were not used (for messages).
     passed_over: Vec<String>,
+    /// The code object version (set by `pin_code_object_version`).
+    cov: u32,
 }
 
 impl HipCompiler {
@@ -196,7 +198,11 @@ impl HipCompiler {
     /// or 4 for a hipcc older than ROCm 6 (its own default, what a ROCm 5
     /// runtime loads).
     fn code_object_version(&self) -> u32 {
-        match env_var("ROCM_SAFE_CODE_OBJECT_VERSION") {
+        self.cov
+    }
+
+    fn pin_code_object_version(&mut self) {
+        self.cov = match env_var("ROCM_SAFE_CODE_OBJECT_VERSION") {
             Some(v) => match v.trim().parse::<u32>() {
                 Ok(n @ 4..=6) => n,
                 _ => fail(&format!(
@@ -206,7 +212,7 @@ impl HipCompiler {
             },
             None if self.driver == Driver::Hipcc && self.major < 6 => 4,
             None => 5,
-        }
+        };
     }
 
     fn describe(&self) -> String {
@@ -316,6 +322,7 @@ fn find_hip_compiler() -> Result<HipCompiler, String> {
                 major,
                 source: "$ROCM_SAFE_HIP_CLANG".into(),
                 passed_over,
+                cov: 0,
             }),
             None => Err(format!(
                 "ROCM_SAFE_HIP_CLANG={p} is not a clang that runs (`{p} --version` failed \
@@ -341,6 +348,7 @@ fn find_hip_compiler() -> Result<HipCompiler, String> {
                     major,
                     source: "hipcc search ($HIPCC, PATH, $ROCM_PATH/bin, /opt/rocm/bin)".into(),
                     passed_over,
+                    cov: 0,
                 });
             }
             Some((major, v)) => old_hipcc = Some((hipcc, major, v)),
@@ -396,6 +404,7 @@ fn find_hip_compiler() -> Result<HipCompiler, String> {
             major,
             source,
             passed_over,
+            cov: 0,
         });
     }
     if let Some((path, major, v)) = old_hipcc {
@@ -406,6 +415,7 @@ fn find_hip_compiler() -> Result<HipCompiler, String> {
             major,
             source: "hipcc search ($HIPCC, PATH, $ROCM_PATH/bin, /opt/rocm/bin)".into(),
             passed_over,
+            cov: 0,
         });
     }
     let seen = if passed_over.is_empty() {
@@ -495,7 +505,10 @@ impl HipBuildInfo {
 }
 
 fn build_hip(manifest: &Path, out: &Path, rs: &mut String) -> HipBuildInfo {
-    let compiler = find_hip_compiler().unwrap_or_else(|e| fail(&e));
+    let mut compiler = find_hip_compiler().unwrap_or_else(|e| fail(&e));
+    compiler.pin_code_object_version();
+    // A compiler upgraded in place (same path) rebuilds the kernels.
+    println!("cargo::rerun-if-changed={}", compiler.path.display());
     let (archs, explicit) = arch_list();
     if archs.is_empty() {
         fail("ROCM_SAFE_OFFLOAD_ARCH / PYTORCH_ROCM_ARCH names no arch");
