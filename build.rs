@@ -243,7 +243,8 @@ impl HipCompiler {
                     "-nogpuinc",
                     "-nogpulib",
                 ])
-                .args(["-std=c++17", "-DRS_HIP_STANDIN"]);
+                .args(["-std=c++17", "-DRS_HIP_STANDIN", "-include"])
+                .arg(include.join("hip_standin.h"));
             }
         }
         c.arg(format!("--offload-arch={arch}"))
@@ -453,7 +454,7 @@ struct HipBuildInfo {
     /// Compiler description, `None` without a HIP build.
     compiler: Option<String>,
     code_object_version: Option<u32>,
-    /// (arch, code object path).
+    /// (arch, code object path), in the order asked for.
     built: Vec<(String, PathBuf)>,
     /// Default archs the compiler cannot target.
     left_out: Vec<String>,
@@ -487,18 +488,6 @@ impl HipBuildInfo {
             "/// Archs of the default list this compiler cannot target.\n\
              pub const LEFT_OUT: &[&str] = &[{}];",
             left.join(", ")
-        );
-        let files: Vec<String> = self
-            .built
-            .iter()
-            .map(|(a, p)| format!("({a:?}, {:?})", p.display().to_string()))
-            .collect();
-        let _ = writeln!(
-            s,
-            "/// (arch, path) of each code object file as build.rs wrote it (read by tests).\n\
-             #[allow(dead_code)]\n\
-             pub const FILES: &[(&str, &str)] = &[{}];",
-            files.join(", ")
         );
         s
     }

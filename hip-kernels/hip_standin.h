@@ -1,7 +1,8 @@
 // Stands in for <hip/hip_runtime.h> when build.rs compiles the kernels with
 // a plain clang (>= 19) in HIP device-only mode (-nogpuinc -nogpulib, so no
-// ROCm headers or device libraries are needed). build.rs defines
-// RS_HIP_STANDIN then; a ROCm hipcc gets the real headers instead.
+// ROCm headers or device libraries are needed). build.rs passes it with
+// `-include` and defines RS_HIP_STANDIN (prelude.h then skips
+// <hip/hip_runtime.h>); a ROCm hipcc gets the real headers instead.
 //
 // It holds only what hip-kernels/*.hip use, built from clang's own HIP
 // attributes and amdgcn builtins. A kernel that needs more fails to compile

@@ -8,11 +8,12 @@
 #pragma once
 
 #if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
-#if defined(RS_HIP_STANDIN)
-#include "hip_standin.h"  // plain clang >= 19, no ROCm headers (build.rs)
-#else
+#if !defined(RS_HIP_STANDIN)
 #include <hip/hip_runtime.h>
 #endif
+// (With a plain clang >= 19, build.rs passes -include hip_standin.h and
+// -DRS_HIP_STANDIN instead: no ROCm headers needed, and the CUDA sources,
+// flattened from these files, never contain the stand-in.)
 #define RS_HIP 1
 #else
 #define RS_CUDA 1
