@@ -16,29 +16,22 @@
 
 #define __global__ __attribute__((global))
 #define __device__ __attribute__((device))
-#define __host__ __attribute__((host))
 #define __shared__ __attribute__((shared))
 #define __forceinline__ inline __attribute__((always_inline))
 #define __align__(n) __attribute__((aligned(n)))
-// As HIP defines it: the most threads per block (the register budget is made
-// for that many), and optionally a minimum of waves per execution unit.
-// (clang's CUDA `launch_bounds` attribute does nothing on amdgcn.)
-#define RS_HIP_LB_1(t) __attribute__((amdgpu_flat_work_group_size(1, t)))
-#define RS_HIP_LB_2(t, m) \
-    __attribute__((amdgpu_flat_work_group_size(1, t), amdgpu_waves_per_eu(m)))
-#define RS_HIP_LB_PICK(_1, _2, name, ...) name
-#define __launch_bounds__(...) RS_HIP_LB_PICK(__VA_ARGS__, RS_HIP_LB_2, RS_HIP_LB_1, )(__VA_ARGS__)
+// As HIP defines its one-argument form: the most threads per block, which the
+// register budget is made for. (clang's CUDA `launch_bounds` attribute does
+// nothing on amdgcn. No HIP kernel here uses the two-argument form.)
+#define __launch_bounds__(t) __attribute__((amdgpu_flat_work_group_size(1, t)))
 
-// threadIdx / blockIdx / blockDim / gridDim through the amdgcn builtins.
-// gridDim is the number of blocks (HIP's meaning), from the dispatch packet's
-// grid size in work-items.
+// threadIdx / blockIdx / blockDim / gridDim through the amdgcn builtins, only
+// the components the kernels read (x; blockIdx also y and z). gridDim counts
+// blocks, as in HIP (whose launches are always whole blocks). clang's builtins
+// read the sizes from the implicit kernel arguments (code object v5) or the
+// dispatch packet (v4).
 struct rs_hip_thread_idx {
     __device__ unsigned int get_x() const { return __builtin_amdgcn_workitem_id_x(); }
-    __device__ unsigned int get_y() const { return __builtin_amdgcn_workitem_id_y(); }
-    __device__ unsigned int get_z() const { return __builtin_amdgcn_workitem_id_z(); }
     __declspec(property(get = get_x)) unsigned int x;
-    __declspec(property(get = get_y)) unsigned int y;
-    __declspec(property(get = get_z)) unsigned int z;
 };
 struct rs_hip_block_idx {
     __device__ unsigned int get_x() const { return __builtin_amdgcn_workgroup_id_x(); }
@@ -48,30 +41,15 @@ struct rs_hip_block_idx {
     __declspec(property(get = get_y)) unsigned int y;
     __declspec(property(get = get_z)) unsigned int z;
 };
-// The block size (HIP's meaning: the size asked for at launch, also in a last
-// partial block) and the grid size in blocks. clang's builtins read them from
-// the implicit kernel arguments (code object v5) or the dispatch packet (v4).
 struct rs_hip_block_dim {
     __device__ unsigned int get_x() const { return __builtin_amdgcn_workgroup_size_x(); }
-    __device__ unsigned int get_y() const { return __builtin_amdgcn_workgroup_size_y(); }
-    __device__ unsigned int get_z() const { return __builtin_amdgcn_workgroup_size_z(); }
     __declspec(property(get = get_x)) unsigned int x;
-    __declspec(property(get = get_y)) unsigned int y;
-    __declspec(property(get = get_z)) unsigned int z;
 };
 struct rs_hip_grid_dim {
     __device__ unsigned int get_x() const {
         return __builtin_amdgcn_grid_size_x() / __builtin_amdgcn_workgroup_size_x();
     }
-    __device__ unsigned int get_y() const {
-        return __builtin_amdgcn_grid_size_y() / __builtin_amdgcn_workgroup_size_y();
-    }
-    __device__ unsigned int get_z() const {
-        return __builtin_amdgcn_grid_size_z() / __builtin_amdgcn_workgroup_size_z();
-    }
     __declspec(property(get = get_x)) unsigned int x;
-    __declspec(property(get = get_y)) unsigned int y;
-    __declspec(property(get = get_z)) unsigned int z;
 };
 static constexpr __device__ rs_hip_thread_idx threadIdx{};
 static constexpr __device__ rs_hip_block_idx blockIdx{};
@@ -95,9 +73,6 @@ struct __align__(16) float4 {
 static __device__ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned int)x); }
 static __device__ inline float __uint_as_float(unsigned int x) {
     return __builtin_bit_cast(float, x);
-}
-static __device__ inline unsigned int __float_as_uint(float x) {
-    return __builtin_bit_cast(unsigned int, x);
 }
 static __device__ inline float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 // Relaxed, device (agent) scope, as HIP's atomicAdd.
