@@ -13,7 +13,8 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use rocm_safe::diagnostics::{
-    CollectOptions, Compat, DeviceSelector, Library, Progress, Report, SelfTest, Verdict,
+    compiler_needed, CollectOptions, Compat, DeviceSelector, Library, Progress, Report, SelfTest,
+    Verdict,
 };
 
 fn gib(bytes: Option<u64>) -> String {
@@ -111,6 +112,7 @@ fn print_table(r: &Report) {
             println!("  {:<12} WARNING: {w}", "");
         }
     }
+    print_hip_build(r);
     println!();
     println!("Environment");
     for e in &r.environment {
@@ -213,9 +215,57 @@ fn print_table(r: &Report) {
     }
 }
 
+fn print_hip_build(r: &Report) {
+    let h = &r.hip_build;
+    println!();
+    println!("HIP kernels in this build");
+    if !h.built {
+        println!("  not built (cargo feature `hip` is off)");
+    } else {
+        let archs = if h.archs.is_empty() {
+            "none (built with DOCS_RS set)".to_owned()
+        } else {
+            h.archs.join(", ")
+        };
+        println!("  {:<12} {archs}", "archs");
+        println!(
+            "  {:<12} {}",
+            "compiler",
+            h.compiler.as_deref().unwrap_or("unknown")
+        );
+        if !h.left_out.is_empty() {
+            println!(
+                "  {:<12} {} (the compiler cannot target them; they need {})",
+                "left out",
+                h.left_out.join(", "),
+                compiler_needed(&h.left_out[0])
+            );
+        }
+    }
+    for d in &h.devices {
+        let state = if d.built {
+            "built in".to_owned()
+        } else {
+            format!(
+                "NOT built in: its kernels cannot load (needs {})",
+                compiler_needed(&d.arch)
+            )
+        };
+        println!("  {:<12} {}: {state}", format!("hip:{}", d.ordinal), d.arch);
+    }
+    if let Some(cmd) = &h.rebuild_command {
+        let label = if h.built {
+            "rebuild with"
+        } else {
+            "run instead"
+        };
+        println!("  {label:<12} {cmd}");
+    }
+}
+
 const USAGE: &str = "\
 usage: doctor [--json] [--device N | --device BACKEND:N] [--arch GFX]
-  --json              print the report as one JSON document (schema_version 2)
+  --json              print the report as one JSON document (schema_version 3)
   --device N          self-test and run the matrix only on ordinal N of each
                       backend that has one (hip:N, cuda:N; the host device is 0)
   --device BACKEND:N  only on that device (host:0, hip:1, cuda:0)

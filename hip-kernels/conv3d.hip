@@ -698,12 +698,14 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     }
 }
 
-KERNEL void conv3d_tiled_f32(const float* x, const float* w_t, const float* bias, float* y,
-                             rs_conv3d_args a) {
+KERNEL void RS_HIP_BLOCK(256)
+    conv3d_tiled_f32(const float* x, const float* w_t, const float* bias, float* y,
+                     rs_conv3d_args a) {
     rs_conv3d_tiled<float>(x, w_t, bias, y, a);
 }
-KERNEL void conv3d_tiled_bf16(const rs_u16* x, const rs_u16* w_t, const float* bias, float* y,
-                              rs_conv3d_args a) {
+KERNEL void RS_HIP_BLOCK(256)
+    conv3d_tiled_bf16(const rs_u16* x, const rs_u16* w_t, const float* bias, float* y,
+                      rs_conv3d_args a) {
     rs_conv3d_tiled<rs_u16>(x, w_t, bias, y, a);
 }
 

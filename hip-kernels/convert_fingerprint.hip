@@ -12,8 +12,9 @@
 #include "fingerprint.hip"
 
 #define RS_WIDEN_FP_KERNEL(NAME, FN)                                                       \
-    KERNEL void NAME(const rs_u16* __restrict__ src, rs_u32* __restrict__ dst, rs_u64 n,   \
-                     rs_u64* acc) {                                                        \
+    KERNEL void RS_HIP_BLOCK(RS_FP_BLOCK)                                                  \
+        NAME(const rs_u16* __restrict__ src, rs_u32* __restrict__ dst, rs_u64 n,           \
+             rs_u64* acc) {                                                                \
         const rs_u64 tid = rs_tid();                                                       \
         const rs_u64 stride = rs_nthreads();                                               \
         const rs_u64 sa = (rs_u64)src;                                                     \

@@ -50,8 +50,8 @@ RS_DEVICE void rs_block_reduce_add(rs_u64 s, rs_u64* acc) {
 
 // S over nbytes bytes at p, whose first byte is byte 4*first_word of the
 // fingerprinted buffer; added to *acc.
-KERNEL void fingerprint_sum_u8(const rs_u8* __restrict__ p, rs_u64 nbytes, rs_u64 first_word,
-                               rs_u64* acc) {
+KERNEL void RS_HIP_BLOCK(RS_FP_BLOCK)
+    fingerprint_sum_u8(const rs_u8* __restrict__ p, rs_u64 nbytes, rs_u64 first_word, rs_u64* acc) {
     const rs_u64 tid = rs_tid();
     const rs_u64 stride = rs_nthreads();
     const rs_u64 nfull = nbytes / 4u;

@@ -26,7 +26,7 @@ RS_DEVICE void rs_count_reduce_add(rs_u64 nan, rs_u64 inf, rs_u64* counts) {
 // T: storage type; EXPMASK: exponent bits; MANMASK: mantissa bits;
 // MAXFIN: largest finite magnitude pattern.
 #define RS_NONFINITE_KERNEL(NAME, T, EXPMASK, MANMASK, MAXFIN, SIGN)                   \
-    KERNEL void NAME(T* p, rs_u64 n, rs_u32 clamp, rs_u64* counts) {                   \
+    KERNEL void RS_HIP_BLOCK(256) NAME(T* p, rs_u64 n, rs_u32 clamp, rs_u64* counts) { \
         const rs_u64 tid = rs_tid();                                                   \
         const rs_u64 stride = rs_nthreads();                                           \
         rs_u64 nan = 0, inf = 0;                                                       \

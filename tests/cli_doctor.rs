@@ -48,11 +48,12 @@ fn is_uint_or_null(v: &serde_json::Value) -> bool {
 #[test]
 fn json_report_has_the_documented_fields_and_exit_0() {
     let r = doctor_json(&["--arch", "gfx1151"]);
-    assert_eq!(r["schema_version"], 2);
+    assert_eq!(r["schema_version"], 3);
     for key in [
         "crate_version",
         "features",
         "platform",
+        "hip_build",
         "amdgpu_memory",
         "environment",
         "advice",
@@ -88,6 +89,32 @@ fn json_report_has_the_documented_fields_and_exit_0() {
             .as_str()
             .unwrap()
             .contains("not built"));
+    }
+    // What was compiled for HIP: the archs and the compiler with `hip`,
+    // else the command to run instead.
+    let h = &r["hip_build"];
+    assert_eq!(h["built"], cfg!(feature = "hip"), "{h}");
+    let archs = h["archs"].as_array().unwrap();
+    assert!(h["left_out"].is_array() && h["devices"].is_array(), "{h}");
+    if cfg!(feature = "hip") {
+        assert!(
+            archs.iter().all(|a| a.as_str().unwrap().starts_with("gfx")),
+            "{h}"
+        );
+        if !archs.is_empty() {
+            assert!(h["compiler"].is_string(), "{h}");
+            assert!(h["code_object_version"].is_u64(), "{h}");
+        }
+        // No AMD device here, so nothing to rebuild for.
+        if h["devices"].as_array().unwrap().is_empty() {
+            assert!(h["rebuild_command"].is_null(), "{h}");
+        }
+    } else {
+        assert!(archs.is_empty() && h["compiler"].is_null(), "{h}");
+        assert_eq!(
+            h["rebuild_command"],
+            "cargo run --release --features hip --example doctor"
+        );
     }
     for lib in ["hip_runtime", "cuda_driver", "nvrtc"] {
         let l = &p[lib];
@@ -269,6 +296,7 @@ fn table_output_names_every_section() {
     let s = String::from_utf8_lossy(&o.stdout);
     for section in [
         "Platform",
+        "HIP kernels in this build",
         "Environment",
         "Self-tests",
         "Backends and devices",
@@ -276,6 +304,15 @@ fn table_output_names_every_section() {
         "All self-tests passed.",
     ] {
         assert!(s.contains(section), "missing {section:?} in\n{s}");
+    }
+    // Without `hip` the doctor says what to run instead; with it, the archs.
+    if cfg!(feature = "hip") {
+        assert!(s.contains("  archs ") && s.contains("  compiler "), "{s}");
+    } else {
+        assert!(
+            s.contains("run instead  cargo run --release --features hip --example doctor"),
+            "{s}"
+        );
     }
 }
 

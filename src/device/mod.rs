@@ -87,7 +87,7 @@ mod handle;
 pub mod host;
 mod info;
 pub mod kernel_cache;
-mod kernels;
+pub(crate) mod kernels;
 mod ops;
 mod pinned;
 mod stream;

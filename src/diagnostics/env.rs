@@ -17,6 +17,8 @@ pub const WATCHED: &[&str] = &[
     "AMD_SERIALIZE_KERNEL",
     "HIP_LAUNCH_BLOCKING",
     "ROCM_SAFE_OFFLOAD_ARCH",
+    "ROCM_SAFE_HIP_CLANG",
+    "ROCM_SAFE_CODE_OBJECT_VERSION",
 ];
 
 /// One variable and its value in this process.

@@ -9,6 +9,8 @@
 //! the modules below it, not this one.
 
 pub mod amdgpu;
+pub mod build_info;
+pub mod code_object;
 pub mod devices;
 pub mod env;
 pub mod matrix;
@@ -18,6 +20,8 @@ pub mod selftest;
 pub use amdgpu::{
     amdgpu_memory, assess_memory, attach_runtime, AmdgpuMemory, MemoryAssessment, RuntimeMemory,
 };
+pub use build_info::{compiler_needed, HipBuild, HipDeviceBuild, HIP_DOCTOR_COMMAND};
+pub use code_object::{read_code_object, CodeObjectError, CodeObjectInfo, KernelResources};
 pub use devices::{kernel_self_test, list_backends, probe_backends, BackendReport, DeviceReport};
 pub use env::{advise, read_env, Advice, EnvVar};
 pub use matrix::{Compat, MatrixEntry};
@@ -30,8 +34,9 @@ pub use selftest::{cpu_self_tests, SelfTest, Verdict};
 /// The version of the report's JSON layout ([`Report::schema_version`]).
 /// 2: runtime versions, library file versions, runtime memory figures per
 /// device and per amdgpu card, `--device` selection, per-tier conv3d cells
-/// and the `skipped` state.
-pub const SCHEMA_VERSION: u32 = 2;
+/// and the `skipped` state. 3: `hip_build` (the gfx archs compiled in, the
+/// compiler, each HIP device's arch against them, the rebuild command).
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The complete doctor report. Serialised (serde) with these field names,
 /// which are stable within a [`SCHEMA_VERSION`].
@@ -46,6 +51,9 @@ pub struct Report {
     pub features: Vec<String>,
     /// Platform facts, runtime libraries and their versions.
     pub platform: Platform,
+    /// What this build compiled for HIP and whether it covers each HIP
+    /// device (with the command to rebuild when not).
+    pub hip_build: HipBuild,
     /// amdgpu memory pools from sysfs (VRAM carve-out and GTT), one per
     /// card, compared with what the HIP runtime reports for it.
     pub amdgpu_memory: Vec<AmdgpuMemory>,
@@ -176,6 +184,11 @@ impl Report {
                 mem: d.memory_free_bytes.zip(d.memory_reported_total_bytes),
             })
             .collect();
+        let hip_devices: Vec<(usize, String)> = backends
+            .iter()
+            .filter(|b| b.backend == "hip")
+            .flat_map(|b| b.devices.iter().map(|d| (d.ordinal, d.arch.clone())))
+            .collect();
         let mut amdgpu = amdgpu_memory();
         attach_runtime(&mut amdgpu, &runtime);
         Report {
@@ -183,6 +196,7 @@ impl Report {
             crate_version: env!("CARGO_PKG_VERSION").to_owned(),
             features,
             platform: Platform::detect(),
+            hip_build: HipBuild::for_devices(&hip_devices),
             amdgpu_memory: amdgpu,
             environment,
             advice,
