@@ -66,7 +66,9 @@ fn os_error(msg: &str, errno: Option<i32>, path: &std::path::Path) -> PyErr {
     };
     Python::attach(|py| {
         // Best effort: the exception is right without the attribute.
-        let _ = err.value(py).setattr("filename", path.to_path_buf());
+        let _ = err
+            .value(py)
+            .setattr("filename", path.to_string_lossy().into_owned());
     });
     err
 }

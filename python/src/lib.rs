@@ -440,12 +440,16 @@ impl Writer {
 }
 
 /// The doctor's report (the library's `diagnostics::Report`, schema
-/// version 2), as a JSON document.
+/// version 2: the JSON of `cargo run --example doctor -- --json`), with
+/// its two verdicts: `(json, all_passed, usable)`. `usable` is false only
+/// when a check failed with no fallback left.
 #[pyfunction]
-fn doctor_json(py: Python<'_>) -> PyResult<String> {
+fn doctor_json(py: Python<'_>) -> PyResult<(String, bool, bool)> {
     let report = py.detach(rocm_safe::diagnostics::Report::collect);
-    serde_json::to_string_pretty(&report)
-        .map_err(|e| PyRuntimeError::new_err(format!("doctor: cannot serialise the report: {e}")))
+    let json = serde_json::to_string_pretty(&report).map_err(|e| {
+        PyRuntimeError::new_err(format!("doctor: cannot serialise the report: {e}"))
+    })?;
+    Ok((json, report.all_passed(), report.usable()))
 }
 
 /// The cargo features this extension was built with (`"cuda"`, `"hip"`).
