@@ -64,7 +64,8 @@ def _items(tensor_dict: Dict[str, np.ndarray]):
             raise ValueError(f"Key `{name}`: dtype {arr.dtype} cannot be saved in safetensors") from None
         if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
             arr = arr.byteswap().view(arr.dtype.newbyteorder("<"))
-        arr = np.ascontiguousarray(arr)
+        if not arr.flags.c_contiguous:
+            arr = arr.copy(order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
         raw = arr.reshape(-1).view(np.uint8)
         items.append((name, dtype, list(arr.shape), raw))
     return items
