@@ -195,7 +195,12 @@ impl Checkpoint {
 
     /// Output dtype name of reading `name` with `to` (see `read`).
     #[pyo3(signature = (name, to=None, floats_only=false))]
-    fn target_dtype(&self, name: &str, to: Option<&str>, floats_only: bool) -> PyResult<&'static str> {
+    fn target_dtype(
+        &self,
+        name: &str,
+        to: Option<&str>,
+        floats_only: bool,
+    ) -> PyResult<&'static str> {
         let c = self.get()?;
         let info = self.info(&c, name)?;
         Ok(target(&info, to, floats_only)?.name())
@@ -225,10 +230,7 @@ impl Checkpoint {
             Some((start, end)) => {
                 // Row checks (scalar, range) are the library's; the size
                 // computed here only has to be right when they pass.
-                let per_row = shape
-                    .iter()
-                    .skip(1)
-                    .fold(1u64, |a, &d| a.saturating_mul(d));
+                let per_row = shape.iter().skip(1).fold(1u64, |a, &d| a.saturating_mul(d));
                 if let Some(first) = shape.first_mut() {
                     *first = end.saturating_sub(start);
                 }
