@@ -32,7 +32,8 @@ mod signals;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use rocm_safe::conv3d::{Conv3dChain, Conv3dData, Conv3dParams, Conv3dProblem, TierKind};
+use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
+use rocm_safe::conv3d_chain::{Conv3dChain, TierKind};
 use rocm_safe::device::{BackendKind, Device};
 use rocm_safe::safetensors::{SafeTensors, SafeTensorsWriter, TensorSpec, WriteOptions};
 use rocm_safe::{DType, Error};

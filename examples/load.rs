@@ -134,7 +134,7 @@ fn run(
             let why: Vec<String> = t
                 .attempts
                 .iter()
-                .map(|a| format!("{}: {}", a.rung, a.failure))
+                .map(|a| format!("{}: {}", a.step, a.failure))
                 .collect();
             println!(
                 "  {} -> {}{}{}",

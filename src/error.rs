@@ -27,6 +27,17 @@ pub enum Error {
         actual: usize,
     },
 
+    /// A tensor read as another element type than its dtype.
+    #[error("tensor {tensor}: holds {stored}, asked for {asked}")]
+    DTypeMismatch {
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        stored: crate::dtype::DType,
+        /// The element type's dtype asked for.
+        asked: crate::dtype::DType,
+    },
+
     /// A conversion between two dtypes that rocm-safe does not convert.
     #[error("{op}: cannot convert {from} to {to}")]
     UnsupportedConversion {
@@ -661,7 +672,7 @@ pub enum Error {
         /// Patterns tested.
         tested: u64,
     },
-    // ----- conv3d (src/conv3d) ----------------------------------------------
+    // ----- conv3d (src/conv3d, src/conv3d_chain) ----------------------------
     /// A conv3d parameter is out of range (a zero stride, dilation or group
     /// count).
     #[error("conv3d: {param} {value:?}: {reason}")]
@@ -745,7 +756,7 @@ pub enum Error {
     #[error("conv3d: no tier served the call: {report}")]
     Conv3dNoTier {
         /// What happened at each tier.
-        report: Box<crate::conv3d::Conv3dReport>,
+        report: Box<crate::conv3d_chain::Conv3dReport>,
     },
 
     /// A cuDNN call of the conv3d vendor tier failed (no algorithm for the
@@ -795,7 +806,7 @@ pub enum Error {
         tensor: String,
         /// The rung that failed (`"pinned ring"`, ...).
         rung: &'static str,
-        /// What failed (the rung's `transfer::Failure`, displayed).
+        /// What failed (the rung's `fallback::Failure`, displayed).
         failure: String,
         /// The error, when the failure was one.
         #[source]
@@ -817,6 +828,7 @@ impl Error {
     /// (the runtime said so), else `other()`: how a backend reports a failed
     /// allocation, so that callers can tell memory pressure (retry, free
     /// caches, go down a ladder) from every other error.
+    #[cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
     pub(crate) fn or_out_of_memory(
         oom: bool,
         backend: &'static str,

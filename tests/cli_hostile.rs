@@ -213,11 +213,19 @@ fn an_input_changed_during_the_write_fails_the_convert() {
         &[("ROCM_SAFE_EXAMPLE_WRITE_DELAY_MS", "150")],
     );
     wait_for_temporary(dir.path());
-    // Same size, other bytes, while the process is between two chunks.
-    let mut other = bytes.clone();
-    let last = other.len() - 1;
-    other[last] ^= 1;
-    std::fs::write(&input, &other).unwrap();
+    // Same size, other bytes, while the process is between two chunks:
+    // one byte rewritten in place (no truncation, so no moment where the
+    // file looks shorter).
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let last = bytes.len() as u64 - 1;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&input)
+            .unwrap();
+        f.seek(SeekFrom::Start(last)).unwrap();
+        f.write_all(&[bytes[bytes.len() - 1] ^ 1]).unwrap();
+    }
     let o = wait(child, Duration::from_secs(60));
     assert_refused(&o, dir.path(), "changed while being read");
     assert!(stderr(&o).contains("in.safetensors"));

@@ -9,13 +9,15 @@
 mod conv3d_common;
 
 use conv3d_common::{cases, Data};
-use rocm_safe::conv3d::{
-    device_tiers, sample_points, Conv3dChain, Conv3dData, Conv3dOptions, Conv3dParams,
-    Conv3dProblem, Conv3dTier, CpuTier, Failure, Outcome, Support, TierKind, UnavailableTier,
+use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
+use rocm_safe::conv3d_chain::{
+    device_tiers, Conv3dChain, Conv3dOptions, Conv3dTier, CpuTier, Support, TierKind,
+    UnavailableTier,
 };
 use rocm_safe::device::faults::{FaultKind, FaultPlan, Faults, When};
 use rocm_safe::device::host::HostBackend;
 use rocm_safe::device::{Conv3dKernel, Device};
+use rocm_safe::fallback::{Failure, Outcome};
 use rocm_safe::{DType, Error};
 
 #[derive(Clone, Copy, Debug)]
@@ -171,10 +173,10 @@ fn every_failure_falls_through_and_is_counted_by_kind() {
         );
         assert!(matches!(
             failures[3],
-            ("off-by-one", Failure::Mismatch { .. })
+            ("off-by-one", Failure::ValueMismatch { .. })
         ));
         assert!(
-            matches!(failures[4], ("last-zero", Failure::Mismatch { index, .. }) if *index == n - 1)
+            matches!(failures[4], ("last-zero", Failure::ValueMismatch { index, .. }) if *index == n - 1)
         );
         assert!(
             matches!(&report.attempts[1].outcome, Outcome::Skipped(w) if w.starts_with("unsupported"))
@@ -419,18 +421,6 @@ fn empty_outputs_are_served() {
         assert!(out.is_empty());
         assert_eq!(report.served_by(), Some(TierKind::Cpu), "{}", case.name);
     }
-}
-
-#[test]
-fn sample_points_include_ends_and_stay_in_range() {
-    assert!(sample_points(0, 8, 1).is_empty());
-    assert!(sample_points(100, 0, 1).is_empty());
-    assert_eq!(sample_points(1, 8, 1), vec![0]);
-    let s = sample_points(1000, 16, 7);
-    assert!(s.len() > 2 && s.len() <= 16);
-    assert_eq!((s[0], *s.last().unwrap()), (0, 999));
-    assert!(s.windows(2).all(|w| w[0] < w[1]));
-    assert_ne!(sample_points(1000, 16, 7), sample_points(1000, 16, 8));
 }
 
 #[test]

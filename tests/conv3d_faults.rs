@@ -8,9 +8,10 @@
 mod conv3d_common;
 
 use conv3d_common::{assert_close, cases, Case, Data};
-use rocm_safe::conv3d::{Conv3dChain, Conv3dOptions, Failure, Outcome, TierKind};
+use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dOptions, TierKind};
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
 use rocm_safe::device::{Backend, Device};
+use rocm_safe::fallback::{Failure, Outcome};
 use rocm_safe::Error;
 
 type Make = fn() -> Box<dyn Backend>;
@@ -86,7 +87,7 @@ fn zeros_from_tiled_are_caught(make: Make) {
     tiled_fails_naive_serves(
         make,
         FaultKind::Conv3dWritesZeros,
-        |f| matches!(f, Failure::Mismatch { got, .. } if *got == 0.0),
+        |f| matches!(f, Failure::ValueMismatch { got, .. } if *got == 0.0),
     );
 }
 
@@ -94,7 +95,7 @@ fn garbage_from_tiled_is_caught(make: Make) {
     tiled_fails_naive_serves(
         make,
         FaultKind::Conv3dWritesGarbage,
-        |f| matches!(f, Failure::Mismatch { got, .. } if got.is_finite()),
+        |f| matches!(f, Failure::ValueMismatch { got, .. } if got.is_finite()),
     );
 }
 
@@ -202,7 +203,7 @@ fn checks_are_what_catch_corruption(make: Make) {
         forbid: vec![TierKind::Vendor],
         ..Conv3dOptions::default()
     };
-    let c = Conv3dChain::with_tiers(rocm_safe::conv3d::device_tiers(&dev), options);
+    let c = Conv3dChain::with_tiers(rocm_safe::conv3d_chain::device_tiers(&dev), options);
     let (out, report) = c.run(&p).unwrap();
     assert_eq!(report.served_by(), Some(TierKind::Tiled));
     assert!(out.iter().all(|&v| v == 0.0));

@@ -2,9 +2,8 @@
 //! memory is a typed error before any allocation; an exact result beyond
 //! f32 is `Conv3dOverflow` (a fact), told apart from a corrupt tier.
 
-use rocm_safe::conv3d::{
-    Conv3dChain, Conv3dData, Conv3dOptions, Conv3dParams, Conv3dProblem, CpuTier,
-};
+use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
+use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dOptions, CpuTier};
 use rocm_safe::Error;
 
 const ONE: [usize; 5] = [1; 5];
@@ -90,4 +89,34 @@ fn an_exact_result_beyond_f32_is_an_overflow_not_a_tier_failure() {
     .unwrap();
     let (out, _) = cpu_chain().run(&p).unwrap();
     assert_eq!(out, vec![3.0e38]);
+}
+
+#[test]
+fn shapes_pass_from_reader_types_without_conversion_and_negatives_are_refused() {
+    let x = vec![1f32; 2 * 3 * 3 * 3];
+    let w = vec![1f32; 4 * 2 * 27];
+    // u64, as `TensorInfo::shape` and `LoadedTensor::shape` give them.
+    let xs: Vec<u64> = vec![1, 2, 3, 3, 3];
+    let ws: Vec<u64> = vec![4, 2, 3, 3, 3];
+    let p = Conv3dProblem::new(
+        Conv3dParams::default().with_padding([1; 3]),
+        Conv3dData::F32(&x),
+        &xs,
+        Conv3dData::F32(&w),
+        &ws,
+        None,
+    )
+    .unwrap();
+    assert_eq!(p.geometry.output_shape(), [1, 4, 3, 3, 3]);
+    // i64, as DLPack and PyTorch give them: a negative size is an error.
+    let e = Conv3dProblem::new(
+        Conv3dParams::default(),
+        Conv3dData::F32(&x),
+        &[1i64, 2, -3, 3, 3],
+        Conv3dData::F32(&w),
+        &[4i64, 2, 3, 3, 3],
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::Conv3dShape { .. }), "{e}");
 }

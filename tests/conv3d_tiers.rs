@@ -8,9 +8,9 @@
 mod conv3d_common;
 
 use conv3d_common::{assert_close, cases, Data};
-use rocm_safe::conv3d::{
-    conv3d_cpu, conv3d_cpu_with, Conv3dTier, CpuKernel, CpuTier, NaiveTier, Support, TierKind,
-    TiledTier, VendorTier,
+use rocm_safe::conv3d::{conv3d_cpu, conv3d_cpu_with, CpuKernel};
+use rocm_safe::conv3d_chain::{
+    Conv3dTier, CpuTier, NaiveTier, Support, TierKind, TiledTier, VendorTier,
 };
 #[allow(unused_imports)]
 use rocm_safe::device::{BackendKind, Conv3dKernel, Device};
@@ -385,7 +385,8 @@ fn hip_device_errors_are_typed() {
 #[test]
 #[ignore = "needs a GPU"]
 fn default_chain_is_served_on_the_gpu() {
-    use rocm_safe::conv3d::{Conv3dChain, Outcome};
+    use rocm_safe::conv3d_chain::Conv3dChain;
+    use rocm_safe::fallback::Outcome;
     let case = &cases()[0];
     let data = Data::new(case);
     let chain = Conv3dChain::new();

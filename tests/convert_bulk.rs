@@ -87,12 +87,19 @@ proptest! {
     }
 }
 
+/// The splitmix64 finaliser.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut s = seed;
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {
         s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        out.extend_from_slice(&convert::fingerprint::mix64(s).to_le_bytes());
+        out.extend_from_slice(&mix64(s).to_le_bytes());
     }
     out.truncate(len);
     out

@@ -301,7 +301,14 @@ fn subnormal_inputs_and_results_are_rounded_not_flushed() {
 
 fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    rocm_safe::convert::fingerprint::mix64(*state)
+    mix64(*state)
+}
+
+/// The splitmix64 finaliser.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[test]

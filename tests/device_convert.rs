@@ -288,6 +288,18 @@ fn verified_policies_serve_device(dev: &Device) {
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
         assert_eq!(r.served, Served::Device, "{policy:?}");
         assert_eq!(r.elements, h.len() as u64);
+        let shown = r.to_string();
+        assert!(
+            shown.starts_with("convert bf16->f32 of 200001 elements on ")
+                && shown.contains(&format!("({policy:?}): served by the device"))
+                && shown.contains(" ms"),
+            "{shown}"
+        );
+        assert_eq!(
+            shown.contains("fingerprints "),
+            policy != Policy::Off,
+            "{shown}"
+        );
         if policy != Policy::Off {
             assert!(
                 r.expected.is_some() && r.expected == r.actual,
@@ -340,6 +352,11 @@ fn verified_mismatch_falls_back_or_fails(dev: &Device) {
             Served::CpuAfterMismatch { expected, actual } => assert_ne!(expected, actual),
             other => panic!("{policy:?}: served {other:?}"),
         }
+        assert!(
+            r.to_string()
+                .contains("served by the CPU after a mismatch (expected "),
+            "{r}"
+        );
         // The CPU result replaced the corrupted one.
         assert_eq!(bits32(&out.to_vec().unwrap()), bits32(&want), "{policy:?}");
 

@@ -7,7 +7,7 @@
 mod gpu {
     use half::bf16;
     use rayon::prelude::*;
-    use rocm_safe::convert::fingerprint::{finish, term};
+    use rocm_safe::convert::fingerprint::{finish, sum_bytes};
     use rocm_safe::convert::scalar;
     use rocm_safe::device::{BackendKind, Device};
 
@@ -48,10 +48,16 @@ mod gpu {
         let mut out = s.alloc::<f32>(N).unwrap();
         s.convert(&src.view(), &mut out.view_mut()).unwrap();
         let got_fp = s.fingerprint(&out.view()).unwrap();
-        let want_sum = (0..N)
+        // Partial sums of 1 Mi-element pieces of the expected output.
+        let want_sum = (0..N.div_ceil(1 << 20))
             .into_par_iter()
-            .with_min_len(1 << 20)
-            .map(|i| term(i as u64, scalar::bf16_to_f32(pattern[i % P])))
+            .map(|c| {
+                let (a, b) = (c << 20, ((c + 1) << 20).min(N));
+                let bytes: Vec<u8> = (a..b)
+                    .flat_map(|i| scalar::bf16_to_f32(pattern[i % P]).to_le_bytes())
+                    .collect();
+                sum_bytes(a as u64, &bytes)
+            })
             .reduce(|| 0u64, u64::wrapping_add);
         assert_eq!(got_fp, finish(want_sum, 4 * N as u64));
         for (a, b) in [(0usize, 1000usize), ((1 << 32) - 1000, (1 << 32) + 17)] {

@@ -1,5 +1,7 @@
-//! The CPU tier: a direct convolution on rayon, for every parameter
-//! combination.
+//! The CPU kernel: a direct convolution on rayon for every parameter combination.
+//!
+//! It is the conv3d chain's CPU tier and the host backend's stand-in for
+//! the GPU kernels.
 //!
 //! Per batch item the input is widened to f32 once (bf16 exactly, bits
 //! shifted left by 16) into a zero-padded copy, so the inner loops need no
@@ -213,44 +215,55 @@ pub fn conv3d_cpu_with(p: &Conv3dProblem<'_>, out: &mut [f32], kernel: CpuKernel
         .checked_mul(g.in_channels)
         .ok_or_else(|| internal("padded input overflows"))?;
 
-    let w_packed = pack_weights(p, ocb)?;
-    let bias: Vec<f32> = (0..g.out_channels).map(|k| p.bias_f32(k)).collect();
-    let blocks = g.out_per_group().div_ceil(ocb);
+    let plan = Plan {
+        isa,
+        ocb,
+        pad,
+        plane,
+        w_packed: pack_weights(p, ocb)?,
+        bias: (0..g.out_channels).map(|k| p.bias_f32(k)).collect(),
+        blocks: g.out_per_group().div_ceil(ocb),
+    };
 
     let mut x = take_scratch(padded_len);
-    let result = run_items(
-        p, out, pad, plane, &mut x, isa, ocb, &w_packed, &bias, blocks,
-    );
+    let result = run_items(p, out, &plan, &mut x);
     return_scratch(x);
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_items(
-    p: &Conv3dProblem<'_>,
-    out: &mut [f32],
-    pad: Padded,
-    plane: usize,
-    x: &mut [f32],
+/// What every batch item of one call shares: the kernel, the padded sizes,
+/// the packed weights and the bias.
+struct Plan {
     isa: Isa,
+    /// Output channels per block (the tile's first size).
     ocb: usize,
-    w_packed: &[f32],
-    bias: &[f32],
+    pad: Padded,
+    /// Elements of one padded channel.
+    plane: usize,
+    /// Packed weights of every (group, block).
+    w_packed: Vec<f32>,
+    /// Bias per output channel (zeros without a bias).
+    bias: Vec<f32>,
+    /// Channel blocks per group.
     blocks: usize,
-) -> Result<()> {
+}
+
+/// Runs every batch item of `p` into `out`, widening each into `x` first.
+fn run_items(p: &Conv3dProblem<'_>, out: &mut [f32], plan: &Plan, x: &mut [f32]) -> Result<()> {
     let g = p.geometry;
     let [od_n, oh_n, ow_n] = g.output;
     let out_item = g.out_channels * od_n * oh_n * ow_n;
+    let (ocb, blocks) = (plan.ocb, plan.blocks);
     for (n, out_n) in out.chunks_mut(out_item).enumerate() {
-        fill_padded(p, n, pad, plane, x)?;
+        fill_padded(p, n, plan.pad, plan.plane, x)?;
         let ctx = Ctx {
-            isa,
+            isa: plan.isa,
             ocb,
             g,
-            pad,
+            pad: plan.pad,
             x,
-            w: w_packed,
-            bias,
+            w: &plan.w_packed,
+            bias: &plan.bias,
             blocks,
         };
         let tasks = make_tasks(&g, blocks, ocb, out_n);

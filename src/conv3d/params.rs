@@ -207,6 +207,48 @@ fn product(dims: &[usize]) -> Option<usize> {
     dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
 }
 
+/// An element of a shape: `usize` (in memory), `u64` (as the safetensors
+/// reader and the loader give shapes: `TensorInfo::shape`,
+/// `LoadedTensor::shape`), `i64` (DLPack, PyTorch), so that a shape passes
+/// from reader to loader to conv3d with no conversion. A negative size or
+/// one beyond `usize` is a shape error.
+pub trait ShapeDim: Copy {
+    /// The size as `usize`, `None` when it does not fit.
+    fn to_usize(self) -> Option<usize>;
+}
+
+macro_rules! shape_dims {
+    ($($t:ty),*) => {
+        $(impl ShapeDim for $t {
+            fn to_usize(self) -> Option<usize> {
+                usize::try_from(self).ok()
+            }
+        })*
+    };
+}
+// u64: the reader's and loader's shapes; i64: DLPack's and PyTorch's; i32
+// and u32: integer literals.
+shape_dims!(usize, u64, u32, i64, i32);
+
+/// `shape` as `usize`s; a size that does not fit is a shape error.
+fn dims<D: ShapeDim>(tensor: &'static str, shape: &[D]) -> Result<Vec<usize>> {
+    shape
+        .iter()
+        .map(|d| d.to_usize())
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| {
+            let lossy: Vec<usize> = shape
+                .iter()
+                .map(|d| d.to_usize().unwrap_or(usize::MAX))
+                .collect();
+            shape_err(
+                tensor,
+                &lossy,
+                "sizes must be non-negative and fit in memory",
+            )
+        })
+}
+
 impl<'a> Conv3dProblem<'a> {
     /// Validates shapes, parameters and data lengths.
     ///
@@ -220,14 +262,16 @@ impl<'a> Conv3dProblem<'a> {
     /// checked before anything is allocated;
     /// [`Error::Conv3dDType`] when input and weight dtypes differ;
     /// [`Error::LengthMismatch`] when a buffer's length is not its shape's.
-    pub fn new(
+    pub fn new<D: ShapeDim>(
         params: Conv3dParams,
         input: Conv3dData<'a>,
-        input_shape: &[usize],
+        input_shape: &[D],
         weight: Conv3dData<'a>,
-        weight_shape: &[usize],
+        weight_shape: &[D],
         bias: Option<Conv3dData<'a>>,
     ) -> Result<Self> {
+        let input_shape = &dims("input", input_shape)?[..];
+        let weight_shape = &dims("weight", weight_shape)?[..];
         for (param, v) in [("stride", params.stride), ("dilation", params.dilation)] {
             if v.contains(&0) {
                 return Err(Error::Conv3dParam {

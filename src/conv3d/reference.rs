@@ -1,6 +1,7 @@
-//! The float64 reference: the definition of conv3d, written as plainly as
-//! possible. Tests compare every tier with it; the chain's sampled
-//! verification recomputes single output points with [`reference_point`].
+//! The float64 reference: the definition of conv3d, written plainly.
+//!
+//! Tests compare every tier with it; the chain's sampled verification
+//! recomputes single output points with [`reference_point`].
 
 use super::params::Conv3dProblem;
 

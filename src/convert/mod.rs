@@ -1,5 +1,5 @@
 //! Exact, integer-only dtype conversions on the CPU, and the buffer
-//! fingerprint used to verify GPU results (DESIGN.md contracts 1 and 2).
+//! fingerprint used to verify GPU results (crate [contracts](crate#contracts) 1 and 2).
 //!
 //! Supported: sources F64, F32, F16, BF16; targets F32, F16, BF16. Every
 //! function reads little-endian bytes at any alignment.
@@ -47,6 +47,17 @@ impl Element for half::f16 {
 impl Element for half::bf16 {
     const DTYPE: DType = DType::BF16;
 }
+/// Integer element types, for typed access to loaded tensors
+/// ([`crate::transfer::LoadedTensor::to_vec`]); conversions refuse them
+/// ([`crate::Error::UnsupportedConversion`]).
+macro_rules! int_elements {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(impl Element for $t {
+            const DTYPE: DType = DType::$d;
+        })*
+    };
+}
+int_elements!(u8 => U8, i8 => I8, i16 => I16, u16 => U16, i32 => I32, u32 => U32, i64 => I64, u64 => U64);
 
 /// Whether `from -> to` is a conversion this module performs.
 pub const fn supported(from: DType, to: DType) -> bool {

@@ -123,11 +123,17 @@ impl<T> DeviceSpan<T> {
 /// run there) and through it its device. Dereferences to [`DeviceSpan`]
 /// (`len`, `num_bytes`, `device_ptr`).
 ///
-/// `Drop` waits for the device to be idle, then frees; errors there are
-/// recorded on the device ([`Device::take_errors`]), never panicked.
+/// `Drop` hands the memory back to the device, which frees it at its next
+/// sync point ([`Device::synchronize`]) without making the dropping thread
+/// wait; errors there are recorded on the device ([`Device::take_errors`]),
+/// never panicked.
 pub struct DeviceBuffer<T> {
     span: DeviceSpan<T>,
     stream: Stream,
+    /// Whether dropping frees the memory: false for a crate-internal
+    /// stand-in over memory a caller lends for one call
+    /// ([`DeviceBuffer::lent`]).
+    owned: bool,
 }
 
 impl<T> std::fmt::Debug for DeviceBuffer<T> {
@@ -153,8 +159,61 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
         DeviceBuffer {
             span: DeviceSpan::new(ptr, len),
             stream,
+            owned: true,
         }
     }
+
+    /// A buffer over `view`'s memory that never frees it, so that code
+    /// written for owned buffers (the loader's pipeline) can fill memory a
+    /// caller lends ([`crate::transfer::Loader::load_into`]).
+    ///
+    /// # Safety
+    /// The returned buffer (and anything made from it) is dropped before
+    /// the borrow of `view` ends, and `stream` belongs to `view`'s device.
+    pub(crate) unsafe fn lent(view: &mut DeviceViewMut<'_, T>, stream: Stream) -> DeviceBuffer<T> {
+        DeviceBuffer {
+            span: view.span,
+            stream,
+            owned: false,
+        }
+    }
+    /// Gives up ownership: the device address, the length in elements and
+    /// the stream (whose device allocated the memory). Nothing frees the
+    /// memory any more; give it back with [`DeviceBuffer::from_raw_parts`]
+    /// (or free it with the backend's `free` of `len * size_of::<T>()`
+    /// bytes once no work uses it). Used to hand memory rocm-safe allocated
+    /// to another framework (DLPack export does this).
+    pub fn into_raw_parts(self) -> (DevicePtr, usize, Stream) {
+        let me = std::mem::ManuallyDrop::new(self);
+        if me.owned {
+            me.stream.device().account(-(me.span.num_bytes() as i128));
+        }
+        // SAFETY: `me` is never used or dropped again, so the stream is
+        // moved out exactly once (its destructor runs with the returned
+        // value's).
+        let stream = unsafe { std::ptr::read(&me.stream) };
+        (me.span.ptr, me.span.len, stream)
+    }
+
+    /// Takes ownership of `len` elements of `T` at `ptr` on `stream`'s
+    /// device: dropping the buffer frees them with that device's backend
+    /// (`hipFree`, `cuMemFree`, the host allocator).
+    ///
+    /// # Safety
+    /// `ptr` is an allocation of `stream`'s device's backend
+    /// ([`super::Driver::alloc`]: the pointer of
+    /// [`DeviceBuffer::into_raw_parts`], or memory another framework
+    /// allocated with the same runtime allocator, `hipMalloc` /
+    /// `cuMemAlloc`, not a caching allocator's sub-block) of exactly
+    /// `len * size_of::<T>()` bytes (`DevicePtr(0)` when that is 0); nobody
+    /// else frees it; and its contents are valid values of `T` before they
+    /// are read.
+    pub unsafe fn from_raw_parts(ptr: DevicePtr, len: usize, stream: Stream) -> DeviceBuffer<T> {
+        let b = DeviceBuffer::from_alloc(ptr, len, stream);
+        b.device().account(b.span.num_bytes() as i128);
+        b
+    }
+
     /// The buffer's stream.
     pub fn stream(&self) -> &Stream {
         &self.stream
@@ -211,20 +270,12 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
 }
 
 impl<T> Drop for DeviceBuffer<T> {
+    /// Hands the memory to the device, which frees it at its next sync
+    /// point (work on any stream may still use it); never waits here.
     fn drop(&mut self) {
         let bytes = self.span.num_bytes();
-        if bytes == 0 {
-            return;
-        }
-        let dev = self.stream.device();
-        // Work on any stream may still use the memory: wait for the device.
-        let r = dev.backend().synchronize().and_then(|_| {
-            // SAFETY: `ptr` came from `alloc(bytes)` on this backend, this is
-            // its only free, and the device is idle.
-            unsafe { dev.backend().free(self.span.ptr, bytes) }
-        });
-        if let Err(e) = r {
-            dev.record_err(e);
+        if bytes > 0 && self.owned {
+            self.stream.device().defer_free(self.span.ptr, bytes);
         }
     }
 }
@@ -290,6 +341,25 @@ impl<'a, T: bytemuck::Pod> DeviceView<'a, T> {
             device,
             _p: PhantomData,
         }
+    }
+
+    /// Borrows `len` elements of `T` at `ptr`, memory rocm-safe does not own
+    /// (another framework's tensor), so that conversions, fingerprints and
+    /// conv3d can run on it. Nothing is freed when the view goes.
+    ///
+    /// Errors: [`Error::Misaligned`] when `ptr` is not aligned for `T`,
+    /// [`Error::SizeOverflow`] when the byte length overflows.
+    ///
+    /// # Safety
+    /// `ptr` addresses `len * size_of::<T>()` bytes of `device`'s memory
+    /// (for the host backend, host memory), valid values of `T`, that stay
+    /// allocated and are not written by anyone for `'a` except through work
+    /// ordered after what reads them.
+    pub unsafe fn from_raw(device: &'a Device, ptr: DevicePtr, len: usize) -> Result<Self> {
+        Ok(DeviceView::new(
+            raw_span(ptr, len, "DeviceView::from_raw")?,
+            device,
+        ))
     }
     /// The same bytes as elements of `B` (whole elements, aligned).
     pub fn cast<B: bytemuck::Pod>(&self) -> Result<DeviceView<'a, B>> {
@@ -370,6 +440,22 @@ impl<'a, T: bytemuck::Pod> DeviceView<'a, T> {
     }
 }
 
+/// A span of `len` elements of `T` at an outside address, checked for
+/// alignment and a byte length that fits.
+fn raw_span<T>(ptr: DevicePtr, len: usize, op: &'static str) -> Result<DeviceSpan<T>> {
+    len.checked_mul(std::mem::size_of::<T>())
+        .ok_or(Error::SizeOverflow { op, elements: len })?;
+    let align = std::mem::align_of::<T>() as u64;
+    if !ptr.0.is_multiple_of(align) {
+        return Err(Error::Misaligned {
+            op,
+            addr: ptr.0,
+            align,
+        });
+    }
+    Ok(DeviceSpan::new(ptr, len))
+}
+
 /// The checks every copy makes: `stream` is on `device`, the lengths match.
 fn check(
     op: &'static str,
@@ -390,6 +476,20 @@ fn check(
 }
 
 impl<'a, T: bytemuck::Pod> DeviceViewMut<'a, T> {
+    /// Borrows `len` elements of `T` at `ptr` mutably, memory rocm-safe does
+    /// not own (another framework's tensor), as [`DeviceView::from_raw`].
+    ///
+    /// # Safety
+    /// As [`DeviceView::from_raw`], and nothing else reads or writes the
+    /// memory for `'a` except through work ordered with what this view's
+    /// operations queue.
+    pub unsafe fn from_raw(device: &'a Device, ptr: DevicePtr, len: usize) -> Result<Self> {
+        Ok(DeviceViewMut::new(
+            raw_span(ptr, len, "DeviceViewMut::from_raw")?,
+            device,
+        ))
+    }
+
     /// A mutable view of `span` on `device` (the caller keeps the span
     /// inside a live allocation of that device, borrowed exclusively, for
     /// `'a`).

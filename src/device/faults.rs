@@ -1,5 +1,5 @@
 //! Fault injection: a [`Backend`] that wraps another and injects the failure
-//! modes seen on ROCm (the crate docs' "Contracts"), so every detection and fallback path can
+//! modes seen on ROCm (see [the contracts](crate#contracts)), so every detection and fallback path can
 //! be exercised on any backend, the host one included.
 //!
 //! | [`FaultKind`] | where | what happens |

@@ -11,7 +11,7 @@ use super::cuda;
 use super::gpu::Gpu;
 #[cfg(feature = "hip")]
 use super::hip;
-use super::info::{BackendKind, DeviceInfo};
+use super::info::{BackendKind, DeviceInfo, DevicePtr};
 use super::pinned::PinnedBuffer;
 use super::stream::{Event, Stream};
 use super::{host, VisibleDevices};
@@ -44,6 +44,44 @@ struct DeviceInner {
     backend: Box<dyn Backend>,
     errors: Mutex<Vec<Error>>,
     id: u64,
+    /// Device memory dropped by its owners, freed at the next sync point.
+    pending: Mutex<Pending>,
+    /// Bytes of device memory rocm-safe owns on this device (allocated or
+    /// taken over, not yet freed or given away).
+    owned: AtomicU64,
+}
+
+/// Frees waiting for the device's next sync point: a dropped buffer may
+/// still be read or written by work queued on any stream of the device, so
+/// it is freed only once the whole device has been idle, without making
+/// the thread that dropped it wait.
+#[derive(Default)]
+struct Pending {
+    frees: Vec<(DevicePtr, usize)>,
+    bytes: usize,
+}
+
+/// Above this many bytes waiting, a drop waits for the device and frees
+/// them all (so deferral never holds more than this much memory back).
+pub(crate) const PENDING_FREE_MAX: usize = 256 << 20;
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        let p = std::mem::take(match self.pending.get_mut() {
+            Ok(p) => p,
+            Err(e) => e.into_inner(),
+        });
+        if p.frees.is_empty() || self.backend.synchronize().is_err() {
+            // Possibly still in use after a failed wait: leaked, never
+            // freed under a kernel that may still run.
+            return;
+        }
+        for (ptr, bytes) in p.frees {
+            // SAFETY: each came from this backend's `alloc(bytes)`, is freed
+            // once (taken out of the list), and the device is idle.
+            let _ = unsafe { self.backend.free(ptr, bytes) };
+        }
+    }
 }
 
 /// The next [`Device::id`].
@@ -69,6 +107,8 @@ impl Device {
                 backend,
                 errors: Mutex::new(Vec::new()),
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                pending: Mutex::new(Pending::default()),
+                owned: AtomicU64::new(0),
             }),
         }
     }
@@ -86,6 +126,18 @@ impl Device {
     /// error.
     pub fn open(kind: BackendKind, ordinal: usize) -> Result<Device> {
         Ok(Device::from_backend(open_backend(kind, ordinal)?))
+    }
+
+    /// The first device that opens, in the order HIP, CUDA, host: ordinal
+    /// 0 of the first GPU backend that is built and has a device, else the
+    /// host backend (always available). Use [`Device::open`] to see why a
+    /// GPU backend did not open.
+    pub fn first_available() -> Device {
+        [BackendKind::Hip, BackendKind::Cuda]
+            .into_iter()
+            .filter(|k| k.is_built())
+            .find_map(|k| Device::open(k, 0).ok())
+            .unwrap_or_else(Device::host)
     }
 
     /// The devices of `kind` this process can see (the runtime applies
@@ -147,9 +199,86 @@ impl Device {
         })
     }
 
-    /// Waits until all work on the device is done.
+    /// Waits until all work on the device is done, then frees the memory
+    /// of buffers dropped since the last sync point.
     pub fn synchronize(&self) -> Result<()> {
-        self.backend().synchronize()
+        self.backend().synchronize()?;
+        self.free_pending_idle();
+        Ok(())
+    }
+
+    /// Frees `bytes` at `ptr` (an allocation of this device's backend that
+    /// nothing will use again) once every stream of the device has reached
+    /// the work queued so far: at the next [`Device::synchronize`],
+    /// [`Device::take_errors`], out-of-memory retry or device close, or at
+    /// once (after a wait for the device) when more than 256 MiB are
+    /// waiting. Dropping a buffer therefore never waits for the device.
+    pub(crate) fn defer_free(&self, ptr: DevicePtr, bytes: usize) {
+        let over = {
+            let mut p = lock(&self.inner.pending);
+            p.frees.push((ptr, bytes));
+            p.bytes = p.bytes.saturating_add(bytes);
+            p.bytes > PENDING_FREE_MAX
+        };
+        if over {
+            if let Err(e) = self.synchronize() {
+                self.record_err(e);
+            }
+        }
+    }
+
+    /// Bytes of dropped buffers waiting for the next sync point.
+    pub fn pending_free_bytes(&self) -> usize {
+        lock(&self.inner.pending).bytes
+    }
+
+    /// Frees every pending allocation; the device is idle (the caller just
+    /// synchronized it). Errors are recorded ([`Device::take_errors`]).
+    fn free_pending_idle(&self) {
+        let p = std::mem::take(&mut *lock(&self.inner.pending));
+        for (ptr, bytes) in p.frees {
+            // SAFETY: each came from this backend's `alloc(bytes)` (the
+            // buffer that deferred it owned it), is freed once (taken out of
+            // the list), and the device is idle.
+            match unsafe { self.backend().free(ptr, bytes) } {
+                Ok(()) => self.account(-(bytes as i128)),
+                Err(e) => self.record_err(e),
+            }
+        }
+    }
+
+    /// Allocates `bytes` on the device; out of memory, it waits for the
+    /// device, frees what dropped buffers left pending, and tries once more.
+    pub(crate) fn alloc_raw(&self, bytes: usize) -> Result<DevicePtr> {
+        let p = match self.backend().alloc(bytes) {
+            Err(Error::OutOfMemory { .. }) if self.pending_free_bytes() > 0 => {
+                self.synchronize()?;
+                self.backend().alloc(bytes)
+            }
+            r => r,
+        }?;
+        self.account(bytes as i128);
+        Ok(p)
+    }
+
+    /// Bytes of device memory rocm-safe owns on this device: allocated by
+    /// its buffers or taken over ([`super::DeviceBuffer::from_raw_parts`]),
+    /// not yet freed (dropped buffers count until their memory is freed at
+    /// the next sync point) nor given away
+    /// ([`super::DeviceBuffer::into_raw_parts`]).
+    pub fn owned_bytes(&self) -> u64 {
+        self.inner.owned.load(Ordering::SeqCst)
+    }
+
+    /// Adds `delta` bytes to [`Device::owned_bytes`] (saturating at 0).
+    pub(crate) fn account(&self, delta: i128) {
+        let _ = self
+            .inner
+            .owned
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                let n = (i128::from(v) + delta).clamp(0, i128::from(u64::MAX));
+                u64::try_from(n).ok()
+            });
     }
 
     /// Records an error that happened where it could not be returned
@@ -160,8 +289,15 @@ impl Device {
         }
     }
 
-    /// Returns (and clears) the errors recorded since the last call.
+    /// Returns (and clears) the errors recorded since the last call. Frees
+    /// of dropped buffers still waiting for a sync point are made first (a
+    /// wait for the device), so their errors are among them.
     pub fn take_errors(&self) -> Vec<Error> {
+        if self.pending_free_bytes() > 0 {
+            if let Err(e) = self.synchronize() {
+                self.record_err(e);
+            }
+        }
         match self.inner.errors.lock() {
             Ok(mut v) => std::mem::take(&mut *v),
             Err(_) => Vec::new(),
@@ -201,7 +337,71 @@ impl Device {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
 pub(crate) fn byte_len<T>(op: &'static str, len: usize) -> Result<usize> {
     len.checked_mul(std::mem::size_of::<T>())
         .ok_or(Error::SizeOverflow { op, elements: len })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::faults::{FaultKind, FaultPlan, Faults, When};
+    use crate::device::host::HostBackend;
+
+    #[test]
+    fn out_of_memory_with_frees_pending_syncs_frees_and_retries_once() {
+        let (f, h) = Faults::new(
+            HostBackend::new(),
+            FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(1)),
+        );
+        let dev = Device::from_backend(Box::new(f));
+        let s = dev.stream().unwrap();
+        drop(s.alloc::<u8>(4096).unwrap()); // allocation 0: now pending
+        assert_eq!(dev.pending_free_bytes(), 4096);
+        // Allocation 1 runs out of memory; the pending free is made and
+        // allocation 2 serves the call.
+        let b = s.alloc::<u8>(1024).unwrap();
+        assert_eq!(h.injected().len(), 1);
+        assert_eq!(dev.pending_free_bytes(), 0);
+        assert_eq!(dev.owned_bytes(), 1024);
+        drop(b);
+        // Nothing pending: out of memory is returned as it is.
+        let (f, _h) = Faults::new(
+            HostBackend::new(),
+            FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(0)),
+        );
+        let dev = Device::from_backend(Box::new(f));
+        let e = dev.stream().unwrap().alloc::<u8>(16).unwrap_err();
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_failed_free_at_the_sync_point_is_recorded_and_stays_owned() {
+        let (f, h) = Faults::new(
+            HostBackend::new(),
+            FaultPlan::one(FaultKind::TeardownFailure, When::Always),
+        );
+        h.set_enabled(false);
+        let dev = Device::from_backend(Box::new(f));
+        let s = dev.stream().unwrap();
+        drop(s.alloc::<u8>(64).unwrap());
+        drop(s);
+        // A failing free at the sync point is recorded, not lost.
+        h.set_enabled(true);
+        dev.synchronize().unwrap();
+        let errs = dev.take_errors();
+        assert!(
+            errs.iter()
+                .any(|e| matches!(e, Error::InjectedFault { .. })),
+            "{errs:?}"
+        );
+        assert_eq!(dev.owned_bytes(), 64, "a failed free stays owned (leaked)");
+    }
 }

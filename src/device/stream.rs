@@ -11,10 +11,16 @@ use crate::error::{Error, Result};
 struct StreamInner {
     device: Device,
     raw: RawStream,
+    /// Created by rocm-safe (synchronized and destroyed with the last
+    /// clone), or borrowed from its owner ([`Stream::from_raw`]).
+    owned: bool,
 }
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let b = self.device.backend();
         // SAFETY: the stream was created by this backend and this is its only
         // destruction (StreamInner is shared through an Arc and dropped once).
@@ -49,8 +55,35 @@ impl Stream {
             inner: Arc::new(StreamInner {
                 device: device.clone(),
                 raw,
+                owned: true,
             }),
         })
+    }
+
+    /// Wraps a stream rocm-safe did not create (a `hipStream_t` /
+    /// `CUstream` a trainer owns, as its address; `RawStream(0)` is the
+    /// runtime's default stream), so that every operation can run on it,
+    /// ordered with the owner's own work. rocm-safe never synchronizes on
+    /// drop nor destroys it.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of `device`'s runtime context (for the host
+    /// backend, any value), and stays live while this `Stream`, its clones
+    /// and the buffers allocated on it exist.
+    pub unsafe fn from_raw(device: &Device, raw: RawStream) -> Stream {
+        Stream {
+            inner: Arc::new(StreamInner {
+                device: device.clone(),
+                raw,
+                owned: false,
+            }),
+        }
+    }
+
+    /// Whether rocm-safe created this stream (and destroys it with the
+    /// last clone) rather than borrowing it ([`Stream::from_raw`]).
+    pub fn is_owned(&self) -> bool {
+        self.inner.owned
     }
 
     /// The stream's device.
@@ -103,7 +136,7 @@ impl Stream {
         let ptr = if bytes == 0 {
             DevicePtr(0)
         } else {
-            self.backend().alloc(bytes)?
+            self.device().alloc_raw(bytes)?
         };
         Ok(DeviceBuffer::from_alloc(ptr, len, self.clone()))
     }

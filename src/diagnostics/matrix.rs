@@ -8,13 +8,12 @@
 //! forced on its own (a `"conv3d tier"` cell per tier); and the conv3d
 //! chain unforced (a `"conv3d"` cell saying which tier served).
 
-use crate::conv3d::{
-    reference, Conv3dChain, Conv3dData, Conv3dOptions, Conv3dParams, Conv3dProblem, Conv3dTier,
-    Outcome,
-};
+use crate::conv3d::{reference, Conv3dData, Conv3dParams, Conv3dProblem};
+use crate::conv3d_chain::{Conv3dChain, Conv3dOptions, Conv3dTier};
 use crate::convert::convert_bytes;
 use crate::device::{BackendKind, Device};
 use crate::dtype::DType;
+use crate::fallback::Outcome;
 use crate::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
 use crate::transfer::{LoadOptions, Loader, Rung};
 
@@ -155,7 +154,7 @@ fn staged_copy_inner(kind: BackendKind, ordinal: usize) -> crate::Result<(Compat
                 if r.rung != Rung::PinnedRing {
                     let why = r.attempts.first().map_or_else(
                         || "no failure recorded".to_owned(),
-                        |a| format!("{}: {}", a.rung, a.failure),
+                        |a| format!("{}: {}", a.step, a.failure),
                     );
                     fallbacks.push((r.rung.to_string(), format!("{name}: {why}")));
                 }
@@ -216,13 +215,13 @@ impl SmallConv {
 }
 
 /// The conv3d tiers of device `kind:ordinal`'s chain, in order (vendor,
-/// tiled, naive, CPU: `conv3d::device_tiers`); when the device cannot be
+/// tiled, naive, CPU: `conv3d_chain::device_tiers`); when the device cannot be
 /// opened, its GPU tiers are unavailable for that reason and the CPU tier
 /// remains.
 fn device_tiers(kind: BackendKind, ordinal: usize) -> Vec<Box<dyn Conv3dTier>> {
     match crate::device::Device::open(kind, ordinal) {
-        Ok(d) => crate::conv3d::device_tiers(&d),
-        Err(e) => crate::conv3d::unavailable_gpu_tiers(format!(
+        Ok(d) => crate::conv3d_chain::device_tiers(&d),
+        Err(e) => crate::conv3d_chain::unavailable_gpu_tiers(format!(
             "{}:{ordinal} cannot be opened: {e}",
             kind.name()
         )),
@@ -379,7 +378,7 @@ pub fn conv3d_cells(
 /// of `kind`: one per tier of its chain, plus the chain.
 pub fn conv3d_cell_count(kind: BackendKind) -> usize {
     let _ = kind; // every device's chain has the same four tiers
-    crate::conv3d::TierKind::ALL.len() + 1
+    crate::conv3d_chain::TierKind::ALL.len() + 1
 }
 
 #[cfg(test)]

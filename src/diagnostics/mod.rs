@@ -1,6 +1,12 @@
 //! Diagnostics: platform facts and self-tests, the engine behind the
 //! `doctor` example. Everything is plain data that serialises to JSON with
 //! stable field names.
+//!
+//! This is the top layer: it drives every other module (devices, verified
+//! conversions, the loader, the conv3d chain) on small cases and records
+//! what it saw. It is public so that the `doctor` example, and tools like
+//! it, can build on it; a trainer that loads and converts tensors needs
+//! the modules below it, not this one.
 
 pub mod amdgpu;
 pub mod devices;

@@ -129,7 +129,6 @@ impl SafeTensors {
     /// never a new open by name, which a swapped symlink or a FIFO put in
     /// its place could redirect or block). For the transfer pipeline's
     /// positioned reads.
-    #[allow(dead_code)] // for src/transfer/source.rs (Source::open by path today)
     pub(crate) fn try_clone_file(&self) -> Result<File> {
         self.file.try_clone().map_err(|e| Error::Io {
             path: self.path.clone(),

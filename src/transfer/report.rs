@@ -1,10 +1,12 @@
-//! What a load did: [`LoadReport`], per tensor [`TensorReport`].
+//! What a load did: the load and tensor reports, and the ladder's rungs.
 
-use crate::convert::Fingerprint;
+use std::fmt;
+
 use crate::dtype::DType;
-use crate::error::Error;
+use crate::fallback::Attempt;
 
-/// A rung of the transfer ladder (DESIGN.md), fastest first.
+/// A rung of the transfer ladder (crate [contract 3](crate#contracts)),
+/// fastest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub enum Rung {
     /// Reusable pinned buffers filled by CPU threads, asynchronous copies on
@@ -17,8 +19,9 @@ pub enum Rung {
     Pageable,
     /// Conversion on the CPU, then a synchronous copy of the result.
     CpuConvert,
-    /// The tensor stays in host memory.
-    Host,
+    /// The tensor is kept in host memory (converted there when asked):
+    /// the last rung, or where the memory budget is spent.
+    KeepOnHost,
 }
 
 impl Rung {
@@ -28,17 +31,17 @@ impl Rung {
         Rung::SmallChunks,
         Rung::Pageable,
         Rung::CpuConvert,
-        Rung::Host,
+        Rung::KeepOnHost,
     ];
 
-    /// The rung's name (`"pinned ring"`, ...).
+    /// The rung's name (`"pinned ring"`, ..., `"keep on host"`).
     pub const fn name(self) -> &'static str {
         match self {
             Rung::PinnedRing => "pinned ring",
             Rung::SmallChunks => "small chunks",
             Rung::Pageable => "pageable",
             Rung::CpuConvert => "cpu convert",
-            Rung::Host => "host",
+            Rung::KeepOnHost => "keep on host",
         }
     }
 
@@ -54,85 +57,10 @@ impl Rung {
     }
 }
 
-impl std::fmt::Display for Rung {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for Rung {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
-}
-
-/// Which check caught a bad result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Stage {
-    /// The copied bytes on the device against the staged host bytes.
-    Copy,
-    /// The tensor's final bytes on the device (after the conversion, or the
-    /// device-side copy) against what the host computed from the source.
-    Output,
-}
-
-/// Why a rung did not serve a tensor.
-#[derive(Debug)]
-pub enum Failure {
-    /// An operation failed (device error, out of memory, injected fault).
-    Error(Error),
-    /// A check found different data (DESIGN.md contract 2).
-    Mismatch {
-        /// Which check.
-        stage: Stage,
-        /// Fingerprint the host computed.
-        expected: Fingerprint,
-        /// Fingerprint of the device's data.
-        actual: Fingerprint,
-    },
-    /// The job this tensor shared a pinned buffer with failed; the error
-    /// is recorded on tensor `with` (the job's first).
-    JobFailed {
-        /// The tensor whose report holds the error.
-        with: String,
-    },
-    /// The rung cannot do this tensor's conversion on the device: no device
-    /// kernel for the pair (`f64 -> f32`), or the kernel failed the device's
-    /// self-test.
-    NoTrustedKernel {
-        /// Source dtype.
-        from: DType,
-        /// Target dtype.
-        to: DType,
-    },
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Error(e) => write!(f, "{e}"),
-            Failure::Mismatch {
-                stage,
-                expected,
-                actual,
-            } => write!(
-                f,
-                "{stage:?} fingerprint mismatch: expected {expected}, device gave {actual}"
-            ),
-            Failure::JobFailed { with } => {
-                write!(
-                    f,
-                    "its pinned-buffer job failed (error recorded on {with:?})"
-                )
-            }
-            Failure::NoTrustedKernel { from, to } => {
-                write!(f, "no trusted device kernel for {from}->{to}")
-            }
-        }
-    }
-}
-
-/// One failed rung.
-#[derive(Debug)]
-pub struct Attempt {
-    /// The rung.
-    pub rung: Rung,
-    /// What went wrong.
-    pub failure: Failure,
 }
 
 /// What happened to one tensor.
@@ -152,14 +80,20 @@ pub struct TensorReport {
     pub out_bytes: u64,
     /// The rung that served it.
     pub rung: Rung,
-    /// Rungs that failed before, in order.
-    pub attempts: Vec<Attempt>,
+    /// Rungs that failed before, in order, each with its
+    /// [`Failure`](crate::fallback::Failure) (the vocabulary of
+    /// [`crate::fallback`], shared with the conv3d chain).
+    pub attempts: Vec<Attempt<Rung>>,
     /// Whether an allocation ran out of memory once and succeeded after the
     /// loader released its cached device memory.
     pub oom_retried: bool,
     /// Whether the tensor stayed on the host because the device memory
     /// budget was spent (offloading), not because of a failure.
     pub offloaded: bool,
+    /// Why the tensor started below the pinned ring when nothing failed:
+    /// its conversion has no device kernel (`f64 -> f32` is done on the
+    /// CPU), or a forced rung. `None` when it started on the pinned ring.
+    pub routed: Option<String>,
     /// Wall time from the tensor's first operation to its last check
     /// (pinned-ring tensors overlap with each other).
     pub ms: f32,
@@ -226,11 +160,16 @@ impl LoadReport {
             .collect()
     }
 
-    /// Whether every tensor was served by the pinned ring with no failure.
+    /// Whether nothing fell back: every tensor was served by the pinned
+    /// ring, or by the rung it was routed to on purpose
+    /// ([`TensorReport::routed`]: no device kernel for its conversion, a
+    /// forced rung), with no failed attempt and no offloading.
     pub fn all_fast(&self) -> bool {
-        self.tensors
-            .iter()
-            .all(|t| t.rung == Rung::PinnedRing && t.attempts.is_empty())
+        self.tensors.iter().all(|t| {
+            (t.rung == Rung::PinnedRing || t.routed.is_some())
+                && t.attempts.is_empty()
+                && !t.offloaded
+        })
     }
 
     /// File bytes per second of wall time.
@@ -239,5 +178,116 @@ impl LoadReport {
             return 0.0;
         }
         self.file_bytes as f64 / (f64::from(self.ms) / 1e3)
+    }
+}
+
+impl fmt::Display for TensorReport {
+    /// `name: rung` and, before it, every failed rung with its failure:
+    /// `w: small chunks (pinned ring failed: ...)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.name, self.rung)?;
+        if self.offloaded {
+            f.write_str(" (memory budget spent)")?;
+        }
+        if let Some(why) = &self.routed {
+            write!(f, " ({why})")?;
+        }
+        if !self.attempts.is_empty() {
+            f.write_str(" (")?;
+            for (i, a) in self.attempts.iter().enumerate() {
+                if i > 0 {
+                    f.write_str("; ")?;
+                }
+                write!(f, "{} failed: {}", a.step, a.failure)?;
+            }
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for LoadReport {
+    /// One summary line (tensors and bytes per rung, time, throughput on
+    /// `device`), then one line per tensor that did not take the pinned
+    /// ring without failure.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} tensors, {} file bytes on {} in {:.1} ms ({:.2} GB/s):",
+            self.tensors.len(),
+            self.file_bytes,
+            self.device,
+            self.ms,
+            self.bytes_per_s() / 1e9
+        )?;
+        let mut first = true;
+        for (rung, n, bytes) in self.by_rung() {
+            if n > 0 {
+                let sep = if first { " " } else { ", " };
+                first = false;
+                write!(f, "{sep}{rung}: {n} ({bytes} bytes)")?;
+            }
+        }
+        for t in &self.tensors {
+            if t.rung != Rung::PinnedRing || !t.attempts.is_empty() {
+                write!(f, "\n  {t}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fallback::Failure;
+
+    fn tensor(name: &str, rung: Rung, attempts: Vec<Attempt<Rung>>) -> TensorReport {
+        TensorReport {
+            name: name.into(),
+            dtype: DType::BF16,
+            out_dtype: DType::F32,
+            shape: vec![2],
+            file_bytes: 4,
+            out_bytes: 8,
+            rung,
+            attempts,
+            oom_retried: false,
+            offloaded: false,
+            routed: None,
+            ms: 0.0,
+        }
+    }
+
+    #[test]
+    fn display_sums_up_by_rung_and_lists_what_fell_back() {
+        let report = LoadReport {
+            device: "host:0 cpu".into(),
+            tensors: vec![
+                tensor("a", Rung::PinnedRing, Vec::new()),
+                tensor(
+                    "b",
+                    Rung::SmallChunks,
+                    vec![Attempt {
+                        step: Rung::PinnedRing,
+                        failure: Failure::JobFailed { with: "a".into() },
+                    }],
+                ),
+            ],
+            file_bytes: 8,
+            out_bytes: 16,
+            ms: 2.0,
+            ..LoadReport::default()
+        };
+        assert_eq!(
+            report.to_string(),
+            "2 tensors, 8 file bytes on host:0 cpu in 2.0 ms (0.00 GB/s): \
+             pinned ring: 1 (4 bytes), small chunks: 1 (4 bytes)\n  \
+             b: small chunks (pinned ring failed: its pinned-buffer job failed \
+             (error recorded on \"a\"))"
+        );
+        let mut kept = tensor("c", Rung::KeepOnHost, Vec::new());
+        kept.offloaded = true;
+        assert_eq!(kept.to_string(), "c: keep on host (memory budget spent)");
     }
 }

@@ -1,5 +1,7 @@
-//! The load plan: which bytes of which file become which tensor, the
-//! positioned reads, and the host's expected fingerprint sums.
+//! Sources: the items read, positioned reads of shard files, host sums.
+//!
+//! Which bytes of which file become which tensor (`Item`), the positioned
+//! reads, and the host's expected fingerprint sums.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -10,8 +12,10 @@ use crate::device::ConvertOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// One shard file, opened again by the loader for positioned reads straight
-/// into its staging buffers (never mapped).
+/// One shard file: a second descriptor of the file the checkpoint validated
+/// (never opened again by name, which a swapped symlink or a FIFO could
+/// redirect or block), for positioned reads straight into the loader's
+/// staging buffers (never mapped).
 #[derive(Debug)]
 pub(crate) struct Source {
     pub path: PathBuf,
@@ -21,13 +25,12 @@ pub(crate) struct Source {
 }
 
 impl Source {
-    pub fn open(path: PathBuf, len: u64) -> Result<Source> {
-        let file = File::open(&path).map_err(|e| Error::Io {
-            path: path.clone(),
-            op: "open for loading",
-            source: e,
-        })?;
-        Ok(Source { path, file, len })
+    pub fn of(shard: &crate::safetensors::SafeTensors) -> Result<Source> {
+        Ok(Source {
+            path: shard.path().to_owned(),
+            file: shard.try_clone_file()?,
+            len: shard.file_len(),
+        })
     }
 
     /// Hints that bytes `off..off + len` will be read soon (asynchronous

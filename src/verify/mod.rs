@@ -1,4 +1,4 @@
-//! Verified conversions on a device (DESIGN.md contract 2).
+//! Verified conversions on a device (crate [contract 2](crate#contracts)).
 //!
 //! A conversion on a [`Device`] takes a [`Policy`]:
 //!
@@ -109,6 +109,32 @@ pub struct ConvertReport {
     pub host_expected_ms: f32,
     /// Wall time of the whole call.
     pub total_ms: f32,
+}
+
+impl std::fmt::Display for ConvertReport {
+    /// `convert bf16->f32 of N elements on DEVICE (POLICY): SERVED, in X ms`,
+    /// with the fingerprints when they were compared.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "convert {} of {} elements on {} ({:?}): ",
+            self.op, self.elements, self.device, self.policy
+        )?;
+        match &self.served {
+            Served::Device => f.write_str("served by the device")?,
+            Served::CpuKernelUntrusted => {
+                f.write_str("served by the CPU (the device kernel failed its self-test)")?
+            }
+            Served::CpuAfterMismatch { expected, actual } => write!(
+                f,
+                "served by the CPU after a mismatch (expected {expected}, device gave {actual})"
+            )?,
+        }
+        if let (Some(e), Some(a)) = (self.expected, self.actual) {
+            write!(f, ", fingerprints {e} / {a}")?;
+        }
+        write!(f, ", in {:.3} ms", self.total_ms)
+    }
 }
 
 /// One kernel's self-test result.

@@ -165,6 +165,13 @@ impl Conv3dLaunch {
     }
 }
 
+/// A conv3d call's operands: input, weight (in the kernel's layout), bias.
+type Operands<'r, 'v, T> = (
+    &'r DeviceView<'v, T>,
+    &'r DeviceView<'v, T>,
+    Option<DeviceView<'v, f32>>,
+);
+
 impl Stream {
     /// The weight layout `kernel` reads on this stream's device for a call
     /// `g` with inputs of `dtype` (lay the weight out with
@@ -178,16 +185,14 @@ impl Stream {
         self.backend().conv3d_weight_layout(kernel, dtype, g)
     }
 
-    /// Checks a conv3d call's operands and builds its launch description.
-    #[allow(clippy::too_many_arguments)]
+    /// Checks a conv3d call's operands (input, weight, bias) and output and
+    /// builds its launch description.
     fn conv3d_launch<T: Element>(
         &self,
         op: &'static str,
         layout: Conv3dWeightLayout,
         g: &Conv3dGeometry,
-        input: &DeviceView<'_, T>,
-        weight: &DeviceView<'_, T>,
-        bias: Option<DeviceView<'_, f32>>,
+        (input, weight, bias): Operands<'_, '_, T>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<Conv3dLaunch> {
         if !matches!(T::DTYPE, DType::F32 | DType::BF16) {
@@ -240,7 +245,7 @@ impl Stream {
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
         let layout = self.backend().conv3d_weight_layout(kernel, T::DTYPE, g);
-        let launch = self.conv3d_launch("conv3d", layout, g, input, weight, bias, out)?;
+        let launch = self.conv3d_launch("conv3d", layout, g, (input, weight, bias), out)?;
         // Refuses zero-size work and sizes the grid cannot hold.
         kernel.grid(g)?;
         // SAFETY: every view is a live range of this stream's device with
@@ -275,15 +280,8 @@ impl Stream {
         bias: Option<DeviceView<'_, f32>>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        let launch = self.conv3d_launch(
-            "conv3d_vendor",
-            Conv3dWeightLayout::Standard,
-            g,
-            input,
-            weight,
-            bias,
-            out,
-        )?;
+        let std = Conv3dWeightLayout::Standard;
+        let launch = self.conv3d_launch("conv3d_vendor", std, g, (input, weight, bias), out)?;
         if let Some(reason) = Conv3dKernel::Naive.unsupported(g) {
             return Err(Error::Conv3dTier {
                 tier: "vendor",

@@ -1,3 +1,5 @@
+//! The GPU tiers of one device (vendor, tiled, naive), run through its backend.
+//!
 //! The GPU tiers, per [`Device`]: each uploads the problem, runs one
 //! conv3d on the device through the [`Backend`](crate::device::Backend)
 //! trait ([`Stream::conv3d`] or [`Stream::conv3d_vendor`]), and downloads
@@ -5,8 +7,8 @@
 //! (whose "kernels" are the CPU code, so the whole path runs in CI), and
 //! [`Faults`](crate::device::faults::Faults) wrapping any of them.
 
-use super::chain::{Conv3dTier, CpuTier, Support, TierKind};
-use super::params::{Conv3dData, Conv3dProblem};
+use super::{Conv3dTier, CpuTier, Support, TierKind};
+use crate::conv3d::{Conv3dData, Conv3dProblem};
 use crate::convert::Element;
 use crate::device::{BackendKind, Conv3dKernel, Conv3dWeightLayout, Device, Stream};
 use crate::error::Result;

@@ -1,135 +1,17 @@
-//! The fallback chain: tiers in order, output checks, statistics, reports.
+//! The chain: tiers tried in order, output checks, statistics.
+//!
+//! [`Conv3dOptions`], [`Conv3dChain`] and the choice of the sampled points.
 
 use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::params::Conv3dProblem;
-use super::reference::reference_point;
+use super::{Conv3dReport, Conv3dTier, Support, TierAttempt, TierKind, TierStats};
+use crate::conv3d::{reference_point, Conv3dProblem};
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-
-/// The four kinds of tier, in the chain's default order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TierKind {
-    /// The vendor library: MIOpen on HIP, cuDNN on CUDA, loaded at run time.
-    Vendor,
-    /// The tiled implicit-GEMM GPU kernel.
-    Tiled,
-    /// The naive GPU kernel (one thread per output point).
-    Naive,
-    /// The CPU implementation (rayon), which takes every parameter set.
-    Cpu,
-}
-
-impl TierKind {
-    /// All kinds in the default order.
-    pub const ALL: [TierKind; 4] = [
-        TierKind::Vendor,
-        TierKind::Tiled,
-        TierKind::Naive,
-        TierKind::Cpu,
-    ];
-
-    /// Lowercase name: `vendor`, `tiled`, `naive`, `cpu`.
-    pub fn name(self) -> &'static str {
-        match self {
-            TierKind::Vendor => "vendor",
-            TierKind::Tiled => "tiled",
-            TierKind::Naive => "naive",
-            TierKind::Cpu => "cpu",
-        }
-    }
-}
-
-impl fmt::Display for TierKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for TierKind {
-    type Err = ();
-    /// Parses a [`TierKind::name`].
-    fn from_str(s: &str) -> std::result::Result<Self, ()> {
-        TierKind::ALL.into_iter().find(|k| k.name() == s).ok_or(())
-    }
-}
-
-/// Whether a tier can take a call. `Unsupported` and `Unavailable` make
-/// the chain skip the tier (a skip is not a failure).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Support {
-    /// The tier takes these parameters.
-    Yes,
-    /// The tier does not implement these parameters (say, a dtype or a
-    /// kernel size it has no code for).
-    Unsupported(String),
-    /// The tier cannot run at all here (no device, library not found,
-    /// feature not compiled in).
-    Unavailable(String),
-}
-
-/// One way of computing a conv3d. The chain asks [`support`](Self::support)
-/// first and calls [`run`](Self::run) only on `Support::Yes`.
-pub trait Conv3dTier: Send + Sync {
-    /// Which kind of tier this is (what options force or forbid).
-    fn kind(&self) -> TierKind;
-    /// A name for reports and statistics (`"cpu"`, `"cudnn"`, ...).
-    fn name(&self) -> &str;
-    /// Whether this tier can take `problem`.
-    fn support(&self, problem: &Conv3dProblem<'_>) -> Support;
-    /// Computes `problem` into `out` (f32, `[N, K, OD, OH, OW]`, exactly
-    /// the output's length). An error moves the chain to the next tier.
-    fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()>;
-}
-
-/// The CPU tier as a [`Conv3dTier`]: every parameter set, always available.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CpuTier;
-
-impl Conv3dTier for CpuTier {
-    fn kind(&self) -> TierKind {
-        TierKind::Cpu
-    }
-    fn name(&self) -> &str {
-        "cpu"
-    }
-    fn support(&self, _: &Conv3dProblem<'_>) -> Support {
-        Support::Yes
-    }
-    fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
-        super::cpu::conv3d_cpu(problem, out)
-    }
-}
-
-/// A tier this build or machine does not have: always skipped, with the
-/// reason in the report (say, "built without the `cuda` feature").
-#[derive(Debug, Clone)]
-pub struct UnavailableTier {
-    /// The kind it stands for.
-    pub kind: TierKind,
-    /// Why it is not available.
-    pub reason: String,
-}
-
-impl Conv3dTier for UnavailableTier {
-    fn kind(&self) -> TierKind {
-        self.kind
-    }
-    fn name(&self) -> &str {
-        self.kind.name()
-    }
-    fn support(&self, _: &Conv3dProblem<'_>) -> Support {
-        Support::Unavailable(self.reason.clone())
-    }
-    fn run(&self, _: &Conv3dProblem<'_>, _: &mut [f32]) -> Result<()> {
-        Err(Error::Conv3dTier {
-            tier: "unavailable",
-            reason: "an unavailable tier was run",
-        })
-    }
-}
+use crate::fallback::{Failure, Outcome};
 
 /// How results are checked and which tiers may run.
 #[derive(Debug, Clone, PartialEq)]
@@ -170,151 +52,12 @@ impl Default for Conv3dOptions {
     }
 }
 
-/// Why a tier that ran did not serve.
-#[derive(Debug)]
-pub enum Failure {
-    /// The tier returned an error.
-    Error(Error),
-    /// The output holds a NaN or infinity although every input is finite.
-    NonFinite {
-        /// Flat index of the first such point.
-        index: usize,
-        /// Its value.
-        value: f32,
-    },
-    /// A sampled point differs from the f64 recomputation beyond the
-    /// tolerance.
-    Mismatch {
-        /// Flat index of the point.
-        index: usize,
-        /// The tier's value.
-        got: f32,
-        /// The f64 reference.
-        expected: f64,
-        /// The allowed absolute difference.
-        tolerance: f64,
-    },
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Error(e) => write!(f, "error: {e}"),
-            Failure::NonFinite { index, value } => {
-                write!(f, "non-finite output {value} at index {index}")
-            }
-            Failure::Mismatch {
-                index,
-                got,
-                expected,
-                tolerance,
-            } => write!(
-                f,
-                "output {got} at index {index} differs from the f64 reference {expected} by more than {tolerance:.3e}"
-            ),
-        }
-    }
-}
-
-/// What happened at one tier during one call.
-#[derive(Debug)]
-pub enum Outcome {
-    /// The tier's result passed the checks and was returned.
-    Served,
-    /// The tier was not run: forbidden, not the forced tier, unsupported
-    /// parameters, or unavailable here.
-    Skipped(String),
-    /// The tier ran and failed.
-    Failed(Failure),
-}
-
-/// One tier's part in a call.
-#[derive(Debug)]
-pub struct Attempt {
-    /// The tier's kind.
-    pub kind: TierKind,
-    /// The tier's name.
-    pub name: String,
-    /// What happened.
-    pub outcome: Outcome,
-    /// Time spent in it (run and checks; zero when skipped).
-    pub time: Duration,
-}
-
-/// The record of one call: which tier served and what happened before.
-#[derive(Debug, Default)]
-pub struct Conv3dReport {
-    /// Every tier of the chain in order, up to the one that served.
-    pub attempts: Vec<Attempt>,
-}
-
-impl Conv3dReport {
-    /// The attempt that served, if any.
-    pub fn served(&self) -> Option<&Attempt> {
-        self.attempts
-            .iter()
-            .find(|a| matches!(a.outcome, Outcome::Served))
-    }
-
-    /// The kind of the tier that served, if any.
-    pub fn served_by(&self) -> Option<TierKind> {
-        self.served().map(|a| a.kind)
-    }
-
-    /// The failures before the serving tier (skips excluded).
-    pub fn failures(&self) -> impl Iterator<Item = (&Attempt, &Failure)> + '_ {
-        self.attempts.iter().filter_map(|a| match &a.outcome {
-            Outcome::Failed(f) => Some((a, f)),
-            _ => None,
-        })
-    }
-}
-
-impl fmt::Display for Conv3dReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, a) in self.attempts.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            match &a.outcome {
-                Outcome::Served => write!(f, "{}: served in {:.3?}", a.name, a.time)?,
-                Outcome::Skipped(why) => write!(f, "{}: skipped ({why})", a.name)?,
-                Outcome::Failed(why) => write!(f, "{}: failed ({why})", a.name)?,
-            }
-        }
-        if self.attempts.is_empty() {
-            f.write_str("no tiers")?;
-        }
-        Ok(())
-    }
-}
-
-/// Counters of one tier over the chain's life.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TierStats {
-    /// The tier's name.
-    pub name: String,
-    /// Times it ran (skips excluded).
-    pub attempts: u64,
-    /// Times its result was returned.
-    pub successes: u64,
-    /// Times it was skipped (forbidden, not forced, unsupported, unavailable).
-    pub skips: u64,
-    /// Runs that returned an error.
-    pub errors: u64,
-    /// Runs rejected by the non-finite scan.
-    pub non_finite: u64,
-    /// Runs rejected by the sampled f64 verification.
-    pub mismatches: u64,
-    /// Total time spent running and checking it.
-    pub time: Duration,
-}
-
-/// Conv3d with an explicit fallback chain (DESIGN.md: vendor -> tiled ->
-/// naive -> CPU), output checks, per-tier statistics and a report per call.
+/// Conv3d with an explicit fallback chain (crate [contract 3](crate#contracts):
+/// vendor -> tiled -> naive -> CPU), output checks, per-tier statistics and a report per call.
 ///
 /// ```
-/// use rocm_safe::conv3d::{Conv3dChain, Conv3dData, Conv3dParams, Conv3dProblem, TierKind};
+/// use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
+/// use rocm_safe::conv3d_chain::{Conv3dChain, TierKind};
 /// let x = vec![1.0f32; 2 * 3 * 3 * 3];
 /// let w = vec![0.5f32; 2 * 3 * 3 * 3];
 /// let p = Conv3dProblem::new(
@@ -356,7 +99,7 @@ impl Conv3dChain {
     /// The default chain for this build, with default options: the tiers
     /// of the first GPU this build and machine have (HIP, then CUDA; see
     /// [`Conv3dChain::for_device`]), then the CPU tier. Without a GPU the
-    /// GPU tiers are [`UnavailableTier`]s, so the report says why they were
+    /// GPU tiers are [`UnavailableTier`](super::UnavailableTier)s, so the report says why they were
     /// skipped. The GPU is opened once per process and shared by these
     /// chains.
     pub fn new() -> Self {
@@ -364,10 +107,10 @@ impl Conv3dChain {
     }
 
     /// The chain of `device` with default options: its vendor library,
-    /// tiled and naive kernels ([`super::device_tiers`]), then the CPU.
+    /// tiled and naive kernels ([`device_tiers`](super::device_tiers)), then the CPU.
     /// On the host backend the "GPU" tiers run the CPU code over host
     /// memory and the vendor tier is skipped as unavailable.
-    pub fn for_device(device: &crate::device::Device) -> Self {
+    pub fn for_device(device: &Device) -> Self {
         Self::with_tiers(super::device_tiers(device), Conv3dOptions::default())
     }
 
@@ -468,7 +211,7 @@ impl Conv3dChain {
             };
             if let Some(why) = skip {
                 self.count(i, |s| s.skips += 1);
-                report.attempts.push(Attempt {
+                report.attempts.push(TierAttempt {
                     kind,
                     name: tier.name().to_owned(),
                     outcome: Outcome::Skipped(why),
@@ -505,10 +248,11 @@ impl Conv3dChain {
                     Ok(()) => s.successes += 1,
                     Err(Failure::Error(_)) => s.errors += 1,
                     Err(Failure::NonFinite { .. }) => s.non_finite += 1,
-                    Err(Failure::Mismatch { .. }) => s.mismatches += 1,
+                    Err(Failure::ValueMismatch { .. }) => s.mismatches += 1,
+                    Err(_) => s.errors += 1,
                 }
             });
-            report.attempts.push(Attempt {
+            report.attempts.push(TierAttempt {
                 kind,
                 name: tier.name().to_owned(),
                 outcome: match result {
@@ -566,7 +310,7 @@ impl Conv3dChain {
             let tolerance = rel * r.magnitude + f64::from(f32::MIN_POSITIVE);
             let ok = (f64::from(got) - r.value).abs() <= tolerance;
             if !ok {
-                return Err(Failure::Mismatch {
+                return Err(Failure::ValueMismatch {
                     index,
                     got,
                     expected: r.value,
@@ -588,7 +332,7 @@ fn overflow_at(p: &Conv3dProblem<'_>, index: usize) -> Option<f64> {
 
 /// `k` flat indices below `len` (first and last included, the rest from a
 /// splitmix64 sequence of `seed`), deduplicated.
-pub fn sample_points(len: usize, k: usize, seed: u64) -> Vec<usize> {
+pub(crate) fn sample_points(len: usize, k: usize, seed: u64) -> Vec<usize> {
     if len == 0 || k == 0 {
         return Vec::new();
     }
@@ -609,4 +353,21 @@ pub fn sample_points(len: usize, k: usize, seed: u64) -> Vec<usize> {
     points.sort_unstable();
     points.dedup();
     points
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sample_points;
+
+    #[test]
+    fn sample_points_include_ends_and_stay_in_range() {
+        assert!(sample_points(0, 8, 1).is_empty());
+        assert!(sample_points(100, 0, 1).is_empty());
+        assert_eq!(sample_points(1, 8, 1), vec![0]);
+        let s = sample_points(1000, 16, 7);
+        assert!(s.len() > 2 && s.len() <= 16);
+        assert_eq!((s.first(), s.last()), (Some(&0), Some(&999)));
+        assert!(s.windows(2).all(|w| w[0] < w[1]));
+        assert_ne!(sample_points(1000, 16, 7), sample_points(1000, 16, 8));
+    }
 }

@@ -1,0 +1,100 @@
+//! The conv3d chain: vendor -> tiled GPU -> naive GPU -> CPU, with checks and reports.
+//!
+//! The conv3d chain: a 3-D convolution with an explicit fallback chain
+//! (crate [contract 3](crate#contracts)): vendor library -> tiled GPU
+//! kernel -> naive GPU kernel -> CPU.
+//!
+//! This layer sits above [`device`](crate::device) and below
+//! [`diagnostics`](crate::diagnostics); the problem it solves (parameters,
+//! geometry, the f64 reference, the CPU kernel) is [`crate::conv3d`], below
+//! the device layer.
+//!
+//! - [`Conv3dChain`] tries its [`Conv3dTier`]s in order. A tier that does
+//!   not support the call is skipped (not failed); a tier's result is
+//!   checked by a NaN/Inf scan and by recomputing sampled output points on
+//!   the CPU in f64 ([`reference_point`](crate::conv3d::reference_point));
+//!   an error or a failed check moves on to the next tier.
+//!   [`Conv3dOptions`] force or forbid tiers.
+//! - Each call returns a [`Conv3dReport`] (one [`TierAttempt`] per tier:
+//!   served, skipped or failed, in the vocabulary of
+//!   [`crate::fallback`]); [`Conv3dChain::stats`] counts attempts,
+//!   successes, failures by kind and time per tier.
+//! - Every tier accumulates in f32; bf16 inputs are widened exactly.
+//!
+//! The GPU tiers ([`VendorTier`], [`TiledTier`], [`NaiveTier`]) belong to
+//! one [`Device`] and run through its backend, so they work on HIP, CUDA,
+//! the host backend (the CPU standing in for a GPU, which runs the whole
+//! GPU path in CI) and under [`Faults`](crate::device::faults::Faults).
+//! [`Conv3dChain::for_device`] builds the chain of one device;
+//! [`Conv3dChain::new`] uses the first GPU this build and machine have
+//! (HIP, then CUDA) and otherwise puts [`UnavailableTier`]s (saying why)
+//! before the CPU tier.
+//!
+//! Files: `tier.rs` (what a tier is, the CPU and unavailable tiers),
+//! `gpu.rs` (the tiers of a device), `chain.rs` (the chain and its
+//! checks), `report.rs` (reports and statistics).
+
+mod chain;
+mod gpu;
+mod report;
+mod tier;
+
+pub use chain::{Conv3dChain, Conv3dOptions};
+pub use gpu::{device_tiers, NaiveTier, TiledTier, VendorTier};
+pub use report::{Conv3dReport, TierAttempt, TierStats};
+pub use tier::{Conv3dTier, CpuTier, Support, TierKind, UnavailableTier};
+
+use std::sync::OnceLock;
+
+use crate::device::{BackendKind, Device};
+
+/// The first GPU device this build has and this machine shows (HIP, then
+/// CUDA), or why there is none; opened once per process and shared, so
+/// every [`Conv3dChain::new`] reuses its loaded kernels and vendor-library
+/// handle and plans.
+fn default_gpu() -> std::result::Result<Device, String> {
+    static GPU: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
+    GPU.get_or_init(open_default_gpu).clone()
+}
+
+fn open_default_gpu() -> std::result::Result<Device, String> {
+    let mut why = Vec::new();
+    for kind in [BackendKind::Hip, BackendKind::Cuda] {
+        if !kind.is_built() {
+            continue;
+        }
+        match Device::open(kind, 0) {
+            Ok(d) => return Ok(d),
+            Err(e) => why.push(e.to_string()),
+        }
+    }
+    if why.is_empty() {
+        Err("this build has no gpu backend (built without the `hip` and `cuda` features)".into())
+    } else {
+        Err(format!("no gpu device ({})", why.join("; ")))
+    }
+}
+
+/// The tiers of [`Conv3dChain::new`].
+pub(crate) fn default_tiers() -> Vec<Box<dyn Conv3dTier>> {
+    match default_gpu() {
+        Ok(device) => device_tiers(&device),
+        Err(reason) => unavailable_gpu_tiers(reason),
+    }
+}
+
+/// A device's chain when its device is missing: the vendor, tiled and naive
+/// tiers unavailable for `reason` (skipped, not failed), then the CPU tier.
+pub(crate) fn unavailable_gpu_tiers(reason: String) -> Vec<Box<dyn Conv3dTier>> {
+    let mut tiers: Vec<Box<dyn Conv3dTier>> = [TierKind::Vendor, TierKind::Tiled, TierKind::Naive]
+        .into_iter()
+        .map(|kind| {
+            Box::new(UnavailableTier {
+                kind,
+                reason: reason.clone(),
+            }) as Box<dyn Conv3dTier>
+        })
+        .collect();
+    tiers.push(Box::new(CpuTier));
+    tiers
+}

@@ -1,0 +1,131 @@
+//! What a tier is: its kind, its support, the trait, the CPU and unavailable tiers.
+//!
+//! [`TierKind`], [`Support`], the [`Conv3dTier`] trait, and the two tiers
+//! without a device ([`CpuTier`], [`UnavailableTier`]).
+
+use std::fmt;
+
+use crate::conv3d::{conv3d_cpu, Conv3dProblem};
+use crate::error::{Error, Result};
+
+/// The four kinds of tier, in the chain's default order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TierKind {
+    /// The vendor library: MIOpen on HIP, cuDNN on CUDA, loaded at run time.
+    Vendor,
+    /// The tiled implicit-GEMM GPU kernel.
+    Tiled,
+    /// The naive GPU kernel (one thread per output point).
+    Naive,
+    /// The CPU implementation (rayon), which takes every parameter set.
+    Cpu,
+}
+
+impl TierKind {
+    /// All kinds in the default order.
+    pub const ALL: [TierKind; 4] = [
+        TierKind::Vendor,
+        TierKind::Tiled,
+        TierKind::Naive,
+        TierKind::Cpu,
+    ];
+
+    /// Lowercase name: `vendor`, `tiled`, `naive`, `cpu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TierKind::Vendor => "vendor",
+            TierKind::Tiled => "tiled",
+            TierKind::Naive => "naive",
+            TierKind::Cpu => "cpu",
+        }
+    }
+}
+
+impl fmt::Display for TierKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TierKind {
+    type Err = ();
+    /// Parses a [`TierKind::name`].
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        TierKind::ALL.into_iter().find(|k| k.name() == s).ok_or(())
+    }
+}
+
+/// Whether a tier can take a call. `Unsupported` and `Unavailable` make
+/// the chain skip the tier (a skip is not a failure).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Support {
+    /// The tier takes these parameters.
+    Yes,
+    /// The tier does not implement these parameters (say, a dtype or a
+    /// kernel size it has no code for).
+    Unsupported(String),
+    /// The tier cannot run at all here (no device, library not found,
+    /// feature not compiled in).
+    Unavailable(String),
+}
+
+/// One way of computing a conv3d. The chain asks [`support`](Self::support)
+/// first and calls [`run`](Self::run) only on `Support::Yes`.
+pub trait Conv3dTier: Send + Sync {
+    /// Which kind of tier this is (what options force or forbid).
+    fn kind(&self) -> TierKind;
+    /// A name for reports and statistics (`"cpu"`, `"cudnn"`, ...).
+    fn name(&self) -> &str;
+    /// Whether this tier can take `problem`.
+    fn support(&self, problem: &Conv3dProblem<'_>) -> Support;
+    /// Computes `problem` into `out` (f32, `[N, K, OD, OH, OW]`, exactly
+    /// the output's length). An error moves the chain to the next tier.
+    fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()>;
+}
+
+/// The CPU tier as a [`Conv3dTier`]: every parameter set, always available.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuTier;
+
+impl Conv3dTier for CpuTier {
+    fn kind(&self) -> TierKind {
+        TierKind::Cpu
+    }
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn support(&self, _: &Conv3dProblem<'_>) -> Support {
+        Support::Yes
+    }
+    fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
+        conv3d_cpu(problem, out)
+    }
+}
+
+/// A tier this build or machine does not have: always skipped, with the
+/// reason in the report (say, "built without the `cuda` feature").
+#[derive(Debug, Clone)]
+pub struct UnavailableTier {
+    /// The kind it stands for.
+    pub kind: TierKind,
+    /// Why it is not available.
+    pub reason: String,
+}
+
+impl Conv3dTier for UnavailableTier {
+    fn kind(&self) -> TierKind {
+        self.kind
+    }
+    fn name(&self) -> &str {
+        self.kind.name()
+    }
+    fn support(&self, _: &Conv3dProblem<'_>) -> Support {
+        Support::Unavailable(self.reason.clone())
+    }
+    fn run(&self, _: &Conv3dProblem<'_>, _: &mut [f32]) -> Result<()> {
+        Err(Error::Conv3dTier {
+            tier: "unavailable",
+            reason: "an unavailable tier was run",
+        })
+    }
+}

@@ -1,0 +1,172 @@
+//! Per-piece checks: device work of a staged piece, host sums against the device's.
+//!
+//! The checks of each piece: the policy applied, the device work of one
+//! staged piece (copy check, conversion, output check), the host's sums
+//! against the device's, and the read-back.
+
+use super::source::{self, Item, Source, Sums};
+use super::{Check, Failure, Loader};
+use crate::convert::fingerprint::{self, finish};
+use crate::device::{ConvertOp, DeviceBuffer, DeviceView, DeviceViewMut, Stream};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::verify::{self, Policy};
+
+impl Loader {
+    /// The policy actually applied: without a trusted fingerprint kernel,
+    /// fingerprints prove nothing, so the output is read back.
+    pub(super) fn policy(&self) -> Policy {
+        let p = self.opts.policy;
+        if p == Policy::Fingerprint || p == Policy::FusedFingerprint {
+            if let Some(st) = self.device_self_test() {
+                if !st.fingerprint_trusted() {
+                    return Policy::ReadBack;
+                }
+            }
+        }
+        p
+    }
+
+    pub(super) fn device_self_test(&self) -> Option<std::sync::Arc<verify::SelfTestReport>> {
+        if self.opts.self_test {
+            verify::self_test(&self.compute).ok()
+        } else {
+            None
+        }
+    }
+
+    /// [`Policy::ReadBack`]: the device output against the CPU's, byte for
+    /// byte (the source is read again from the file).
+    pub(super) fn readback(
+        &self,
+        sources: &[Source],
+        item: &Item,
+        out: Option<&DeviceBuffer<u8>>,
+    ) -> Result<Option<Failure>> {
+        let Some(out) = out else { return Ok(None) };
+        let got = out.to_vec()?;
+        let src = sources.get(item.source).ok_or(Error::OutOfBounds {
+            op: "transfer source",
+            start: item.source,
+            end: item.source + 1,
+            len: sources.len(),
+        })?;
+        let mut raw = vec![0u8; item.src_bytes as usize];
+        src.pread(&item.name, &mut raw, item.file_off)?;
+        let want = source::cpu_output(item, raw)?;
+        if got == want {
+            return Ok(None);
+        }
+        Ok(Some(Failure::FingerprintMismatch {
+            check: Check::Output,
+            expected: fingerprint::fingerprint_bytes(&want),
+            actual: fingerprint::fingerprint_bytes(&got),
+        }))
+    }
+}
+
+pub(super) trait IntoPair<'a> {
+    fn into_pair(self, at: usize) -> Result<(DeviceViewMut<'a, u64>, DeviceViewMut<'a, u64>)>;
+}
+
+impl<'a> IntoPair<'a> for (DeviceViewMut<'a, u64>, DeviceViewMut<'a, u64>) {
+    /// From `(..=at, rest)`: element `at` and the element after it.
+    fn into_pair(self, at: usize) -> Result<(DeviceViewMut<'a, u64>, DeviceViewMut<'a, u64>)> {
+        let (head, tail) = self;
+        let (_, a) = head.split_at_mut(at)?;
+        let (b, _) = tail.split_at_mut(1)?;
+        Ok((a, b))
+    }
+}
+
+/// The copy and output checks of one piece: host sums against the device's.
+pub(super) fn compare(sums: &Sums, item: &Item, len: usize, acc: [u64; 2]) -> Option<Failure> {
+    let got_copy = finish(acc[0], len as u64);
+    let got_out = finish(acc[1], item.out_len(len) as u64);
+    if got_copy != sums.copy_fp(len) {
+        return Some(Failure::FingerprintMismatch {
+            check: Check::Copy,
+            expected: sums.copy_fp(len),
+            actual: got_copy,
+        });
+    }
+    if got_out != sums.out_fp(item, len) {
+        return Some(Failure::FingerprintMismatch {
+            check: Check::Output,
+            expected: sums.out_fp(item, len),
+            actual: got_out,
+        });
+    }
+    None
+}
+
+/// Queues the device work of one staged piece: the copy check, the
+/// conversion (or device copy) into `dst`, the output check.
+pub(super) fn piece_ops(
+    s: &Stream,
+    op: Option<ConvertOp>,
+    policy: Policy,
+    src: &DeviceView<'_, u8>,
+    dst: &mut DeviceViewMut<'_, u8>,
+    [a_copy, a_out]: [&mut DeviceViewMut<'_, u64>; 2],
+) -> Result<()> {
+    let fp = matches!(policy, Policy::Fingerprint | Policy::FusedFingerprint);
+    if fp {
+        s.fingerprint_sum_into(src, a_copy)?;
+    }
+    let mut fused_done = false;
+    match op {
+        None => dst.copy_dtod(s, src)?,
+        Some(op) => {
+            let fused = fp && policy == Policy::FusedFingerprint && op.to == DType::F32;
+            device_convert(
+                s,
+                op,
+                src,
+                dst,
+                if fused { Some(&mut *a_out) } else { None },
+            )?;
+            fused_done = fused;
+        }
+    }
+    if fp && !fused_done {
+        s.fingerprint_sum_into(&dst.as_view(), a_out)?;
+    }
+    Ok(())
+}
+
+/// Dispatches a device conversion on runtime dtypes.
+fn device_convert(
+    s: &Stream,
+    op: ConvertOp,
+    src: &DeviceView<'_, u8>,
+    dst: &mut DeviceViewMut<'_, u8>,
+    acc: Option<&mut DeviceViewMut<'_, u64>>,
+) -> Result<()> {
+    use half::{bf16, f16};
+    match (op.from, op.to) {
+        (DType::BF16, DType::F32) => {
+            let sv = src.cast::<bf16>()?;
+            let mut dv = dst.cast_mut::<f32>()?;
+            match acc {
+                Some(a) => s.convert_fingerprint_into(&sv, &mut dv, a),
+                None => s.convert(&sv, &mut dv),
+            }
+        }
+        (DType::F16, DType::F32) => {
+            let sv = src.cast::<f16>()?;
+            let mut dv = dst.cast_mut::<f32>()?;
+            match acc {
+                Some(a) => s.convert_fingerprint_into(&sv, &mut dv, a),
+                None => s.convert(&sv, &mut dv),
+            }
+        }
+        (DType::F32, DType::BF16) => s.convert(&src.cast::<f32>()?, &mut dst.cast_mut::<bf16>()?),
+        (DType::F32, DType::F16) => s.convert(&src.cast::<f32>()?, &mut dst.cast_mut::<f16>()?),
+        (from, to) => Err(Error::UnsupportedConversion {
+            op: "transfer convert",
+            from,
+            to,
+        }),
+    }
+}

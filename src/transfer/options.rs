@@ -1,0 +1,163 @@
+//! What a load is asked to do: options, fallback policy, requests.
+
+use std::ops::Range;
+
+use super::Rung;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::verify::Policy;
+
+pub(super) const MIB: usize = 1 << 20;
+/// Granularity at which a large tensor is split between slots.
+pub(super) const SPLIT_ALIGN: usize = 64 * 1024;
+
+/// How far down the ladder a tensor may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum Fallback {
+    /// The whole ladder (default).
+    #[default]
+    Ladder,
+    /// Only the first rung that applies; its failure is
+    /// [`Error::TransferFailed`] (fail fast).
+    Forbid,
+    /// Only this rung (tests, or to pin a known-good path); its failure is
+    /// [`Error::TransferFailed`].
+    Force(Rung),
+}
+
+/// Options of a [`Loader`](super::Loader).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LoadOptions {
+    /// Convert float tensors (F64, F32, F16, BF16) to this dtype (F32, F16
+    /// or BF16); `None` loads every tensor as stored. Other dtypes are
+    /// always loaded as stored.
+    pub dtype: Option<DType>,
+    /// The per-piece check ([`Policy::Off`], [`Policy::Fingerprint`],
+    /// [`Policy::FusedFingerprint`], [`Policy::ReadBack`]).
+    pub policy: Policy,
+    /// Run the device's exhaustive conversion self-test before the first
+    /// device conversion ([`verify::self_test`](crate::verify::self_test), cached per device).
+    pub self_test: bool,
+    /// Pinned buffers in the ring, 2..=4.
+    pub ring_buffers: usize,
+    /// Bytes of each pinned buffer, 16 MiB..=64 MiB (smaller values are
+    /// accepted for tests, down to 64 KiB).
+    pub buffer_bytes: usize,
+    /// Chunk of the small-chunks rung (4 KiB..=buffer_bytes).
+    pub small_chunk_bytes: usize,
+    /// How far down the ladder a tensor may go.
+    pub fallback: Fallback,
+    /// Bytes of each positioned read (and CPU task that reads and sums
+    /// them): a multiple of 64 KiB (capped at `buffer_bytes`). Small enough to
+    /// stay in the CPU cache between the read and the two sums.
+    pub read_bytes: usize,
+    /// Ask the kernel to read the next jobs' file ranges ahead
+    /// (`posix_fadvise(WILLNEED)`): keeps the disk busy when the page cache
+    /// is cold; a page-cache walk when it is warm.
+    pub readahead: bool,
+    /// How many pinned buffers are filled at once (`Some(1..=ring_buffers)`;
+    /// `None`, the default: all of them). Each fill is split into
+    /// `read_bytes` tasks over the rayon pool; with fewer fills at once each
+    /// one finishes sooner (its buffer goes to the copy engine earlier),
+    /// with more the pool has more to choose from.
+    pub concurrent_fills: Option<usize>,
+    /// Device bytes the loader may use: its own staging
+    /// ([`Loader::staging_device_bytes`](super::Loader::staging_device_bytes): the ring's device buffers and one
+    /// more for the lower rungs) plus the loaded tensors. The tensors (in
+    /// request order) that do not fit stay on the host (offloading); a
+    /// budget smaller than the staging keeps every tensor on the host.
+    pub memory_budget: Option<u64>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            dtype: None,
+            policy: Policy::Fingerprint,
+            self_test: true,
+            ring_buffers: 4,
+            buffer_bytes: 32 * MIB,
+            readahead: true,
+            read_bytes: MIB,
+            small_chunk_bytes: MIB,
+            fallback: Fallback::Ladder,
+            memory_budget: None,
+            concurrent_fills: None,
+        }
+    }
+}
+
+impl LoadOptions {
+    /// The defaults, converting floats to `dtype`.
+    pub fn to_dtype(dtype: DType) -> LoadOptions {
+        LoadOptions {
+            dtype: Some(dtype),
+            ..LoadOptions::default()
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        let bad = |field, reason| Err(Error::InvalidLoadOptions { field, reason });
+        if !(2..=4).contains(&self.ring_buffers) {
+            return bad("ring_buffers", "must be 2, 3 or 4");
+        }
+        if self
+            .concurrent_fills
+            .is_some_and(|k| !(1..=self.ring_buffers).contains(&k))
+        {
+            return bad("concurrent_fills", "must be 1..=ring_buffers");
+        }
+        if !(64 * 1024..=64 * MIB).contains(&self.buffer_bytes)
+            || !self.buffer_bytes.is_multiple_of(SPLIT_ALIGN)
+        {
+            return bad(
+                "buffer_bytes",
+                "must be a multiple of 64 KiB between 64 KiB and 64 MiB",
+            );
+        }
+        if !(4096..=self.buffer_bytes).contains(&self.small_chunk_bytes)
+            || !self.small_chunk_bytes.is_multiple_of(4096)
+        {
+            return bad(
+                "small_chunk_bytes",
+                "must be a multiple of 4 KiB between 4 KiB and buffer_bytes",
+            );
+        }
+        if self.read_bytes < SPLIT_ALIGN || !self.read_bytes.is_multiple_of(SPLIT_ALIGN) {
+            return bad("read_bytes", "must be a multiple of 64 KiB");
+        }
+        if let Some(d) = self.dtype {
+            if !matches!(d, DType::F32 | DType::F16 | DType::BF16) {
+                return bad("dtype", "must be F32, F16 or BF16");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What to load of one tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The tensor's name.
+    pub name: String,
+    /// Rows of the first dimension (all when `None`).
+    pub rows: Option<Range<u64>>,
+}
+
+impl Request {
+    /// The whole tensor.
+    pub fn whole(name: impl Into<String>) -> Request {
+        Request {
+            name: name.into(),
+            rows: None,
+        }
+    }
+
+    /// Rows `rows` of the first dimension.
+    pub fn rows(name: impl Into<String>, rows: Range<u64>) -> Request {
+        Request {
+            name: name.into(),
+            rows: Some(rows),
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Loading into memory the caller provides (`Loader::load_into`) and typed
+//! access to loaded tensors, on the host backend, on `Faults<host>`, and
+//! (`--ignored`, feature `cuda`) on a GPU.
+
+use std::path::{Path, PathBuf};
+
+use half::bf16;
+use rocm_safe::device::faults::{FaultKind, FaultPlan, Faults, When};
+use rocm_safe::device::{host::HostBackend, Device};
+use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
+use rocm_safe::transfer::{LoadOptions, Loader, Request, Rung};
+use rocm_safe::{DType, Error};
+
+/// A checkpoint with a bf16 matrix, an f64 vector and an i64 vector, with
+/// values that depend on their position.
+fn checkpoint(dir: &Path) -> PathBuf {
+    let path = dir.join("m.safetensors");
+    let specs = [
+        ("w", DType::BF16, vec![64u64, 33]),
+        ("d", DType::F64, vec![10]),
+        ("pos", DType::I64, vec![5]),
+    ];
+    let mut w = SafeTensorsWriter::create(
+        &path,
+        specs
+            .iter()
+            .map(|(n, d, s)| TensorSpec::new(*n, *d, s.clone())),
+        None,
+    )
+    .unwrap();
+    let wb: Vec<u8> = (0..64 * 33u32)
+        .flat_map(|i| bf16::from_f32(i as f32 * 0.25 - 100.0).to_le_bytes())
+        .collect();
+    w.write_tensor("w", &wb).unwrap();
+    let db: Vec<u8> = (0..10)
+        .flat_map(|i| (f64::from(i) / 3.0).to_le_bytes())
+        .collect();
+    w.write_tensor("d", &db).unwrap();
+    let pb: Vec<u8> = (0..5i64)
+        .flat_map(|i| (i * 1000 - 7).to_le_bytes())
+        .collect();
+    w.write_tensor("pos", &pb).unwrap();
+    w.finish().unwrap()
+}
+
+fn opts() -> LoadOptions {
+    LoadOptions {
+        buffer_bytes: 64 * 1024,
+        ring_buffers: 2,
+        small_chunk_bytes: 16 * 1024,
+        ..LoadOptions::to_dtype(DType::F32)
+    }
+}
+
+fn load_into_fills_caller_memory(dev: &Device) {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
+    let mut loader = Loader::new(dev, opts()).unwrap();
+    let s = dev.stream().unwrap();
+    for (name, rung) in [
+        ("w", Rung::PinnedRing),
+        ("d", Rung::CpuConvert),
+        ("pos", Rung::PinnedRing),
+    ] {
+        let stored = ckpt.info(name).unwrap().dtype;
+        let want = if stored.is_convertible_float() {
+            ckpt.read_as_bytes(name, DType::F32).unwrap()
+        } else {
+            ckpt.read_bytes(name).unwrap()
+        };
+        // The trainer's allocation, filled with a pattern the load must
+        // replace entirely.
+        let mut dst = s.clone_htod(&vec![0xa5u8; want.len()]).unwrap();
+        let rep = loader
+            .load_into(&ckpt, &Request::whole(name), &mut dst.view_mut())
+            .unwrap();
+        assert_eq!(rep.rung, rung, "{rep}");
+        assert!(rep.attempts.is_empty(), "{rep}");
+        assert_eq!(dst.to_vec().unwrap(), want, "{name}");
+    }
+    // Rows of a tensor: the caller's buffer holds just them.
+    let rows = Request::rows("w", 10..20);
+    let mut dst = s.alloc::<u8>(10 * 33 * 4).unwrap();
+    loader.load_into(&ckpt, &rows, &mut dst.view_mut()).unwrap();
+    let all = ckpt.read_as_bytes("w", DType::F32).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), all[10 * 33 * 4..20 * 33 * 4]);
+    // Wrong length, another device: typed errors, nothing written.
+    let mut short = s.alloc_zeros::<u8>(16).unwrap();
+    let e = loader
+        .load_into(&ckpt, &Request::whole("w"), &mut short.view_mut())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "load_into",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(short.to_vec().unwrap(), vec![0; 16]);
+    let other = Device::host();
+    let mut elsewhere = other.stream().unwrap().alloc::<u8>(all.len()).unwrap();
+    let e = loader
+        .load_into(&ckpt, &Request::whole("w"), &mut elsewhere.view_mut())
+        .unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
+    // The caller's memory is the caller's: nothing of it was freed.
+    drop(loader);
+    dev.synchronize().unwrap();
+    assert!(dev.take_errors().is_empty());
+    assert_eq!(dst.to_vec().unwrap().len(), 10 * 33 * 4);
+}
+
+fn typed_access_to_loaded_tensors(dev: &Device) {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
+    let loaded = Loader::new(dev, opts()).unwrap().load_all(&ckpt).unwrap();
+    assert!(loaded.report.all_fast(), "{}", loaded.report);
+    let w = loaded.get("w").unwrap();
+    let got: Vec<f32> = w.to_vec().unwrap();
+    let want: Vec<f32> = ckpt.read("w").unwrap();
+    assert_eq!(got, want);
+    let view = w.device_view::<f32>().unwrap().unwrap();
+    assert_eq!(view.len(), 64 * 33);
+    let e = w.to_vec::<bf16>().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DTypeMismatch {
+                stored: DType::F32,
+                asked: DType::BF16,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let pos: Vec<i64> = loaded.get("pos").unwrap().to_vec().unwrap();
+    assert_eq!(pos, [-7, 993, 1993, 2993, 3993]);
+    let d: Vec<f32> = loaded.get("d").unwrap().to_vec().unwrap();
+    assert_eq!(d[3], 1.0);
+}
+
+#[test]
+fn load_into_on_the_host() {
+    load_into_fills_caller_memory(&Device::host());
+}
+
+#[test]
+fn typed_access_on_the_host() {
+    typed_access_to_loaded_tensors(&Device::host());
+}
+
+#[test]
+fn load_into_goes_down_the_ladder_and_refuses_a_bad_host_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
+    // One bad copy: the ring's copy of "w" lands zeros; a lower rung serves
+    // it, into the caller's memory, exactly.
+    let (f, h) = Faults::new(
+        HostBackend::new(),
+        FaultPlan::one(FaultKind::CopyLandsZeros, When::Nth(0)),
+    );
+    let dev = Device::from_backend(Box::new(f));
+    let s = dev.stream().unwrap();
+    let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
+    let mut dst = s.alloc::<u8>(want.len()).unwrap();
+    let rep = Loader::new(&dev, opts())
+        .unwrap()
+        .load_into(&ckpt, &Request::whole("w"), &mut dst.view_mut())
+        .unwrap();
+    assert_eq!(h.injected().len(), 1);
+    assert_ne!(rep.rung, Rung::PinnedRing, "{rep}");
+    assert!(!rep.attempts.is_empty(), "{rep}");
+    assert_eq!(dst.to_vec().unwrap(), want);
+    // Every copy lands zeros: the tensor ends on the host, and its copy
+    // into the caller's memory is checked and refused, not returned wrong.
+    let (f, _h) = Faults::new(
+        HostBackend::new(),
+        FaultPlan::one(FaultKind::CopyLandsZeros, When::Always),
+    );
+    let dev = Device::from_backend(Box::new(f));
+    let mut dst = dev.stream().unwrap().alloc::<u8>(want.len()).unwrap();
+    let e = Loader::new(&dev, opts())
+        .unwrap()
+        .load_into(&ckpt, &Request::whole("w"), &mut dst.view_mut())
+        .unwrap_err();
+    assert!(matches!(e, Error::VerificationFailed { .. }), "{e}");
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use rocm_safe::device::BackendKind;
+
+    fn dev() -> Device {
+        Device::open(BackendKind::Cuda, 0).expect("open cuda:0")
+    }
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn load_into_on_the_gpu() {
+        load_into_fills_caller_memory(&dev());
+    }
+
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn typed_access_on_the_gpu() {
+        typed_access_to_loaded_tensors(&dev());
+    }
+}
