@@ -185,3 +185,46 @@ fn load_into_goes_down_the_ladder_and_refuses_a_bad_host_copy() {
         .unwrap_err();
     assert!(matches!(e, Error::VerificationFailed { .. }), "{e}");
 }
+
+#[test]
+fn a_ring_that_cannot_grow_loads_with_the_buffers_it_has() {
+    // Four bf16 tensors of 48 KiB: with 64 KiB buffers each job holds about
+    // one, so the ring (one buffer at first) tries to grow during the load.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    let names = ["a", "b", "c", "d"];
+    let mut w = SafeTensorsWriter::create(
+        &path,
+        names
+            .iter()
+            .map(|n| TensorSpec::new(*n, DType::BF16, vec![24_576u64])),
+        None,
+    )
+    .unwrap();
+    for (i, n) in names.iter().enumerate() {
+        let b: Vec<u8> = (0..24_576u32)
+            .flat_map(|k| bf16::from_f32((k as f32 + i as f32) * 0.5).to_le_bytes())
+            .collect();
+        w.write_tensor(n, &b).unwrap();
+    }
+    let ckpt = Checkpoint::open(w.finish().unwrap()).unwrap();
+    // Device allocations: the four outputs (0-3), the first slot (4, 5),
+    // then the ring's growth (6, ...): the first growth runs out of memory.
+    let (f, h) = Faults::new(
+        HostBackend::new(),
+        FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(6)),
+    );
+    let dev = Device::from_backend(Box::new(f));
+    let o = LoadOptions {
+        ring_buffers: 4,
+        ..opts()
+    };
+    let loaded = Loader::new(&dev, o).unwrap().load_all(&ckpt).unwrap();
+    assert_eq!(h.injected().len(), 1, "the growth hit the fault");
+    assert!(loaded.report.ring_jobs >= 4, "{}", loaded.report.ring_jobs);
+    assert!(loaded.report.all_fast(), "{}", loaded.report);
+    for n in names {
+        let want = ckpt.read_as_bytes(n, DType::F32).unwrap();
+        assert_eq!(loaded.get(n).unwrap().data.to_host().unwrap(), want, "{n}");
+    }
+}

@@ -54,20 +54,44 @@ impl Loader {
         Ok(slot)
     }
 
+    /// The ring, with at least its first buffer: the others are pinned by
+    /// the job loop while the first fills run ([`Loader::grow_ring`]), so
+    /// the first load of a process does not wait for all of the ring's
+    /// pinned memory before its first read.
     pub(super) fn ensure_ring(&mut self) -> Result<()> {
         if self.ring.is_some() {
             return Ok(());
         }
-        let n = self.opts.ring_buffers;
         let bytes = self.opts.buffer_bytes;
-        let mut pinned = Vec::with_capacity(n);
-        let mut slots = Vec::with_capacity(n);
-        for _ in 0..n {
-            pinned.push(Some(self.device.alloc_pinned::<u8>(bytes)?));
-            slots.push(self.make_slot(bytes)?);
-        }
-        self.ring = Some(Ring { pinned, slots });
+        let first = self.device.alloc_pinned::<u8>(bytes)?;
+        let slot = self.make_slot(bytes)?;
+        self.ring = Some(Ring {
+            pinned: vec![Some(first)],
+            slots: vec![slot],
+        });
         Ok(())
+    }
+
+    /// One more buffer and slot for a ring smaller than
+    /// [`LoadOptions::ring_buffers`](super::LoadOptions::ring_buffers):
+    /// its index, with the buffer (handed straight to a fill). No
+    /// out-of-memory retry here: a ring that cannot grow works with the
+    /// buffers it has.
+    fn grow_ring(&self, ring: &mut Ring) -> Result<(usize, PinnedBuffer<u8>)> {
+        let bytes = self.opts.buffer_bytes;
+        let buf = self.device.alloc_pinned::<u8>(bytes)?;
+        let slot = Slot {
+            stage: self.compute.alloc::<u8>(bytes)?,
+            acc: self.compute.alloc::<u64>(2 * MAX_PIECES)?,
+            acc_host: self.device.alloc_pinned::<u64>(2 * MAX_PIECES)?,
+            copied: self.device.event()?,
+            consumed: self.device.event()?,
+        };
+        self.compute.record(&slot.consumed)?;
+        self.copy.record(&slot.copied)?;
+        ring.slots.push(slot);
+        ring.pinned.push(None);
+        Ok((ring.slots.len() - 1, buf))
     }
 
     /// Runs the pinned ring over `ring_items`; returns the number of jobs.
@@ -107,7 +131,8 @@ impl Loader {
         jobs: &[Job],
         policy: Policy,
     ) -> Result<()> {
-        let n = ring.slots.len();
+        // The ring grows to its full size during this loop (`grow_ring`).
+        let n = self.opts.ring_buffers.max(ring.slots.len());
         let (sources, items) = (cx.sources, cx.items);
         /// A finished fill: job, slot, buffer, sums, (blocked, busy) time.
         type Done = (
@@ -160,15 +185,17 @@ impl Loader {
             // Buffers free for the next fill, in the order they were
             // submitted (each fill first waits for its buffer's copy).
             let max_fills = self.opts.concurrent_fills.unwrap_or(n).clamp(1, n.max(1));
-            let mut free: std::collections::VecDeque<(usize, PinnedBuffer<u8>)> = (0..n)
-                .filter_map(|s| {
-                    ring.pinned
-                        .get_mut(s)
-                        .and_then(Option::take)
-                        .map(|b| (s, b))
-                })
-                .collect();
+            let mut free: std::collections::VecDeque<(usize, PinnedBuffer<u8>)> =
+                (0..ring.slots.len())
+                    .filter_map(|s| {
+                        ring.pinned
+                            .get_mut(s)
+                            .and_then(Option::take)
+                            .map(|b| (s, b))
+                    })
+                    .collect();
             let mut in_flight: Vec<Option<(usize, Vec<Sums>)>> = (0..n).map(|_| None).collect();
+            let mut growing = true;
             let mut result = Ok(());
             loop {
                 // Start fills on free buffers (none once aborting).
@@ -182,6 +209,20 @@ impl Loader {
                 }
                 if outstanding == 0 {
                     break;
+                }
+                // While the fills run, pin the ring's next buffer (the first
+                // load of a process); a fill starts on it at once.
+                if growing && result.is_ok() && ring.slots.len() < n && next < jobs.len() {
+                    match self.grow_ring(ring) {
+                        Ok((s, buf)) => {
+                            free.push_back((s, buf));
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "pinned ring: not grown");
+                            growing = false;
+                        }
+                    }
                 }
                 let tw = Instant::now();
                 let Ok((j, s, mut buf, filled, (blocked, busy))) = rx.recv() else {
@@ -246,7 +287,7 @@ impl Loader {
                     *p = Some(buf);
                 }
             }
-            for s in 0..n {
+            for s in 0..ring.slots.len() {
                 if let (Some(Some((pj, sums))), Some(slot)) = (
                     in_flight.get_mut(s).map(Option::take),
                     ring.slots.get_mut(s),
