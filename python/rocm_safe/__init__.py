@@ -1,0 +1,67 @@
+"""rocm_safe: a drop-in for the ``safetensors`` package, over the rocm-safe
+Rust library's strict reader and atomic writer.
+
+Switching is one import line::
+
+    # from safetensors import safe_open
+    # from safetensors.torch import load_file, save_file
+    from rocm_safe import safe_open
+    from rocm_safe.torch import load_file, save_file
+
+What rocm_safe adds, as keyword arguments whose defaults behave as
+safetensors does: ``dtype=`` (exact conversion of float tensors while
+reading), ``verify=`` (the GPU verification policy), and sharded
+checkpoints (a ``*.safetensors.index.json`` wherever a file name is taken).
+Files that safetensors refuses are refused, as :class:`SafetensorError`,
+and so are files with duplicate keys, Git LFS pointers or overlapping
+tensors, which safetensors may accept.
+
+``import rocm_safe`` imports numpy only; ``rocm_safe.torch`` imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import _native
+from ._native import SafetensorError, __version__
+from ._open import safe_open
+
+__all__ = ["SafetensorError", "safe_open", "doctor", "features", "__version__"]
+
+
+def features() -> list:
+    """The cargo features the native extension was built with (``"cuda"``,
+    ``"hip"``; empty for the default CPU-only build)."""
+    return list(_native.features())
+
+
+def doctor(json: bool = False) -> Any:
+    """The doctor's report: this machine, the GPU runtimes rocm-safe sees,
+    and the self-tests of the conversions, the staged copy and the conv3d
+    chain (the library's ``diagnostics`` engine, as ``cargo run --example
+    doctor``).
+
+    ``json=True``: returns the report as a JSON document (schema version 2,
+    the same as ``doctor --json``) and prints nothing. ``json=False``: prints
+    the report as a table and returns it as a dict.
+    """
+    text, all_passed, usable = _native.doctor_json()
+    if json:
+        return text
+    import json as _json
+
+    from ._doctor import render
+
+    report = _json.loads(text)
+    print(render(report, all_passed, usable))
+    return report
+
+
+def __getattr__(name: str):
+    # `rocm_safe.torch` / `rocm_safe.numpy` without importing them first;
+    # torch is imported only here, on first use.
+    if name in ("torch", "numpy"):
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

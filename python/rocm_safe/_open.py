@@ -1,0 +1,287 @@
+"""``safe_open``: the ``safetensors.safe_open`` API over rocm-safe's reader."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+
+from . import _dtypes, _native
+from ._native import SafetensorError
+
+_FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np"}
+
+
+def _framework(framework: str) -> str:
+    fw = _FRAMEWORKS.get(str(framework).lower())
+    if fw is None:
+        raise SafetensorError(
+            f"framework {framework!r} is not supported by rocm_safe: use \"pt\" (torch) or \"np\" (numpy)"
+        )
+    return fw
+
+
+def _device(device: Union[str, int, Any]) -> str:
+    """Normalises a device as safetensors accepts it: "cpu", "cuda",
+    "cuda:N", an int N, or a torch.device."""
+    if isinstance(device, bool):
+        raise SafetensorError(f"invalid device {device!r}")
+    if isinstance(device, int):
+        device = f"cuda:{device}"
+    elif type(device).__module__ == "torch":  # torch.device, torch not imported here
+        device = str(device)
+    kind, ordinal = _native.parse_device(str(device))
+    return "cpu" if kind == "cpu" else f"cuda:{ordinal}"
+
+
+def _verify(verify: Any) -> str:
+    """``verify=``: None/True (the default policy, "fingerprint"), False
+    ("off"), or a policy name. On the CPU the policy is validated only:
+    host reads are exact copies, and every read already checks that the file
+    did not change while it was read."""
+    if verify is None or verify is True:
+        return "fingerprint"
+    if verify is False:
+        return "off"
+    if not isinstance(verify, str):
+        raise ValueError(f"verify={verify!r}: expected a policy name, True, False or None")
+    return _native.parse_verify(verify)
+
+
+class _Tensors:
+    """Turns (bytearray, dtype, shape) from the native reader into arrays or
+    tensors of one framework."""
+
+    def __init__(self, framework: str):
+        self.framework = framework
+
+    def wrap(self, storage: np.ndarray, dtype: str):
+        if self.framework == "np":
+            return _dtypes.to_numpy(storage, dtype)
+        return _dtypes.to_torch(storage, dtype)
+
+    def from_buffer(self, buf, dtype: str, shape) -> Any:
+        if self.framework == "np":
+            # Fail before any array is made when numpy cannot hold the dtype.
+            _dtypes.numpy_dtype(dtype)
+        return self.wrap(_dtypes.storage_array(buf, dtype, shape), dtype)
+
+
+class safe_open:
+    """Opens a safetensors file, or a sharded checkpoint's
+    ``*.safetensors.index.json``, lazily: the header (of every shard) is read
+    and validated at open, tensors are read when asked for.
+
+    Same API as ``safetensors.safe_open``::
+
+        with safe_open("model.safetensors", framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+
+    Args:
+        filename: a ``.safetensors`` file or a ``.safetensors.index.json``.
+        framework: ``"pt"``/``"torch"`` (torch tensors) or ``"np"``/``"numpy"``.
+        device: ``"cpu"`` (the default). ``"cuda"``, ``"cuda:N"`` or ``N`` raise
+            ``NotImplementedError`` in this version (the verified GPU loader's
+            DLPack hand-off is not there yet).
+        dtype: (rocm-safe) convert float tensors (F64, F32, F16, BF16)
+            exactly to this dtype while reading (``"float32"``,
+            ``torch.bfloat16``, ``np.float16``, ``"F32"``, ...); other tensors
+            are returned as stored. Default: as stored, as safetensors does.
+        verify: (rocm-safe) the verification policy of GPU loads: ``"off"``,
+            ``"fingerprint"`` (default), ``"fused_fingerprint"``,
+            ``"readback"``, or True/False. On the CPU it is validated and
+            otherwise has no effect: host reads are exact, and every read
+            checks that the file did not change while it was read.
+        backend: accepted for compatibility (``"mmap"``, ``"pread"``);
+            rocm-safe always reads with ``pread``, never a memory map.
+    """
+
+    def __init__(
+        self,
+        filename: Union[str, os.PathLike],
+        framework: str,
+        device: Union[str, int, Any] = "cpu",
+        *,
+        dtype: Any = None,
+        verify: Any = None,
+        backend: str = "mmap",
+    ):
+        if backend not in ("mmap", "pread"):
+            raise SafetensorError(f"backend {backend!r} is not supported: use \"mmap\" or \"pread\"")
+        self._framework = _framework(framework)
+        self._device = _device(device)
+        self._dtype = _dtypes.conversion_target(dtype)
+        self._verify = _verify(verify)
+        self._tensors = _Tensors(self._framework)
+        self._ckpt = _native.Checkpoint(os.fspath(filename))
+        if self._device != "cpu" and self._framework == "np":
+            self._ckpt.close()
+            raise SafetensorError(f"Device {self._device} is not supported for framework numpy")
+
+    # -- context manager ------------------------------------------------
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the files (also done on leaving the ``with`` block)."""
+        self._ckpt.close()
+
+    # -- header -----------------------------------------------------------
+    def keys(self) -> List[str]:
+        """The tensor names, sorted."""
+        return sorted(name for name, _, _ in self._ckpt.tensors())
+
+    def offset_keys(self) -> List[str]:
+        """The tensor names in file order (shard by shard for a sharded
+        checkpoint), by data offset."""
+        return [name for name, _, _ in self._ckpt.tensors()]
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """The ``__metadata__`` string map, or None (merged over the shards
+        of a sharded checkpoint, which must agree)."""
+        return self._ckpt.metadata()
+
+    # -- data ---------------------------------------------------------------
+    def _target(self, dtype: Any) -> Optional[str]:
+        return self._dtype if dtype is None else _dtypes.conversion_target(dtype)
+
+    def get_tensor(self, name: str, *, dtype: Any = None):
+        """The whole tensor ``name``, read from the file into memory Python
+        owns (one copy). ``dtype`` overrides the file-wide ``dtype=``."""
+        target = self._target(dtype)
+        if self._device != "cpu":
+            return self._to_device([name], target)[name]
+        buf, out, shape = self._ckpt.read(name, to=target, floats_only=True)
+        return self._tensors.from_buffer(buf, out, shape)
+
+    def get_tensors(self) -> Dict[str, Any]:
+        """Every tensor, by name (sorted)."""
+        if self._device != "cpu":
+            return self._to_device(self.keys(), self._dtype)
+        return {name: self.get_tensor(name) for name in self.keys()}
+
+    def get_slice(self, name: str) -> "_Slice":
+        """A lazy view of tensor ``name``: ``get_shape()``, ``get_dtype()``
+        and indexing (``[a:b]``, ``[a:b, c:d]``, ``[i]``, ``[..., j]``); only
+        the rows of the first dimension that the index selects are read."""
+        if self._device != "cpu":
+            self._to_device([name], self._dtype)  # raises today
+        dtype, shape = self._ckpt.describe(name)
+        return _Slice(self, name, dtype, shape)
+
+    def _to_device(self, names: List[str], target: Optional[str]) -> Dict[str, Any]:
+        """The GPU path: the native loader returns DLPack capsules, which
+        torch takes without a copy. Raises NotImplementedError today."""
+        loaded = _native.load_to_device(self._ckpt, names, self._device, target, self._verify)
+        import torch
+
+        return {name: torch.from_dlpack(capsule) for name, capsule in loaded}
+
+    def __repr__(self) -> str:
+        return f"rocm_safe.safe_open({os.fspath(self._ckpt.path)!r}, framework={self._framework!r}, device={self._device!r})"
+
+
+def _slice_error(name: str, index, shape, why: str) -> SafetensorError:
+    return SafetensorError(f"tensor {name!r}: error during slicing {index!r} with shape {list(shape)}: {why}")
+
+
+class _Slice:
+    """What ``get_slice`` returns (``PySafeSlice`` in safetensors)."""
+
+    def __init__(self, owner: safe_open, name: str, dtype: str, shape: List[int]):
+        self._owner = owner
+        self._name = name
+        self._dtype = dtype
+        self._shape = list(shape)
+
+    def get_shape(self) -> List[int]:
+        """The tensor's shape, as stored."""
+        return list(self._shape)
+
+    def get_dtype(self) -> str:
+        """The tensor's dtype as stored, by its safetensors name ("F32", "BF16", ...)."""
+        return self._dtype
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def _normalize(self, index) -> tuple:
+        shape = self._shape
+        idx = index if isinstance(index, tuple) else (index,)
+        ells = [i for i, x in enumerate(idx) if x is Ellipsis]
+        if len(ells) > 1:
+            raise _slice_error(self._name, index, shape, "an index can only have a single ellipsis")
+        if ells:
+            pos = ells[0]
+            fill = len(shape) - (len(idx) - 1)
+            if fill < 0:
+                raise _slice_error(self._name, index, shape, "more slicing indexes than dimensions in tensor")
+            idx = idx[:pos] + (slice(None),) * fill + idx[pos + 1 :]
+        if len(idx) > len(shape):
+            raise _slice_error(self._name, index, shape, "more slicing indexes than dimensions in tensor")
+        out = []
+        for axis, (x, dim) in enumerate(zip(idx, shape)):
+            if isinstance(x, slice):
+                for part in (x.start, x.stop, x.step):
+                    if part is not None and not _is_int(part):
+                        raise _slice_error(self._name, index, shape, f"slice bounds must be integers (dimension #{axis})")
+                if x.step == 0:
+                    raise _slice_error(self._name, index, shape, "slice step cannot be zero")
+                out.append(x)
+            elif _is_int(x):
+                i = int(x)
+                if i < -dim or i >= dim:
+                    raise _slice_error(
+                        self._name, index, shape, f"index {i} out of bounds for tensor dimension #{axis} of size {dim}"
+                    )
+                out.append(i + dim if i < 0 else i)
+            else:
+                raise SafetensorError(
+                    f"tensor {self._name!r}: unsupported slice index at position {axis}: expected slice, int, or ellipsis"
+                )
+        return tuple(out)
+
+    def __getitem__(self, index):
+        idx = self._normalize(index)
+        owner = self._owner
+        ckpt = owner._ckpt
+        target = owner._dtype
+        if not self._shape or not idx:
+            buf, out, shape = ckpt.read(self._name, to=target, floats_only=True)
+            storage = _dtypes.storage_array(buf, out, shape)
+            return owner._tensors.wrap(storage[idx + (Ellipsis,)], out)
+        first = idx[0]
+        if isinstance(first, int):
+            lo, hi, local = first, first + 1, 0
+        else:
+            r = range(*first.indices(self._shape[0]))
+            if len(r) == 0:
+                lo = hi = 0
+                local = slice(0, 0)
+            else:
+                lo, hi = min(r), max(r) + 1
+                stop = r.stop - lo
+                local = slice(r.start - lo, stop if stop >= 0 else None, r.step)
+        if owner._framework == "np":
+            _dtypes.numpy_dtype(ckpt.target_dtype(self._name, target, True))
+        buf, out, shape = ckpt.read(self._name, to=target, rows=(lo, hi), floats_only=True)
+        storage = _dtypes.storage_array(buf, out, shape)
+        part = storage[(local,) + idx[1:] + (Ellipsis,)]
+        if part.nbytes != storage.nbytes or not part.flags.c_contiguous:
+            # Keep only what was asked for, not the rows it was cut from.
+            part = part.copy(order="C")
+        return owner._tensors.wrap(part, out)
+
+    def __repr__(self) -> str:
+        return f"<rocm_safe slice {self._name!r} {self._dtype} {self._shape}>"
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)

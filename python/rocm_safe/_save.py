@@ -1,0 +1,62 @@
+"""Writing through the library's atomic streaming writer."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _native
+
+# Bytes handed to the writer per call: the only copy made while saving.
+_CHUNK = 64 << 20
+
+# (name, safetensors dtype, shape, the tensor's bytes as a flat uint8 array)
+Item = Tuple[str, str, List[int], np.ndarray]
+
+
+def check_metadata(metadata: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict of str to str, not {type(metadata).__name__}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"metadata must map str to str: {k!r}: {v!r}")
+    return metadata
+
+
+def write_file(items: List[Item], filename: Union[str, os.PathLike], metadata: Optional[Dict[str, str]]) -> None:
+    """Writes ``items`` to ``filename``: a temporary file in its folder,
+    fsynced, renamed into place. A file this process is reading (an open
+    ``safe_open``, a loaded checkpoint still open) is never replaced
+    (``SafetensorError``), nor is anything that is not a regular file."""
+    metadata = check_metadata(metadata)
+    by_name = {}
+    for name, dtype, shape, raw in items:
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, not {type(name).__name__}: {name!r}")
+        by_name[name] = raw
+    w = _native.Writer(os.fspath(filename), [(n, d, list(s)) for n, d, s, _ in items], metadata)
+    try:
+        for name in w.order():
+            raw = by_name[name]
+            if raw.nbytes == 0:
+                w.write(name, b"")
+            for off in range(0, raw.nbytes, _CHUNK):
+                w.write(name, raw[off : off + _CHUNK].tobytes())
+        w.finish()
+    except BaseException:
+        w.abort()
+        raise
+
+
+def write_bytes(items: List[Item], metadata: Optional[Dict[str, str]]) -> bytes:
+    """The file ``write_file`` would write, as bytes."""
+    with tempfile.TemporaryDirectory(prefix="rocm_safe-") as d:
+        path = os.path.join(d, "out.safetensors")
+        write_file(items, path, metadata)
+        with open(path, "rb") as f:
+            return f.read()

@@ -1,0 +1,150 @@
+"""``safetensors.torch``'s API over rocm-safe: switch with one import line::
+
+    # from safetensors.torch import load_file, save_file
+    from rocm_safe.torch import load_file, save_file
+
+Imported only when used: ``import rocm_safe`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Set, Union
+
+import torch
+
+from . import _dtypes, _native, _save
+from ._open import _Tensors, safe_open
+
+__all__ = ["load", "load_file", "save", "save_file"]
+
+
+def load_file(
+    filename: Union[str, os.PathLike],
+    device: Union[str, int, Any] = "cpu",
+    *,
+    dtype: Any = None,
+    verify: Any = None,
+    backend: str = "mmap",
+) -> Dict[str, torch.Tensor]:
+    """Loads every tensor of a safetensors file, or of a sharded checkpoint
+    (``*.safetensors.index.json``), as torch tensors, each read once into
+    memory Python owns.
+
+    ``device``: ``"cpu"``; GPU devices raise ``NotImplementedError`` in this
+    version (the verified GPU loader's DLPack hand-off is not there yet).
+    ``dtype``: convert float tensors (F64, F32, F16, BF16) exactly to
+    ``torch.float32``, ``torch.float16`` or ``torch.bfloat16`` while
+    reading; other tensors as stored.
+    ``verify``: the GPU verification policy (``"off"``, ``"fingerprint"``,
+    ``"fused_fingerprint"``, ``"readback"``); validated, no effect on the CPU.
+    """
+    with safe_open(filename, framework="pt", device=device, dtype=dtype, verify=verify, backend=backend) as f:
+        return f.get_tensors()
+
+
+def load(data: bytes, *, dtype: Any = None) -> Dict[str, torch.Tensor]:
+    """Loads a safetensors file held in memory (``bytes``), with the same
+    checks as a file, as CPU tensors."""
+    target = _dtypes.conversion_target(dtype)
+    tensors, _meta = _native.load_bytes(bytes(data), target)
+    wrap = _Tensors("pt")
+    return {name: wrap.from_buffer(buf, dt, shape) for name, buf, dt, shape in sorted(tensors, key=lambda t: t[0])}
+
+
+def _storage_span(t: torch.Tensor):
+    """(device, storage address, first byte, end byte) of a tensor's data."""
+    storage = t.untyped_storage()
+    start = t.data_ptr()
+    end = start + t.nelement() * t.element_size()
+    return (t.device, storage.data_ptr()), start, end
+
+
+def _shared(tensors: Dict[str, torch.Tensor]) -> List[Set[str]]:
+    """Groups of names whose tensors overlap in memory (safetensors refuses
+    to save them: they would load back as separate copies)."""
+    groups: Dict[Any, List] = {}
+    for name, t in tensors.items():
+        if t.device.type == "meta" or t.nelement() == 0:
+            continue
+        key, start, end = _storage_span(t)
+        if key[1] == 0:
+            continue
+        groups.setdefault(key, []).append((start, end, name))
+    failing = []
+    for spans in groups.values():
+        spans.sort()
+        current: Set[str] = set()
+        current_end = -1
+        for start, end, name in spans:
+            if current and start < current_end:
+                current.add(name)
+                current_end = max(current_end, end)
+            else:
+                if len(current) > 1:
+                    failing.append(current)
+                current, current_end = {name}, end
+        if len(current) > 1:
+            failing.append(current)
+    return failing
+
+
+def _items(tensors: Dict[str, torch.Tensor]):
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    sparse = []
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"Key `{name}` is invalid, expected torch.Tensor but received {type(t)}")
+        if t.layout != torch.strided:
+            sparse.append(name)
+    if sparse:
+        raise ValueError(
+            f"You are trying to save a sparse tensors: `{sparse}` which this library does not support."
+            " You can make it a dense tensor before saving with `.to_dense()` but be aware this might"
+            " make a much larger file than needed."
+        )
+    failing = _shared(tensors)
+    if failing:
+        raise RuntimeError(
+            "Some tensors share memory, this will lead to duplicate memory on disk and potential differences"
+            f" when loading them again: {failing}. Save each shared storage once (or clone the tensors)."
+        )
+    items = []
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(
+                f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you"
+                " are trying to save tensors which are reference of each other in which case it's recommended to save"
+                " only the full tensors, and reslice at load time, or simply call `.contiguous()` on your tensor to"
+                " pack it before saving."
+            )
+        try:
+            dtype = _dtypes.safetensors_name(t.dtype)
+        except ValueError:
+            raise ValueError(f"Key `{name}`: dtype {t.dtype} cannot be saved in safetensors") from None
+        flat = t.detach()
+        if flat.device.type != "cpu":
+            flat = flat.to("cpu")
+        flat = flat.reshape(-1)
+        if flat.is_complex():
+            flat = torch.view_as_real(flat).reshape(-1)
+        raw = flat.view(torch.uint8).numpy()
+        items.append((name, dtype, list(t.shape), raw))
+    return items
+
+
+def save_file(
+    tensors: Dict[str, torch.Tensor],
+    filename: Union[str, os.PathLike],
+    metadata: Optional[Dict[str, str]] = None,
+) -> None:
+    """Saves tensors to ``filename`` atomically (temporary file, fsync,
+    rename), laid out as ``safetensors.torch.save_file`` lays them out.
+    Never replaces a file this process is reading (``SafetensorError``)."""
+    _save.write_file(_items(tensors), filename, metadata)
+
+
+def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes ``save_file`` would write."""
+    return _save.write_bytes(_items(tensors), metadata)
