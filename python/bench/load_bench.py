@@ -4,7 +4,7 @@ dtype=torch.float32) against safetensors.torch.load_file(device="cuda") +
 
 Usage::
 
-    python3 scripts/make-checkpoint.py /tmp/ckpt          # or any checkpoint folder
+    python3 scripts/make-checkpoint.py /tmp/ckpt --gib 2   # or any checkpoint folder
     python3 python/bench/load_bench.py /tmp/ckpt [--repeat 5] [--device cuda:0]
         [--dtype float32|bfloat16|none] [--verify fingerprint]
 
