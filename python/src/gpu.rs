@@ -50,6 +50,8 @@ use crate::{to_py, Checkpoint};
 
 const DLTENSOR: &CStr = c"dltensor";
 const USED_DLTENSOR: &CStr = c"used_dltensor";
+const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
+const USED_DLTENSOR_VERSIONED: &CStr = c"used_dltensor_versioned";
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means a panic elsewhere while it was held; the
@@ -184,41 +186,53 @@ pub fn capsule_from_managed(
     Ok(unsafe { Bound::from_owned_ptr(py, cap) }.unbind())
 }
 
-/// Takes the managed tensor out of a `"dltensor"` capsule (a producer's,
-/// from `torch.utils.dlpack.to_dlpack`) and imports it on `device`: the
-/// capsule is renamed `"used_dltensor"` first, so its destructor leaves the
-/// tensor alone; from then on [`Imported`] owns it (and calls its deleter
-/// once, also when the import is refused).
+/// Takes the managed tensor out of a DLPack capsule (a producer's: from
+/// `torch.utils.dlpack.to_dlpack`, `"dltensor"`, or a versioned
+/// `"dltensor_versioned"`) and imports it on `device`: the capsule is
+/// renamed `"used_dltensor"` / `"used_dltensor_versioned"` first, so its
+/// destructor leaves the tensor alone; from then on [`Imported`] owns it
+/// (and calls its deleter once, also when the import is refused).
 pub fn take_capsule(device: &Device, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Imported> {
     let p = obj.as_ptr();
     // SAFETY: `p` is a live object (borrowed through `obj`); IsValid checks
     // its type and name without setting an error.
-    if unsafe { ffi::PyCapsule_IsValid(p, DLTENSOR.as_ptr()) } != 1 {
+    let is = |n: &CStr| unsafe { ffi::PyCapsule_IsValid(p, n.as_ptr()) } == 1;
+    let (name, used, versioned) = if is(DLTENSOR) {
+        (DLTENSOR, USED_DLTENSOR, false)
+    } else if is(DLTENSOR_VERSIONED) {
+        (DLTENSOR_VERSIONED, USED_DLTENSOR_VERSIONED, true)
+    } else {
         return Err(PyTypeError::new_err(format!(
-            "{what}: expected an unused DLPack capsule named \"dltensor\" \
+            "{what}: expected an unused DLPack capsule named \"dltensor\" or \"dltensor_versioned\" \
              (torch.utils.dlpack.to_dlpack(tensor))"
         )));
-    }
+    };
     // SAFETY: a valid capsule of that name (checked above).
-    let ptr = unsafe { ffi::PyCapsule_GetPointer(p, DLTENSOR.as_ptr()) }.cast::<DLManagedTensor>();
+    let ptr = unsafe { ffi::PyCapsule_GetPointer(p, name.as_ptr()) };
     if ptr.is_null() {
         return Err(PyErr::take(obj.py())
             .unwrap_or_else(|| PyValueError::new_err(format!("{what}: empty DLPack capsule"))));
     }
     // SAFETY: renaming a valid capsule; the name is a static C string.
-    if unsafe { ffi::PyCapsule_SetName(p, USED_DLTENSOR.as_ptr()) } != 0 {
+    if unsafe { ffi::PyCapsule_SetName(p, used.as_ptr()) } != 0 {
         return Err(PyErr::take(obj.py())
             .unwrap_or_else(|| PyRuntimeError::new_err("PyCapsule_SetName failed")));
     }
-    // SAFETY: the capsule held an unconsumed managed tensor, now ours alone
-    // (renamed: neither the capsule's destructor nor another consumer will
-    // use it). PyTorch's tensor stays alive (and unchanged) until the
-    // deleter runs; it was made in the process's primary context of the
-    // device it names; the caller orders the producer's writes before our
-    // work (same stream: PyTorch's current one).
-    unsafe { Imported::from_raw(device, ptr) }.map_err(|e| {
-        PyValueError::new_err(format!("{what}: {e}"))
-    })
+    // SAFETY: the capsule held an unconsumed managed tensor of the ABI its
+    // name says, now ours alone (renamed: neither the capsule's destructor
+    // nor another consumer will use it). PyTorch's tensor stays alive (and
+    // unchanged) until the deleter runs; it was made in the process's
+    // primary context of the device it names; the caller orders the
+    // producer's writes before our work (same stream: PyTorch's current
+    // one).
+    let imported = unsafe {
+        if versioned {
+            Imported::from_raw_versioned(device, ptr.cast())
+        } else {
+            Imported::from_raw(device, ptr.cast())
+        }
+    };
+    imported.map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
 }
 
 // ---------------------------------------------------------------- the load

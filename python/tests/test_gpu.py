@@ -168,7 +168,9 @@ def test_tensors_outlive_the_file_and_free_with_the_last_one(tmp_path):
 
     with rocm_safe.safe_open(path, framework="pt", device=dev) as f:
         t = f.get_tensor("big")
-    # The file is closed; the tensor is torch's, memory lent by rocm-safe.
+    # The file is closed; the tensor is torch's, memory lent by rocm-safe
+    # (the sync frees the load's own temporaries).
+    _sync()
     assert _native.device_owned_bytes(dev, backend) == owned0
     assert free0 - _free() >= 4 * n - 4 * MiB
     view = t[1:]  # shares the storage
@@ -197,6 +199,7 @@ def test_an_unconsumed_capsule_frees_its_memory(tmp_path):
     _sync()
     owned0 = _native.device_owned_bytes(dev, backend)
     caps = _native.load_to_device(ck, ["x"], dev, None, "fingerprint", backend)
+    _sync()
     assert _native.device_owned_bytes(dev, backend) == owned0  # lent out
     del caps  # never consumed: the capsule's destructor runs the deleter
     gc.collect()
@@ -204,7 +207,7 @@ def test_an_unconsumed_capsule_frees_its_memory(tmp_path):
     _sync()
     assert _native.device_owned_bytes(dev, backend) == owned0
     # A consumed capsule is not deleted twice.
-    (name, cap), = _native.load_to_device(ck, ["x"], dev, None, "fingerprint", backend)
+    ((_, cap),) = _native.load_to_device(ck, ["x"], dev, None, "fingerprint", backend)
     t = torch.from_dlpack(cap)
     del cap
     gc.collect()
