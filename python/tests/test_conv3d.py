@@ -101,9 +101,16 @@ def test_failing_tiers_are_served_by_the_next(device):
     report = rt.last_conv3d_report()
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
     assert "failure injected" in report and "tiled: served" in report, report
-    vendor = [n for n in rt.conv3d_stats()["tiers"] if n not in ("tiled", "naive", "cpu")]
-    assert len(vendor) == 1
     stats = rt.conv3d_stats()["tiers"]
+    # The vendor tier of this device ("vendor" on the host, "cudnn",
+    # "miopen"): the one that ran. Other devices' chains may list theirs
+    # with nothing counted.
+    vendor = [
+        n
+        for n, v in stats.items()
+        if n not in ("tiled", "naive", "cpu") and (v["failed"] or v["served"])
+    ]
+    assert len(vendor) == 1, stats
     assert stats[vendor[0]]["failed"] == 1 and stats["tiled"]["served"] == 1
     # Every device tier failing: the CPU tier serves, output copied in.
     rt._inject_conv3d_failures(["vendor", "tiled", "naive"])
