@@ -82,17 +82,21 @@ class safe_open:
     Args:
         filename: a ``.safetensors`` file or a ``.safetensors.index.json``.
         framework: ``"pt"``/``"torch"`` (torch tensors) or ``"np"``/``"numpy"``.
-        device: ``"cpu"`` (the default). ``"cuda"``, ``"cuda:N"`` or ``N`` raise
-            ``NotImplementedError`` in this version (the verified GPU loader's
-            DLPack hand-off is not there yet).
+        device: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:N"`` or ``N``
+            (framework ``"pt"``; also on ROCm, where torch calls the GPU
+            ``cuda``): ``get_tensor`` / ``get_tensors`` load through the
+            staged, verified GPU loader into device memory handed to torch
+            through DLPack (no copy); ``get_slice`` reads the rows on the host
+            and moves them. Needs a wheel built with ``--features cuda`` or
+            ``--features hip``.
         dtype: (rocm-safe) convert float tensors (F64, F32, F16, BF16)
             exactly to this dtype while reading (``"float32"``,
             ``torch.bfloat16``, ``np.float16``, ``"F32"``, ...); other tensors
             are returned as stored. Default: as stored, as safetensors does.
         verify: (rocm-safe) the verification policy of GPU loads: ``"off"``,
             ``"fingerprint"`` (default), ``"fused_fingerprint"``,
-            ``"readback"``, or True/False. On the CPU it is validated and
-            otherwise has no effect: host reads are exact, and every read
+            ``"readback"``, or True/False. On a GPU every staged piece is checked
+            with it. On the CPU it is validated and otherwise has no effect: host reads are exact, and every read
             checks that the file did not change while it was read.
         backend: accepted for compatibility (``"mmap"``, ``"pread"``);
             rocm-safe always reads with ``pread``, never a memory map.
@@ -169,18 +173,32 @@ class safe_open:
         """A lazy view of tensor ``name``: ``get_shape()``, ``get_dtype()``
         and indexing (``[a:b]``, ``[a:b, c:d]``, ``[i]``, ``[..., j]``); only
         the rows of the first dimension that the index selects are read."""
-        if self._device != "cpu":
-            self._to_device([name], self._dtype)  # raises today
         dtype, shape = self._ckpt.describe(name)
         return _Slice(self, name, dtype, shape)
 
     def _to_device(self, names: List[str], target: Optional[str]) -> Dict[str, Any]:
-        """The GPU path: the native loader returns DLPack capsules, which
-        torch takes without a copy. Raises NotImplementedError today."""
-        loaded = _native.load_to_device(self._ckpt, names, self._device, target, self._verify)
+        """The GPU path: the verified loader fills device memory and returns
+        DLPack capsules, which torch takes without a copy. A tensor the
+        loader's ladder had to keep on the host (see
+        ``rocm_safe.torch.last_load_report()``) is moved to the device."""
         import torch
 
-        return {name: torch.from_dlpack(capsule) for name, capsule in loaded}
+        backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
+        loaded = _native.load_to_device(self._ckpt, names, self._device, target, self._verify, backend)
+        out = {}
+        for name, capsule in loaded:
+            t = torch.from_dlpack(capsule)
+            if t.device.type == "cpu":
+                t = t.to(self._device)
+            out[name] = t
+        return out
+
+    def _device_of(self, t):
+        """A slice read on the host, moved to the open's GPU device (slices
+        are row reads of the file; whole tensors take the verified loader)."""
+        if self._device == "cpu":
+            return t
+        return t.to(self._device)
 
     def __repr__(self) -> str:
         return f"rocm_safe.safe_open({os.fspath(self._ckpt.path)!r}, framework={self._framework!r}, device={self._device!r})"
@@ -256,7 +274,7 @@ class _Slice:
         if not self._shape or not idx:
             buf, out, shape = ckpt.read(self._name, to=target, floats_only=True)
             storage = _dtypes.storage_array(buf, out, shape)
-            return owner._tensors.wrap(storage[idx + (Ellipsis,)], out)
+            return owner._device_of(owner._tensors.wrap(storage[idx + (Ellipsis,)], out))
         first = idx[0]
         if isinstance(first, int):
             lo, hi, local = first, first + 1, 0
@@ -277,7 +295,7 @@ class _Slice:
         if part.nbytes != storage.nbytes or not part.flags.c_contiguous:
             # Keep only what was asked for, not the rows it was cut from.
             part = part.copy(order="C")
-        return owner._tensors.wrap(part, out)
+        return owner._device_of(owner._tensors.wrap(part, out))
 
     def __repr__(self) -> str:
         return f"<rocm_safe slice {self._name!r} {self._dtype} {self._shape}>"

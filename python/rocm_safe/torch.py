@@ -3,20 +3,45 @@
     # from safetensors.torch import load_file, save_file
     from rocm_safe.torch import load_file, save_file
 
+and, on a GPU build (``--features cuda`` / ``--features hip``)::
+
+    sd = load_file("model.safetensors", device="cuda:0", dtype=torch.float32)
+    print(last_load_report())          # which rung served each tensor, GB/s
+
+plus the conv3d chain (vendor -> tiled -> naive -> CPU, each result
+checked) on torch tensors: :func:`conv3d`, and
+:func:`install_conv3d_fallback` to serve ``torch.nn.functional.conv3d``
+calls that fail (or return NaN/Inf from finite inputs) through it.
+
 Imported only when used: ``import rocm_safe`` never imports torch.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any, Dict, List, Optional, Set, Union
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
 from . import _dtypes, _native, _save
 from ._open import _Tensors, safe_open
 
-__all__ = ["load", "load_file", "save", "save_file"]
+__all__ = [
+    "load",
+    "load_file",
+    "save",
+    "save_file",
+    "last_load_report",
+    "release_memory",
+    "conv3d",
+    "last_conv3d_report",
+    "install_conv3d_fallback",
+    "uninstall_conv3d_fallback",
+    "conv3d_stats",
+    "reset_conv3d_stats",
+]
 
 
 def load_file(
@@ -31,13 +56,24 @@ def load_file(
     (``*.safetensors.index.json``), as torch tensors, each read once into
     memory Python owns.
 
-    ``device``: ``"cpu"``; GPU devices raise ``NotImplementedError`` in this
-    version (the verified GPU loader's DLPack hand-off is not there yet).
+    ``device``: ``"cpu"``, or a GPU: ``"cuda"``, ``"cuda:N"``, ``N`` or a
+    ``torch.device`` (ROCm builds of torch call AMD GPUs ``cuda`` too; a
+    ``hip`` wheel maps ``cuda:N`` to HIP device N, a ``cuda`` wheel to CUDA
+    device N). On a GPU, rocm-safe's staged, verified loader fills device
+    memory (pinned ring, every piece fingerprinted, a fallback ladder) and
+    the tensors are handed to torch through DLPack without a copy; they
+    outlive the file, and their memory goes back to rocm-safe when the last
+    tensor using it is freed (released at rocm-safe's next device sync:
+    :func:`release_memory`). The loader waits for its own streams before
+    returning, so the tensors are ready on every torch stream.
+    :func:`last_load_report` says how the load went.
     ``dtype``: convert float tensors (F64, F32, F16, BF16) exactly to
     ``torch.float32``, ``torch.float16`` or ``torch.bfloat16`` while
-    reading; other tensors as stored.
-    ``verify``: the GPU verification policy (``"off"``, ``"fingerprint"``,
-    ``"fused_fingerprint"``, ``"readback"``); validated, no effect on the CPU.
+    reading (on a GPU: bf16 crosses the bus as bf16 and is widened there);
+    other tensors as stored.
+    ``verify``: the GPU verification policy (``"off"``, ``"fingerprint"``
+    (default), ``"fused_fingerprint"``, ``"readback"``); validated, no effect
+    on the CPU.
     """
     with safe_open(filename, framework="pt", device=device, dtype=dtype, verify=verify, backend=backend) as f:
         return f.get_tensors()
@@ -148,3 +184,354 @@ def save_file(
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes ``save_file`` would write."""
     return _save.write_bytes(_items(tensors), metadata)
+
+
+# --------------------------------------------------------------------------
+# GPU loading: the report and the memory
+
+
+def _backend() -> str:
+    """Which GPU runtime torch's ``cuda`` is: ``"hip"`` on ROCm builds."""
+    return "hip" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def _device_name(device: Union[str, int, torch.device, None]) -> str:
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if isinstance(device, int) and not isinstance(device, bool):
+        return f"cuda:{device}"
+    d = torch.device(device)
+    if d.type == "cpu":
+        return "cpu"
+    if d.type != "cuda":
+        raise ValueError(f"device {device!r}: rocm_safe handles \"cpu\" and \"cuda[:N]\" devices")
+    return f"cuda:{torch.cuda.current_device() if d.index is None else d.index}"
+
+
+def last_load_report():
+    """The report of this process's last GPU load (``None`` before one):
+    ``str(report)`` is the library's ``LoadReport`` (tensors and bytes per
+    rung, time, GB/s, and a line per tensor that did not take the pinned
+    ring or failed there first); ``report.to_dict()`` (or ``report["key"]``)
+    gives ``device``, ``file_bytes``, ``out_bytes``, ``ms``, ``gb_per_s``,
+    ``all_fast``, ``by_rung`` and ``tensors`` (per tensor: ``name``,
+    ``dtype``, ``out_dtype``, ``shape``, ``rung``, ``attempts``, ...)."""
+    return _native.last_load_report()
+
+
+def release_memory(device: Union[str, int, torch.device, None] = None) -> None:
+    """Waits for ``device`` and frees the memory of loaded tensors torch has
+    released since rocm-safe's last sync point, and the loader's cached
+    staging (pinned ring, device buffers; made again by the next load).
+    Tensors still alive are untouched."""
+    _native.device_synchronize(_device_name(device), _backend(), True)
+
+
+# --------------------------------------------------------------------------
+# conv3d through the chain
+
+_last_conv3d: List[Optional[str]] = [None]
+
+
+def _triple(v: Any, name: str) -> Tuple[int, int, int]:
+    if isinstance(v, bool):
+        raise TypeError(f"conv3d: {name} must be an int or 3 ints, not {v!r}")
+    if isinstance(v, int):
+        return (v, v, v)
+    t = tuple(int(x) for x in v)
+    if len(t) == 1:
+        t = t * 3
+    if len(t) != 3 or any(x < 0 for x in t):
+        raise ValueError(f"conv3d: {name} must be a non-negative int or 3 of them, not {v!r}")
+    return t  # type: ignore[return-value]
+
+
+def _padding(padding: Any, weight: torch.Tensor, stride, dilation) -> Tuple[int, int, int]:
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0)
+        if padding == "same":
+            if any(s != 1 for s in stride):
+                raise ValueError("conv3d: padding='same' is not supported for strided convolutions")
+            out = []
+            for k, d in zip(weight.shape[2:], dilation):
+                total = d * (k - 1)
+                if total % 2:
+                    raise ValueError(
+                        "conv3d: padding='same' needs asymmetric padding for this kernel and dilation,"
+                        " which the rocm-safe chain does not take"
+                    )
+                out.append(total // 2)
+            return tuple(out)  # type: ignore[return-value]
+        raise ValueError(f"conv3d: invalid padding string {padding!r}, expected 'valid' or 'same'")
+    return _triple(padding, "padding")
+
+
+_CHAIN_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def conv3d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> torch.Tensor:
+    """``torch.nn.functional.conv3d`` through rocm-safe's conv3d chain:
+    the vendor library (cuDNN / MIOpen), the tiled kernel, the naive kernel,
+    then the CPU, each result checked (NaN/Inf scan, sampled points against
+    an f64 reference) before it is returned; a tier that fails hands the
+    call to the next (:func:`conv3d_stats` counts them).
+
+    Same arguments and result as torch's for what the chain takes: input
+    ``[N, C, D, H, W]`` (or unbatched ``[C, D, H, W]``), weight
+    ``[K, C/groups, KD, KH, KW]``, optional bias ``[K]``, all ``float32`` or
+    all ``bfloat16`` (every tier accumulates in f32; a bf16 call returns the
+    f32 result rounded to bf16, as torch does), ``padding`` an int, 3 ints,
+    ``"valid"`` or a symmetric ``"same"``. On a GPU the tensors are
+    borrowed through DLPack and the chain runs on torch's current stream
+    of their device; on the CPU it runs on rocm-safe's host backend. The
+    output is allocated by torch. Inference only: the result does not track
+    gradients.
+
+    Errors: ``TypeError`` for other dtypes or non-tensors, ``ValueError``
+    for shapes, devices and parameters the chain does not take,
+    ``RuntimeError`` when no tier served (the message has the report).
+    """
+    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if t is None and name == "bias":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"conv3d: {name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.dtype not in _CHAIN_DTYPES:
+            raise TypeError(f"conv3d: {name} dtype {t.dtype} is not supported by the chain (float32, bfloat16)")
+        if t.layout != torch.strided:
+            raise TypeError(f"conv3d: {name} must be a dense (strided) tensor")
+    if weight.dtype != input.dtype or (bias is not None and bias.dtype != input.dtype):
+        raise TypeError(
+            f"conv3d: input, weight and bias must have one dtype, got {input.dtype}, {weight.dtype}"
+            + ("" if bias is None else f", {bias.dtype}")
+        )
+    devices = {t.device for t in (input, weight, bias) if t is not None}
+    if len(devices) != 1:
+        raise ValueError(f"conv3d: tensors on different devices: {sorted(map(str, devices))}")
+    device = input.device
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"conv3d: device {device} is not supported (cpu, cuda)")
+    unbatched = input.dim() == 4
+    if unbatched:
+        input = input.unsqueeze(0)
+    if input.dim() != 5 or weight.dim() != 5:
+        raise ValueError(
+            f"conv3d: expected a 5-d input [N, C, D, H, W] (or 4-d unbatched) and a 5-d weight,"
+            f" got {list(input.shape)} and {list(weight.shape)}"
+        )
+    if bias is not None and bias.dim() != 1:
+        raise ValueError(f"conv3d: bias must be 1-d, got {list(bias.shape)}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"conv3d: groups must be a positive int, not {groups!r}")
+    stride_t = _triple(stride, "stride")
+    dilation_t = _triple(dilation, "dilation")
+    padding_t = _padding(padding, weight, stride_t, dilation_t)
+    n, k = input.shape[0], weight.shape[0]
+    out_shape = [n, k]
+    for x, kk, s, p, d in zip(input.shape[2:], weight.shape[2:], stride_t, padding_t, dilation_t):
+        span = d * (kk - 1) + 1
+        if s <= 0 or x + 2 * p < span:
+            out_shape.append(0)  # the library names what is wrong
+        else:
+            out_shape.append((x + 2 * p - span) // s + 1)
+    x = input.detach().contiguous()
+    w = weight.detach().contiguous()
+    b = None if bias is None else bias.detach().contiguous()
+    out = torch.empty(out_shape, dtype=torch.float32, device=device)
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        dev = f"cuda:{index}"
+        stream = torch.cuda.current_stream(device).cuda_stream
+    else:
+        dev, stream = "cpu", 0
+    pack = torch.utils.dlpack.to_dlpack
+    served, report = _native.conv3d(
+        dev,
+        int(stream),
+        pack(x),
+        pack(w),
+        None if b is None else pack(b),
+        pack(out),
+        list(stride_t),
+        list(padding_t),
+        list(dilation_t),
+        groups,
+        _backend(),
+    )
+    _last_conv3d[0] = report
+    result = out if input.dtype == torch.float32 else out.to(input.dtype)
+    return result.squeeze(0) if unbatched else result
+
+
+def last_conv3d_report() -> Optional[str]:
+    """The report of the last :func:`conv3d` call: each
+    tier tried, skipped (why), failed (why) or served (time)."""
+    return _last_conv3d[0]
+
+
+# --------------------------------------------------------------------------
+# torch.nn.functional.conv3d with the chain behind it
+
+_lock = threading.Lock()
+_installed: Dict[str, Any] = {"orig": None, "wrapper": None}
+_counts: Dict[str, int] = {}
+_baseline: Dict[str, Tuple] = {}
+
+
+def _zero_counts() -> None:
+    _counts.update(calls=0, fell_back=0, fell_back_on_error=0, fell_back_on_non_finite=0, chain_failed=0)
+
+
+_zero_counts()
+
+
+def _chain_takes(input, weight, bias) -> bool:
+    """Whether a call could be served by the chain at all (tensors of its
+    dtypes on cpu/cuda; no autograd, which the chain does not record)."""
+    ts = [t for t in (input, weight, bias) if t is not None]
+    if not all(isinstance(t, torch.Tensor) for t in ts):
+        return False
+    if not all(t.dtype in _CHAIN_DTYPES and t.device.type in ("cpu", "cuda") for t in ts):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
+        return False
+    return True
+
+
+def _finite(*ts) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in ts if t is not None)
+
+
+def install_conv3d_fallback() -> None:
+    """Makes ``torch.nn.functional.conv3d`` (and so ``nn.Conv3d``) try
+    torch's own conv3d first and, when it raises or returns NaN/Inf from
+    finite inputs, serve the call through rocm-safe's chain
+    (:func:`conv3d`): the FramePack ``miopen_fallback`` pattern, with every
+    result of the chain checked. Calls the chain cannot take (other dtypes,
+    inputs that need gradients) keep torch's behaviour, its error included.
+    The output check costs one ``isfinite`` pass over each output.
+
+    Idempotent; :func:`uninstall_conv3d_fallback` puts back exactly the
+    function that was there. :func:`conv3d_stats` counts calls, fallbacks
+    and tiers."""
+    F = torch.nn.functional
+    with _lock:
+        if _installed["wrapper"] is not None:
+            return
+        orig = F.conv3d
+
+        @functools.wraps(orig)
+        def conv3d_with_fallback(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+            _counts["calls"] += 1
+            try:
+                out = orig(input, weight, bias, stride, padding, dilation, groups)
+            except Exception as e:  # noqa: BLE001 - any failure of torch's path
+                if not _chain_takes(input, weight, bias):
+                    raise
+                reason, error = "fell_back_on_error", e
+            else:
+                if (
+                    not isinstance(out, torch.Tensor)
+                    or not out.is_floating_point()
+                    or bool(torch.isfinite(out).all())
+                    or not _chain_takes(input, weight, bias)
+                    or not _finite(input, weight, bias)
+                ):
+                    return out
+                reason, error = "fell_back_on_non_finite", None
+            try:
+                result = conv3d(input, weight, bias, stride, padding, dilation, groups)
+            except Exception as chain_error:
+                _counts["chain_failed"] += 1
+                if error is not None:
+                    raise error from chain_error
+                raise
+            _counts["fell_back"] += 1
+            _counts[reason] += 1
+            return result
+
+        conv3d_with_fallback.__rocm_safe_fallback__ = True  # type: ignore[attr-defined]
+        _installed["orig"] = orig
+        _installed["wrapper"] = conv3d_with_fallback
+        F.conv3d = conv3d_with_fallback
+
+
+def uninstall_conv3d_fallback() -> None:
+    """Puts back the ``torch.nn.functional.conv3d`` that
+    :func:`install_conv3d_fallback` replaced (no-op when not installed).
+    Raises ``RuntimeError`` when someone replaced it again since: their
+    function is left in place."""
+    F = torch.nn.functional
+    with _lock:
+        wrapper = _installed["wrapper"]
+        if wrapper is None:
+            return
+        if F.conv3d is not wrapper:
+            raise RuntimeError(
+                "torch.nn.functional.conv3d was replaced after install_conv3d_fallback(); not restoring over it"
+            )
+        F.conv3d = _installed["orig"]
+        _installed["orig"] = None
+        _installed["wrapper"] = None
+
+
+def conv3d_stats() -> Dict[str, Any]:
+    """Statistics since the start (or :func:`reset_conv3d_stats`):
+
+    - ``"tiers"``: per tier name (``cudnn``/``miopen``/``vendor``, ``tiled``,
+      ``naive``, ``cpu``): ``served``, ``failed`` (``errors`` +
+      ``non_finite`` + ``mismatches``), ``skipped``, ``attempts``,
+      ``errors``, ``non_finite``, ``mismatches``, ``seconds``; over every
+      :func:`conv3d` call, the fallback's included.
+    - the installed fallback's counts: ``calls`` (every
+      ``torch.nn.functional.conv3d`` call it saw), ``fell_back`` (calls
+      served by the chain), ``fell_back_on_error``,
+      ``fell_back_on_non_finite``, ``chain_failed`` (the chain failed too:
+      torch's error was raised).
+    """
+    tiers = {}
+    for row in _native.conv3d_stats():
+        name, nums = row[0], list(row[1:])
+        base = _baseline.get(name)
+        if base is not None:
+            nums = [a - b for a, b in zip(nums, base)]
+        attempts, successes, skips, errors, non_finite, mismatches, seconds = nums
+        tiers[name] = {
+            "served": successes,
+            "failed": errors + non_finite + mismatches,
+            "skipped": skips,
+            "attempts": attempts,
+            "errors": errors,
+            "non_finite": non_finite,
+            "mismatches": mismatches,
+            "seconds": seconds,
+        }
+    out: Dict[str, Any] = {"tiers": tiers}
+    out.update(_counts)
+    return out
+
+
+def reset_conv3d_stats() -> None:
+    """Starts :func:`conv3d_stats` from zero."""
+    _baseline.clear()
+    for row in _native.conv3d_stats():
+        _baseline[row[0]] = tuple(row[1:])
+    _zero_counts()
+
+
+def _inject_conv3d_failures(kinds: Sequence[str]) -> List[str]:
+    """Test-only: from now on, runs of these tier kinds (``"vendor"``,
+    ``"tiled"``, ``"naive"``, ``"cpu"``) fail with an injected error, so
+    the next tier serves (``[]`` stops it); returns the previous list. The
+    environment variable ``ROCM_SAFE_CONV3D_FAIL=vendor,tiled`` sets it at
+    start-up."""
+    return list(_native.inject_conv3d_failures(list(kinds)))

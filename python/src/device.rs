@@ -4,10 +4,8 @@
 //! [`Checkpoint`](crate::Checkpoint), the tensors asked for, the parsed
 //! device, the conversion dtype and the verification policy, and must
 //! return one DLPack capsule per tensor (`(name, capsule)`), which the
-//! Python side hands to `torch.from_dlpack`. Today it validates everything
-//! and raises `NotImplementedError` naming what is missing.
+//! Python side hands to `torch.from_dlpack`; the work is in `gpu.rs`.
 
-use pyo3::exceptions::PyNotImplementedError;
 use pyo3::prelude::*;
 
 use rocm_safe::verify::Policy;
@@ -101,43 +99,46 @@ pub fn parse_verify_py(name: &str) -> PyResult<&'static str> {
         .map_err(pyo3::exceptions::PyValueError::new_err)
 }
 
-/// The GPU hook: loads `names` of `checkpoint` onto GPU `ordinal`,
-/// converted to `dtype` (float tensors only, as the library's
-/// `LoadOptions::dtype`), checked with `policy`, and returns one DLPack
-/// capsule per tensor.
+/// The GPU hook: loads `names` of `checkpoint` onto GPU `ordinal` (HIP on
+/// a `hip` build, CUDA on a `cuda` build; with both, `backend` decides:
+/// `"hip"` or `"cuda"`), converted to `dtype` (float tensors only, as the
+/// library's `LoadOptions::dtype`), checked with `policy`, and returns one
+/// DLPack capsule (`"dltensor"`) per tensor, which the caller hands to
+/// `torch.from_dlpack` (no copy).
 ///
-/// Not implemented yet: it needs the DLPack export of device buffers
-/// (`DeviceBuffer` -> `DLManagedTensor` whose deleter frees the buffer)
-/// being built in the library. The GPU step implements it with
-/// `rocm_safe::transfer::Loader` (`LoadOptions { dtype, policy, .. }`) and
-/// that export; nothing else in the package changes.
+/// The staged, verified `rocm_safe::transfer::Loader` (one per device,
+/// kept between loads) fills device memory; each loaded tensor becomes a
+/// `rocm_safe::dlpack::Export` whose deleter gives the memory back to
+/// rocm-safe (freed at the device's next sync point). The loader waits for
+/// its streams before it returns, so the tensors are complete on every
+/// stream. A tensor the ladder kept on the host comes back as a CPU
+/// capsule (the report says so; the Python side moves it). The load's
+/// report is kept for `last_load_report()`.
 pub fn load_to_device(
-    _py: Python<'_>,
+    py: Python<'_>,
     checkpoint: &Checkpoint,
     names: &[String],
     ordinal: usize,
     dtype: Option<rocm_safe::DType>,
     policy: Policy,
+    backend: Option<&str>,
 ) -> PyResult<Vec<(String, Py<PyAny>)>> {
-    // Validate what can be validated now, so that errors are the same
-    // before and after the GPU step (missing tensors, closed files).
-    let ckpt = checkpoint.get()?;
-    for n in names {
-        ckpt.info(n).map_err(crate::to_py)?;
-    }
-    let _ = (dtype, policy);
-    Err(PyNotImplementedError::new_err(format!(
-        "device=\"cuda:{ordinal}\": loading onto a GPU is not implemented in this version of \
-         rocm_safe: it needs the verified GPU loader's DLPack hand-off \
-         (rocm_safe._native.load_to_device); load on device=\"cpu\" and move the tensors \
-         with .to(\"cuda:{ordinal}\") meanwhile"
-    )))
+    crate::gpu::load(
+        py,
+        checkpoint,
+        names,
+        &format!("cuda:{ordinal}"),
+        backend,
+        dtype,
+        policy,
+    )
 }
 
 /// `load_to_device` for Python: `(checkpoint, names, device, dtype=None,
-/// verify="fingerprint")`, with the device and policy parsed here.
+/// verify="fingerprint", backend=None)`, with the device and policy parsed
+/// here.
 #[pyfunction(name = "load_to_device")]
-#[pyo3(signature = (checkpoint, names, device, dtype=None, verify="fingerprint"))]
+#[pyo3(signature = (checkpoint, names, device, dtype=None, verify="fingerprint", backend=None))]
 pub fn load_to_device_py(
     py: Python<'_>,
     checkpoint: &Checkpoint,
@@ -145,11 +146,14 @@ pub fn load_to_device_py(
     device: &str,
     dtype: Option<&str>,
     verify: &str,
+    backend: Option<&str>,
 ) -> PyResult<Vec<(String, Py<PyAny>)>> {
     let policy = parse_verify(verify).map_err(pyo3::exceptions::PyValueError::new_err)?;
     let dtype = dtype.map(crate::dtype_of).transpose()?;
     match parse_device(device).map_err(SafetensorError::new_err)? {
-        Target::Gpu { ordinal } => load_to_device(py, checkpoint, &names, ordinal, dtype, policy),
+        Target::Gpu { ordinal } => {
+            load_to_device(py, checkpoint, &names, ordinal, dtype, policy, backend)
+        }
         Target::Cpu => Err(pyo3::exceptions::PyValueError::new_err(
             "load_to_device: device \"cpu\" is read with Checkpoint.read",
         )),

@@ -12,9 +12,10 @@
 //! (`PyByteArray::new_with`), with the GIL released during the read: the
 //! array or tensor built over it is the only copy of the data.
 //!
-//! The GPU path (`device="cuda"`) is one function, [`load_to_device`], which
-//! today validates its arguments and raises `NotImplementedError`: the
-//! verified loader's DLPack hand-off plugs in there.
+//! The GPU path (`device="cuda"`) is [`load_to_device`]: the verified
+//! loader fills device memory and hands each tensor over as a DLPack
+//! capsule. `gpu.rs` also runs the conv3d chain on tensors borrowed from
+//! PyTorch through DLPack.
 
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -22,6 +23,7 @@
 
 mod device;
 mod errors;
+mod gpu;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -480,5 +482,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::parse_device_py, m)?)?;
     m.add_function(wrap_pyfunction!(device::parse_verify_py, m)?)?;
     m.add_function(wrap_pyfunction!(device::load_to_device_py, m)?)?;
+    m.add_class::<gpu::LoadReport>()?;
+    m.add_function(wrap_pyfunction!(gpu::last_load_report, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::device_owned_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::device_synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::conv3d, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::conv3d_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::inject_conv3d_failures, m)?)?;
     Ok(())
 }

@@ -164,12 +164,13 @@ def test_framework_device_backend(tmp_path):
         safe_open(p, "np", backend="nope")
 
 
-def test_gpu_hook_raises_not_implemented(tmp_path):
+def test_gpu_hook_validates_and_needs_a_gpu_build(tmp_path):
     p = tmp_path / "m.safetensors"
     save_file({"a": np.zeros(2, np.float32)}, p)
     ckpt = rocm_safe._native.Checkpoint(str(p))
-    with pytest.raises(NotImplementedError, match="DLPack"):
-        rocm_safe._native.load_to_device(ckpt, ["a"], "cuda:1", "F32", "readback")
+    if not rocm_safe.features():
+        with pytest.raises(RuntimeError, match="--features cuda"):
+            rocm_safe._native.load_to_device(ckpt, ["a"], "cuda:1", "F32", "readback")
     with pytest.raises(SafetensorError, match="no tensor named"):
         rocm_safe._native.load_to_device(ckpt, ["b"], "cuda", None, "fingerprint")
     with pytest.raises(ValueError):

@@ -194,8 +194,25 @@ impl Conv3dChain {
                 actual: out.len(),
             });
         }
-        let mut report = Conv3dReport::default();
         let samples = sample_points(expected, self.options.verify_samples, self.options.seed);
+        self.run_tiers(problem, |tier| match tier.run(problem, out) {
+            Err(e) => Err(Failure::Error(e)),
+            Ok(()) => self.check(problem, &samples, first_non_finite(out), |i| {
+                Ok(out.get(i).copied())
+            }),
+        })
+    }
+
+    /// The tiers in order: skips (forced, forbidden, unsupported,
+    /// unavailable), then `attempt` (run and check) on each tier that may
+    /// run, until one serves; counts, the report and the overflow rule of
+    /// [`Conv3dChain::run_into`].
+    pub(super) fn run_tiers(
+        &self,
+        problem: &Conv3dProblem<'_>,
+        mut attempt: impl FnMut(&dyn Conv3dTier) -> std::result::Result<(), Failure>,
+    ) -> Result<Conv3dReport> {
+        let mut report = Conv3dReport::default();
         for (i, tier) in self.tiers.iter().enumerate() {
             let kind = tier.kind();
             let skip = if self.options.force.is_some_and(|f| f != kind) {
@@ -220,10 +237,7 @@ impl Conv3dChain {
                 continue;
             }
             let start = Instant::now();
-            let result = match tier.run(problem, out) {
-                Err(e) => Err(Failure::Error(e)),
-                Ok(()) => self.check(problem, out, &samples),
-            };
+            let result = attempt(tier.as_ref());
             let time = start.elapsed();
             if let Err(Failure::NonFinite { index, value }) = result {
                 if let Some(reference) = overflow_at(problem, index) {
@@ -280,14 +294,18 @@ impl Conv3dChain {
         }
     }
 
-    fn check(
+    /// The checks of one tier's output: the non-finite scan (`first_bad`:
+    /// the first NaN or infinity, computed only when the scan is on) and
+    /// the sampled f64 points (`value_at`: the output value at an index).
+    pub(super) fn check(
         &self,
         p: &Conv3dProblem<'_>,
-        out: &[f32],
         samples: &[usize],
+        first_bad: impl FnOnce() -> std::result::Result<Option<(usize, f32)>, Failure>,
+        mut value_at: impl FnMut(usize) -> std::result::Result<Option<f32>, Failure>,
     ) -> std::result::Result<(), Failure> {
         if self.options.scan_non_finite {
-            if let Some((index, &value)) = out.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            if let Some((index, value)) = first_bad()? {
                 let inputs_finite = p.input.all_finite()
                     && p.weight.all_finite()
                     && p.bias.is_none_or(|b| b.all_finite());
@@ -301,12 +319,15 @@ impl Conv3dChain {
             _ => self.options.rel_tol_f32,
         };
         for &index in samples {
-            let (Some(r), Some(&got)) = (reference_point(p, index), out.get(index)) else {
+            let Some(r) = reference_point(p, index) else {
                 continue;
             };
             if !r.value.is_finite() {
                 continue; // non-finite inputs: nothing to compare against
             }
+            let Some(got) = value_at(index)? else {
+                continue;
+            };
             let tolerance = rel * r.magnitude + f64::from(f32::MIN_POSITIVE);
             let ok = (f64::from(got) - r.value).abs() <= tolerance;
             if !ok {
@@ -319,6 +340,20 @@ impl Conv3dChain {
             }
         }
         Ok(())
+    }
+}
+
+/// The first NaN or infinity of a host output (lazily: the scan runs only
+/// when the check asks).
+fn first_non_finite(
+    out: &[f32],
+) -> impl FnOnce() -> std::result::Result<Option<(usize, f32)>, Failure> + '_ {
+    move || {
+        Ok(out
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite())
+            .map(|(i, &v)| (i, v)))
     }
 }
 

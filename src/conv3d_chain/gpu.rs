@@ -7,10 +7,13 @@
 //! (whose "kernels" are the CPU code, so the whole path runs in CI), and
 //! [`Faults`](crate::device::faults::Faults) wrapping any of them.
 
-use super::{Conv3dTier, CpuTier, Support, TierKind};
+use super::device_run::run_on_host_then_copy;
+use super::{Conv3dTier, CpuTier, DeviceConv3dData, DeviceOperands, Support, TierKind};
 use crate::conv3d::{Conv3dData, Conv3dProblem};
 use crate::convert::Element;
-use crate::device::{Conv3dKernel, Conv3dWeightLayout, Device, Stream};
+use crate::device::{
+    Conv3dKernel, Conv3dWeightLayout, Device, DeviceView, DeviceViewMut, Stream,
+};
 use crate::error::Result;
 
 /// What a GPU tier runs.
@@ -73,6 +76,67 @@ fn run_typed<T: Element + Default>(
     y.copy_dtoh(out)
 }
 
+/// Runs `op` on operands already on the device, on `ops.stream`, into
+/// `out`; on another device's stream, the host path
+/// ([`Conv3dTier::run_device`]'s default).
+fn run_device_on(
+    device: &Device,
+    op: Op,
+    tier: &dyn Conv3dTier,
+    p: &Conv3dProblem<'_>,
+    ops: &DeviceOperands<'_, '_>,
+    out: &mut DeviceViewMut<'_, f32>,
+) -> Result<()> {
+    if !ops.stream.device().same(device) {
+        return run_on_host_then_copy(tier, p, ops, out);
+    }
+    let s = ops.stream;
+    match (ops.input, ops.weight, p.weight) {
+        (DeviceConv3dData::F32(x), DeviceConv3dData::F32(w), Conv3dData::F32(hw)) => {
+            run_views(s, op, p, (&x, &w, hw), ops.bias, out)
+        }
+        (DeviceConv3dData::BF16(x), DeviceConv3dData::BF16(w), Conv3dData::BF16(hw)) => {
+            run_views(s, op, p, (&x, &w, hw), ops.bias, out)
+        }
+        (x, w, _) => Err(crate::Error::Conv3dDType {
+            tensor: "weight",
+            dtype: w.dtype(),
+            expected: x.dtype(),
+        }),
+    }
+}
+
+/// Input and weight on the device, and the weight's host copy (laid out
+/// for kernels that want another layout).
+type ViewOperands<'r, 'v, T> = (&'r DeviceView<'v, T>, &'r DeviceView<'v, T>, &'r [T]);
+
+fn run_views<T: Element + Default>(
+    s: &Stream,
+    op: Op,
+    p: &Conv3dProblem<'_>,
+    (x, w, host_w): ViewOperands<'_, '_, T>,
+    bias: Option<DeviceView<'_, f32>>,
+    out: &mut DeviceViewMut<'_, f32>,
+) -> Result<()> {
+    let g = &p.geometry;
+    let layout = match op {
+        Op::Vendor => Conv3dWeightLayout::Standard,
+        Op::Kernel(k) => s.conv3d_weight_layout(k, T::DTYPE, g),
+    };
+    let arranged = match layout {
+        Conv3dWeightLayout::Standard => None,
+        other => Some(s.clone_htod(&other.arrange(g, host_w)?)?),
+    };
+    let wv = match &arranged {
+        Some(b) => b.view(),
+        None => *w,
+    };
+    match op {
+        Op::Vendor => s.conv3d_vendor(g, x, &wv, bias, out),
+        Op::Kernel(k) => s.conv3d(k, g, x, &wv, bias, out),
+    }
+}
+
 /// The vendor library of a device as a tier: MIOpen (HIP), cuDNN (CUDA).
 /// Skipped as unavailable where the library is not installed (and always
 /// on the host backend, which has none).
@@ -111,6 +175,14 @@ impl Conv3dTier for VendorTier {
     fn run(&self, p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
         run_on(&self.device, Op::Vendor, p, out)
     }
+    fn run_device(
+        &self,
+        p: &Conv3dProblem<'_>,
+        ops: &DeviceOperands<'_, '_>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        run_device_on(&self.device, Op::Vendor, self, p, ops, out)
+    }
 }
 
 /// The tiled implicit-GEMM kernel on a device as a tier. Skips what the
@@ -144,6 +216,14 @@ impl Conv3dTier for TiledTier {
     fn run(&self, p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
         run_on(&self.device, Op::Kernel(Conv3dKernel::Tiled), p, out)
     }
+    fn run_device(
+        &self,
+        p: &Conv3dProblem<'_>,
+        ops: &DeviceOperands<'_, '_>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        run_device_on(&self.device, Op::Kernel(Conv3dKernel::Tiled), self, p, ops, out)
+    }
 }
 
 /// The naive kernel (one thread per output point) on a device as a tier.
@@ -171,6 +251,14 @@ impl Conv3dTier for NaiveTier {
     }
     fn run(&self, p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
         run_on(&self.device, Op::Kernel(Conv3dKernel::Naive), p, out)
+    }
+    fn run_device(
+        &self,
+        p: &Conv3dProblem<'_>,
+        ops: &DeviceOperands<'_, '_>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        run_device_on(&self.device, Op::Kernel(Conv3dKernel::Naive), self, p, ops, out)
     }
 }
 

@@ -15,6 +15,11 @@
 //!   the CPU in f64 ([`reference_point`](crate::conv3d::reference_point));
 //!   an error or a failed check moves on to the next tier.
 //!   [`Conv3dOptions`] force or forbid tiers.
+//! - [`Conv3dChain::run_device`] runs the same chain on operands and an
+//!   output in device memory (tensors borrowed from another framework), on
+//!   the caller's stream: the device's GPU tiers read and write them in
+//!   place ([`Conv3dTier::run_device`]), the others compute on the host
+//!   and copy the output in; the checks run on the device output.
 //! - Each call returns a [`Conv3dReport`] (one [`TierAttempt`] per tier:
 //!   served, skipped or failed, in the vocabulary of
 //!   [`crate::fallback`]); [`Conv3dChain::stats`] counts attempts,
@@ -32,14 +37,17 @@
 //!
 //! Files: `tier.rs` (what a tier is, the CPU and unavailable tiers),
 //! `gpu.rs` (the tiers of a device), `chain.rs` (the chain and its
-//! checks), `report.rs` (reports and statistics).
+//! checks), `device_run.rs` (the chain over device memory), `report.rs`
+//! (reports and statistics).
 
 mod chain;
+mod device_run;
 mod gpu;
 mod report;
 mod tier;
 
 pub use chain::{Conv3dChain, Conv3dOptions};
+pub use device_run::{DeviceConv3dData, DeviceOperands};
 pub use gpu::{device_tiers, NaiveTier, TiledTier, VendorTier};
 pub use report::{Conv3dReport, TierAttempt, TierStats};
 pub use tier::{Conv3dTier, CpuTier, Support, TierKind, UnavailableTier};

@@ -5,7 +5,9 @@
 
 use std::fmt;
 
+use super::DeviceOperands;
 use crate::conv3d::{conv3d_cpu, Conv3dProblem};
+use crate::device::DeviceViewMut;
 use crate::error::{Error, Result};
 
 /// The four kinds of tier, in the chain's default order.
@@ -81,6 +83,21 @@ pub trait Conv3dTier: Send + Sync {
     /// Computes `problem` into `out` (f32, `[N, K, OD, OH, OW]`, exactly
     /// the output's length). An error moves the chain to the next tier.
     fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()>;
+    /// Computes `problem` into device memory `out` (f32, the output's
+    /// length) with its work on `ops.stream`, for
+    /// [`Conv3dChain::run_device`](super::Conv3dChain::run_device): `ops`
+    /// holds the operands on the device, `problem` their host copies. The
+    /// default runs [`run`](Self::run) on the host and copies the output
+    /// in (the CPU tier's way); the GPU tiers of `ops.stream`'s device read
+    /// the operands in place.
+    fn run_device(
+        &self,
+        problem: &Conv3dProblem<'_>,
+        ops: &DeviceOperands<'_, '_>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        super::device_run::run_on_host_then_copy(self, problem, ops, out)
+    }
 }
 
 /// The CPU tier as a [`Conv3dTier`]: every parameter set, always available.
