@@ -164,13 +164,8 @@ pub fn capsule_from_managed(
     // SAFETY: `raw` is a valid managed tensor we own; the capsule takes it
     // over with a destructor that deletes it unless a consumer took it. The
     // name is a static C string, as the capsule keeps a pointer to it.
-    let cap = unsafe {
-        ffi::PyCapsule_New(
-            raw.cast(),
-            DLTENSOR.as_ptr(),
-            Some(capsule_destructor),
-        )
-    };
+    let cap =
+        unsafe { ffi::PyCapsule_New(raw.cast(), DLTENSOR.as_ptr(), Some(capsule_destructor)) };
     if cap.is_null() {
         // SAFETY: no capsule was made, so `raw` is still ours alone: delete
         // it once here.
@@ -179,8 +174,9 @@ pub fn capsule_from_managed(
                 deleter(raw);
             }
         }
-        return Err(PyErr::take(py)
-            .unwrap_or_else(|| PyRuntimeError::new_err("PyCapsule_New failed")));
+        return Err(
+            PyErr::take(py).unwrap_or_else(|| PyRuntimeError::new_err("PyCapsule_New failed"))
+        );
     }
     // SAFETY: `cap` is a new reference just returned by PyCapsule_New.
     Ok(unsafe { Bound::from_owned_ptr(py, cap) }.unbind())
@@ -442,7 +438,11 @@ impl Conv3dTier for Injectable {
             self.0.support(p)
         }
     }
-    fn run(&self, p: &rocm_safe::conv3d::Conv3dProblem<'_>, out: &mut [f32]) -> rocm_safe::Result<()> {
+    fn run(
+        &self,
+        p: &rocm_safe::conv3d::Conv3dProblem<'_>,
+        out: &mut [f32],
+    ) -> rocm_safe::Result<()> {
         if is_injected(self.kind()) {
             return Err(rocm_safe::Error::Conv3dTier {
                 tier: "injected",
@@ -554,7 +554,8 @@ pub fn conv3d(
         return Err(PyTypeError::new_err("conv3d output: must be float32"));
     }
     let s = if dev.kind() == BackendKind::Host {
-        dev.stream().map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+        dev.stream()
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
     } else {
         // SAFETY: `stream` is PyTorch's current stream of this device
         // (`torch.cuda.current_stream(device).cuda_stream`, 0 for the
@@ -572,7 +573,10 @@ pub fn conv3d(
     let chain = chain_of(&dev);
     let xd = import_data(&x, "conv3d input")?;
     let wd = import_data(&w, "conv3d weight")?;
-    let bd = b.as_ref().map(|b| import_data(b, "conv3d bias")).transpose()?;
+    let bd = b
+        .as_ref()
+        .map(|b| import_data(b, "conv3d bias"))
+        .transpose()?;
     let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
     let mut yv = y
         .view_mut::<f32>()
@@ -580,10 +584,7 @@ pub fn conv3d(
     let r = py.detach(|| chain.run_device(&s, params, xd, &xs, wd, &ws, bd, &mut yv));
     match r {
         Ok(report) => {
-            let served = report
-                .served()
-                .map(|a| a.name.clone())
-                .unwrap_or_default();
+            let served = report.served().map(|a| a.name.clone()).unwrap_or_default();
             Ok((served, report.to_string()))
         }
         Err(e @ rocm_safe::Error::Conv3dNoTier { .. }) => {

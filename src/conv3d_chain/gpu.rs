@@ -11,9 +11,7 @@ use super::device_run::run_on_host_then_copy;
 use super::{Conv3dTier, CpuTier, DeviceConv3dData, DeviceOperands, Support, TierKind};
 use crate::conv3d::{Conv3dData, Conv3dProblem};
 use crate::convert::Element;
-use crate::device::{
-    Conv3dKernel, Conv3dWeightLayout, Device, DeviceView, DeviceViewMut, Stream,
-};
+use crate::device::{Conv3dKernel, Conv3dWeightLayout, Device, DeviceView, DeviceViewMut, Stream};
 use crate::error::Result;
 
 /// What a GPU tier runs.
@@ -222,7 +220,14 @@ impl Conv3dTier for TiledTier {
         ops: &DeviceOperands<'_, '_>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        run_device_on(&self.device, Op::Kernel(Conv3dKernel::Tiled), self, p, ops, out)
+        run_device_on(
+            &self.device,
+            Op::Kernel(Conv3dKernel::Tiled),
+            self,
+            p,
+            ops,
+            out,
+        )
     }
 }
 
@@ -258,7 +263,14 @@ impl Conv3dTier for NaiveTier {
         ops: &DeviceOperands<'_, '_>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        run_device_on(&self.device, Op::Kernel(Conv3dKernel::Naive), self, p, ops, out)
+        run_device_on(
+            &self.device,
+            Op::Kernel(Conv3dKernel::Naive),
+            self,
+            p,
+            ops,
+            out,
+        )
     }
 }
 
