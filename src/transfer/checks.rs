@@ -45,12 +45,7 @@ impl Loader {
     ) -> Result<Option<Failure>> {
         let Some(out) = out else { return Ok(None) };
         let got = out.to_vec()?;
-        let src = sources.get(item.source).ok_or(Error::OutOfBounds {
-            op: "transfer source",
-            start: item.source,
-            end: item.source + 1,
-            len: sources.len(),
-        })?;
+        let src = source::of_item(sources, item)?;
         let mut raw = vec![0u8; item.src_bytes as usize];
         src.pread(&item.name, &mut raw, item.file_off)?;
         let want = source::cpu_output(item, raw)?;

@@ -216,12 +216,7 @@ impl Loader {
         let Some(out) = st.out.as_mut() else {
             return Ok(None);
         };
-        let src = sources.get(item.source).ok_or(Error::OutOfBounds {
-            op: "transfer source",
-            start: item.source,
-            end: item.source + 1,
-            len: sources.len(),
-        })?;
+        let src = source::of_item(sources, item)?;
         let ss = item.dtype.size().unwrap_or(1).max(1);
         let chunk = self.opts.buffer_bytes / 8 * 8 / ss * ss;
         let mut off = 0u64;
@@ -259,12 +254,7 @@ impl Loader {
         item: &Item,
         st: &mut State,
     ) -> Result<Option<Failure>> {
-        let src = sources.get(item.source).ok_or(Error::OutOfBounds {
-            op: "transfer source",
-            start: item.source,
-            end: item.source + 1,
-            len: sources.len(),
-        })?;
+        let src = source::of_item(sources, item)?;
         let mut raw = vec![0u8; item.src_bytes as usize];
         src.pread(&item.name, &mut raw, item.file_off)?;
         st.host = Some(source::cpu_output(item, raw)?);

@@ -53,6 +53,17 @@ impl Source {
     }
 }
 
+/// The source `item` reads from (`OutOfBounds` only for an item of another
+/// plan: every planned item's source exists).
+pub(crate) fn of_item<'s>(sources: &'s [Source], item: &Item) -> Result<&'s Source> {
+    sources.get(item.source).ok_or(Error::OutOfBounds {
+        op: "transfer source",
+        start: item.source,
+        end: item.source + 1,
+        len: sources.len(),
+    })
+}
+
 /// One tensor (or row slice) to load.
 #[derive(Debug, Clone)]
 pub(crate) struct Item {
@@ -188,12 +199,7 @@ pub(crate) fn read_piece(
     check: bool,
 ) -> Result<Sums> {
     use rayon::prelude::*;
-    let src = sources.get(item.source).ok_or(Error::OutOfBounds {
-        op: "transfer source",
-        start: item.source,
-        end: item.source + 1,
-        len: sources.len(),
-    })?;
+    let src = of_item(sources, item)?;
     let base = item.file_off + src_off;
     let sub = sub.max(1);
     let work = |(k, part): (usize, &mut [u8])| -> Result<Sums> {
