@@ -512,7 +512,7 @@ pub enum Error {
     },
 
     /// An operation this backend does not implement (for example
-    /// [`crate::device::Backend::mem_info`] on a platform where the host
+    /// [`crate::device::Driver::mem_info`] on a platform where the host
     /// backend cannot read the memory figures, or a wrapping backend that
     /// does not forward it).
     #[error("{backend}: {op} is not supported by this backend")]

@@ -279,7 +279,7 @@ pub unsafe trait Backend: Driver {
             None => Conv3dWeightLayout::choose(self.caps(), kernel, dtype, g),
         }
     }
-    /// Whether [`Backend::conv3d_vendor`] can run here: `Ok`, or
+    /// Whether [`KernelOp::Conv3dVendor`] (through [`Backend::run`]) can run here: `Ok`, or
     /// [`Error::VendorUnavailable`] when the vendor library (MIOpen, cuDNN)
     /// is not installed or the backend has none. Cheap after the first
     /// call; a chain skips its vendor tier on `Err`.

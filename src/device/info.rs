@@ -5,7 +5,7 @@
 use super::VisibleDevices;
 use crate::dtype::DType;
 
-/// Which implementation runs a [`Device`].
+/// Which implementation runs a [`Device`](crate::device::Device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum BackendKind {
     /// The CPU: device memory is host memory, kernels are `crate::convert`.

@@ -16,8 +16,8 @@
 //! halves, and the fingerprint kernel, each compared bit for bit with the
 //! CPU. A kernel that fails is untrusted on that device: its conversions run
 //! on the CPU (and the report says so), or fail with
-//! [`Error::KernelUntrusted`] when [`VerifyOptions::allow_cpu_fallback`] is
-//! off. A per-call mismatch is [`Error::VerificationFailed`] or, when
+//! [`Error::KernelUntrusted`](crate::Error::KernelUntrusted) when [`VerifyOptions::allow_cpu_fallback`] is
+//! off. A per-call mismatch is [`Error::VerificationFailed`](crate::Error::VerificationFailed) or, when
 //! fallback is allowed, a recorded CPU fallback.
 
 //!

@@ -131,7 +131,7 @@ impl std::fmt::Display for Conv3dKernel {
 }
 
 /// One conv3d call as a backend takes it: device addresses, dtype and the
-/// validated geometry (only [`Conv3dProblem::new`] makes one, so every
+/// validated geometry (only [`Conv3dProblem::new`](crate::conv3d::Conv3dProblem::new) makes one, so every
 /// element count fits `usize`).
 ///
 /// - `input`: `geometry.input_shape()` elements of `dtype` (F32 or BF16);
