@@ -223,7 +223,9 @@ def test_doctor():
 
     text = rocm_safe.doctor(json=True)
     report = json.loads(text)
-    assert report["schema_version"] == 2 and report["self_tests"] and report["matrix"]
+    assert report["schema_version"] == 3 and report["self_tests"] and report["matrix"]
+    # Schema 3: what this build compiled for AMD GPUs, and how to rebuild.
+    assert "built" in report["hip_build"] and report["hip_build"]["rebuild_command"]
     assert all(m["status"] in ("verified", "falls_back", "skipped", "fails") for m in report["matrix"])
 
 
@@ -231,4 +233,4 @@ def test_doctor_table(capsys):
     report = rocm_safe.doctor()
     out = capsys.readouterr().out
     assert "Self-tests" in out and "Compatibility" in out
-    assert isinstance(report, dict) and report["schema_version"] == 2
+    assert isinstance(report, dict) and report["schema_version"] == 3
