@@ -42,9 +42,16 @@ impl Loader {
         let (stage, r1) = self.alloc_retry::<u8>(bytes);
         let (acc, r2) = self.alloc_retry::<u64>(2 * MAX_PIECES);
         let _ = (r1, r2);
+        self.slot_from(stage?, acc?)
+    }
+
+    /// A slot over its device staging buffer and accumulators: the pinned
+    /// copy of the sums and the two events, recorded so the slot starts
+    /// free.
+    fn slot_from(&self, stage: DeviceBuffer<u8>, acc: DeviceBuffer<u64>) -> Result<Slot> {
         let slot = Slot {
-            stage: stage?,
-            acc: acc?,
+            stage,
+            acc,
             acc_host: self.device.alloc_pinned::<u64>(2 * MAX_PIECES)?,
             copied: self.device.event()?,
             consumed: self.device.event()?,
@@ -80,15 +87,8 @@ impl Loader {
     fn grow_ring(&self, ring: &mut Ring) -> Result<(usize, PinnedBuffer<u8>)> {
         let bytes = self.opts.buffer_bytes;
         let buf = self.device.alloc_pinned::<u8>(bytes)?;
-        let slot = Slot {
-            stage: self.compute.alloc::<u8>(bytes)?,
-            acc: self.compute.alloc::<u64>(2 * MAX_PIECES)?,
-            acc_host: self.device.alloc_pinned::<u64>(2 * MAX_PIECES)?,
-            copied: self.device.event()?,
-            consumed: self.device.event()?,
-        };
-        self.compute.record(&slot.consumed)?;
-        self.copy.record(&slot.copied)?;
+        let stage = self.compute.alloc::<u8>(bytes)?;
+        let slot = self.slot_from(stage, self.compute.alloc::<u64>(2 * MAX_PIECES)?)?;
         ring.slots.push(slot);
         ring.pinned.push(None);
         Ok((ring.slots.len() - 1, buf))
