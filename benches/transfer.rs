@@ -8,7 +8,10 @@
 //!   `TRANSFER_BACKEND` (`cuda`, `hip` or `host`; default cuda when built)
 //!   converting to f32 with `TRANSFER_POLICY` (`fingerprint`, `fused`,
 //!   `off`), `TRANSFER_RING` x `TRANSFER_BUFFER_MIB`, `TRANSFER_FILLS` (fills
-//!   at once), `TRANSFER_READAHEAD=0|1`, `TRANSFER_DTYPE=keep`, and prints file bytes/s and the peak RSS growth of each load
+//!   at once), `TRANSFER_READAHEAD=0|1`, `TRANSFER_DTYPE=keep`,
+//!   `TRANSFER_COLD=1` (no self-test before the loads: load 0 runs it, as a
+//!   process's first load does), and prints file bytes/s and the peak RSS
+//!   growth of each load
 //!   (`/proc/self/status` VmHWM after resetting it through
 //!   `/proc/self/clear_refs`, minus VmRSS before the load), the CPU time and
 //!   the load's [`rocm_safe::transfer::LoadTiming`] split.
@@ -230,13 +233,27 @@ fn figures(path: &str) {
     let readahead = env_or("TRANSFER_READAHEAD", "1") != "0";
     let read_kib: usize = env_or("TRANSFER_READ_KIB", "1024").parse().unwrap_or(1024);
     let mib: usize = env_or("TRANSFER_BUFFER_MIB", "32").parse().unwrap_or(32);
+    let t_open = Instant::now();
     let dev = Device::open(backend, 0).expect("open device");
-    let st = verify::self_test(&dev.stream().expect("stream")).expect("self-test");
+    let open_ms = t_open.elapsed().as_secs_f64() * 1e3;
+    // TRANSFER_COLD=1: no self-test before the loads, so load 0 runs it
+    // (and loads the kernel modules) as a trainer's first load does.
+    let cold = env_or("TRANSFER_COLD", "0") == "1";
+    let t_st = Instant::now();
+    let st = if cold {
+        "run by load 0".to_owned()
+    } else {
+        let st = verify::self_test(&dev.stream().expect("stream")).expect("self-test");
+        format!(
+            "passed: {} in {:.1} ms (kernel modules loaded)",
+            st.all_passed(),
+            t_st.elapsed().as_secs_f64() * 1e3
+        )
+    };
     println!(
-        "device {} ({}), self-test passed: {}, threads {}, policy {policy:?}, ring {ring} x {mib} MiB, reads of {read_kib} KiB, readahead {readahead}",
+        "device {} ({}), opened in {open_ms:.1} ms, self-test {st}, threads {}, policy {policy:?}, ring {ring} x {mib} MiB, reads of {read_kib} KiB, readahead {readahead}",
         dev.info().name,
         dev.info().arch,
-        st.all_passed(),
         rayon::current_num_threads()
     );
     let ckpt = Checkpoint::open(path).expect("open checkpoint");

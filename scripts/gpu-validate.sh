@@ -3,6 +3,9 @@
 # ../shared/tools/stage-gpu.sh --features cuda staged into .gpu.tgz, then
 #   bash scripts/gpu-validate.sh tests   every test binary with the GPU tests, then the doctor
 #   bash scripts/gpu-validate.sh bench   GPU benches with their anchors in the same call
+#   bash scripts/gpu-validate.sh load    first load against later loads (three processes,
+#                                        and one with ROCM_SAFE_PINNED=hostalloc), the Python
+#                                        package's load, the anchors before and after
 # Logs go to $OUT (the device tool brings them back) and to stdout.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -49,4 +52,24 @@ bench)
     python3 benches/transfer_anchor.py /tmp/ck 2
   } > "$out/transfer.log" 2>&1
   tail -n 5 "$out"/*.log ;;
+load)
+  t=$(ls .gpu/bin/bench-transfer-* | head -1)
+  {
+    python3 scripts/make-checkpoint.py /tmp/ck --gib 4.2 --shards 2 --largest-mib 256
+    cat /tmp/ck/*.safetensors > /dev/null
+    python3 benches/transfer_anchor.py /tmp/ck 2
+    for k in 1 2 3; do
+      echo "== process $k"; TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=3 "$t" --bench
+    done
+    echo "== TRANSFER_COLD=1 (load 0 runs the self-test)"
+    TRANSFER_COLD=1 TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=3 "$t" --bench
+    echo "== ROCM_SAFE_PINNED=hostalloc"
+    ROCM_SAFE_PINNED=hostalloc TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=3 "$t" --bench
+    if ls .gpu/wheels/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --force-reinstall --no-deps .gpu/wheels/*.whl
+      for k in 1 2; do echo "== python $k"; python3 python/bench/load_bench.py /tmp/ck --repeat 5; done
+    fi
+    python3 benches/transfer_anchor.py /tmp/ck 2
+  } > "$out/load.log" 2>&1
+  grep -E "^==|^device|load [0-9]|GB/s|ratio|speed-up|RSS" "$out/load.log" | cut -c1-220 | head -n 80 ;;
 esac

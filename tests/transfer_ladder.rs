@@ -204,7 +204,7 @@ fn bad_requests_and_options_are_errors() {
     ));
     for bad in [
         LoadOptions {
-            ring_buffers: 5,
+            ring_buffers: 9,
             ..small(None)
         },
         LoadOptions {

@@ -56,8 +56,8 @@ fn through_backend<'a, B: Backend + ?Sized>(b: &'a B, op: &'static str) -> Resul
 ///
 /// The safe types trust what an implementation returns: [`Driver::alloc`]
 /// returns device memory valid for `bytes` (256-aligned) until freed,
-/// [`Driver::alloc_pinned`] host memory readable and writable from the host
-/// for `bytes` (256-aligned) until freed, and every operation does what its
+/// [`Driver::alloc_pinned`] zeroed host memory readable and writable from
+/// the host for `bytes` (256-aligned) until freed, and every operation does what its
 /// documentation says and touches no other memory. Wrappers that forward to
 /// a correct backend (and only add, drop or corrupt whole operations within
 /// the caller's ranges) satisfy this.
@@ -85,7 +85,8 @@ pub unsafe trait Driver: Send + Sync + std::fmt::Debug + 'static {
         // SAFETY: the caller's guarantees, forwarded.
         unsafe { through(self, "free")?.free(ptr, bytes) }
     }
-    /// Allocates `bytes > 0` bytes of page-locked host memory, 256-aligned.
+    /// Allocates `bytes > 0` bytes of page-locked host memory, 256-aligned
+    /// and zeroed.
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
         through(self, "alloc_pinned")?.alloc_pinned(bytes)
     }

@@ -323,11 +323,13 @@ unsafe impl Driver for CudaRuntime {
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
         self.bind()?;
-        // SAFETY: the context is current; the memory is initialised by the
-        // caller (Device::alloc_pinned zeroes it).
-        let p = unsafe { cu::malloc_host(bytes, 0) }
-            .map_err(|e| alloc_err("cuMemHostAlloc", bytes, e))?;
-        Ok(p.cast())
+        // SAFETY: the context is current; the memory is zeroed below before
+        // anyone reads it.
+        let p: *mut u8 = unsafe { cu::malloc_host(bytes, 0) }
+            .map_err(|e| alloc_err("cuMemHostAlloc", bytes, e))?
+            .cast();
+        super::hostmem::zero_parallel(p, bytes);
+        Ok(p)
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {
@@ -468,6 +470,23 @@ unsafe impl Runtime for CudaRuntime {
             bf16_tensor_cores: self.sm() >= 80,
             vendor_library: Some("cudnn"),
         }
+    }
+
+    unsafe fn host_register(&self, p: *mut u8, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller's range stays mapped until unregistered; flags
+        // 0: page-locked for this context.
+        unsafe { sys::cuMemHostRegister_v2(p.cast(), bytes, 0) }
+            .result()
+            .map_err(|e| alloc_err("cuMemHostRegister", bytes, e))
+    }
+
+    unsafe fn host_unregister(&self, p: *mut u8) -> Result<()> {
+        self.bind()?;
+        // SAFETY: registered by `host_register`, unregistered once (caller).
+        unsafe { sys::cuMemHostUnregister(p.cast()) }
+            .result()
+            .map_err(|e| err("cuMemHostUnregister", e))
     }
 
     fn bind(&self) -> Result<()> {

@@ -13,10 +13,12 @@
 #![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::backend::{Backend, Driver, KernelOp};
 use super::conv3d::{Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
+use super::hostmem::{Mapping, PinMethod, REGISTER_MIN};
 use super::info::{DeviceInfo, KernelCaps, KernelSource, RawStream};
 use super::kernels::{Kernel, KernelCall, KernelModule};
 use super::vendor::{vendor_conv3d, VendorConv};
@@ -68,6 +70,19 @@ pub(crate) unsafe trait Runtime: Driver + Sized {
     fn vendor_available(&self) -> Result<()>;
     /// Opens the vendor library for this device (which is current).
     fn vendor_open(&self) -> Result<Self::Vendor>;
+    /// Page-locks `bytes` of host memory at `p` for this device's copies
+    /// (`cuMemHostRegister`, `hipHostRegister`).
+    ///
+    /// # Safety
+    /// `p..p + bytes` is mapped, writable host memory that stays mapped
+    /// until [`Runtime::host_unregister`].
+    unsafe fn host_register(&self, p: *mut u8, bytes: usize) -> Result<()>;
+    /// Undoes [`Runtime::host_register`].
+    ///
+    /// # Safety
+    /// `p` was registered here, is unregistered once, and no queued copy
+    /// uses it any more.
+    unsafe fn host_unregister(&self, p: *mut u8) -> Result<()>;
 }
 
 /// A loaded module and the kernels looked up in it.
@@ -83,6 +98,14 @@ pub(crate) struct Gpu<R: Runtime> {
     modules: Vec<Mutex<Option<Arc<Loaded<R>>>>>,
     /// The vendor library's state, opened on the first vendor call.
     vendor: Mutex<Option<R::Vendor>>,
+    /// Pinned host memory we mapped and registered, by address
+    /// ([`Driver::alloc_pinned`] here).
+    mapped: Mutex<HashMap<usize, Mapping>>,
+    /// How large pinned buffers are made (`ROCM_SAFE_PINNED`).
+    pin: PinMethod,
+    /// Set when the runtime refused a registration: the runtime's own
+    /// pinned allocator serves from then on.
+    register_refused: AtomicBool,
     /// Last: dropped after the modules and the vendor state (`Drop`).
     rt: R,
 }
@@ -103,11 +126,53 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl<R: Runtime> Gpu<R> {
     /// The GPU body over an opened runtime.
     pub(crate) fn new(rt: R) -> Gpu<R> {
+        Gpu::with_pin(rt, PinMethod::from_env())
+    }
+
+    /// [`Gpu::new`] with the pinning method given (tests).
+    pub(crate) fn with_pin(rt: R, pin: PinMethod) -> Gpu<R> {
         let n = rt.caps().modules.max(1);
         Gpu {
             modules: (0..n).map(|_| Mutex::new(None)).collect(),
             vendor: Mutex::new(None),
+            mapped: Mutex::new(HashMap::new()),
+            pin,
+            register_refused: AtomicBool::new(false),
             rt,
+        }
+    }
+
+    /// A mapped, registered buffer of at least `bytes`, or `None` where
+    /// this device does not register (small sizes, `hostalloc`, an earlier
+    /// refusal) or the mapping or registration failed (the caller then uses
+    /// the runtime's allocator).
+    fn alloc_registered(&self, bytes: usize) -> Option<*mut u8> {
+        if bytes < REGISTER_MIN
+            || self.pin != PinMethod::Register
+            || self.register_refused.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        let m = match Mapping::new(bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, bytes, "pinned memory: no mapping");
+                return None;
+            }
+        };
+        // SAFETY: the mapping stays mapped until `free_pinned` (or `Drop`)
+        // has unregistered it.
+        match unsafe { self.rt.host_register(m.ptr(), m.len()) } {
+            Ok(()) => {
+                let p = m.ptr();
+                lock(&self.mapped).insert(p as usize, m);
+                Some(p)
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "pinned memory: registration refused; using the runtime's allocator");
+                self.register_refused.store(true, Ordering::Relaxed);
+                None
+            }
         }
     }
 
@@ -270,6 +335,20 @@ impl<R: Runtime> Drop for Gpu<R> {
                 let _ = unsafe { self.rt.unload_module(m.module) };
             }
         }
+        // Pinned buffers hold the device, so none is left unless one was
+        // leaked; a leaked mapping is unregistered before it is unmapped,
+        // and one the runtime will not unregister stays mapped.
+        let mapped = std::mem::take(match self.mapped.get_mut() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        });
+        for (p, m) in mapped {
+            // SAFETY: registered by us, unregistered once; the device is
+            // closing, so no copy is queued on it.
+            if unsafe { self.rt.host_unregister(p as *mut u8) }.is_err() {
+                std::mem::forget(m);
+            }
+        }
     }
 }
 
@@ -281,6 +360,38 @@ unsafe impl<R: Runtime> Driver for Gpu<R> {
     }
     fn forward(&self) -> Option<&dyn Driver> {
         Some(&self.rt)
+    }
+
+    /// Large buffers: huge pages mapped here, faulted in on the rayon pool
+    /// and registered with the runtime (5-7x faster to pin than the
+    /// runtime's allocator on the H100 host; `device/hostmem.rs`); small
+    /// ones, `ROCM_SAFE_PINNED=hostalloc`, or after a refused
+    /// registration: the runtime's allocator.
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        match self.alloc_registered(bytes) {
+            Some(p) => Ok(p),
+            None => self.rt.alloc_pinned(bytes),
+        }
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        let mapped = lock(&self.mapped).remove(&(ptr as usize));
+        match mapped {
+            Some(m) => {
+                // SAFETY: registered in `alloc_pinned`, freed once and idle
+                // (the caller's guarantees).
+                match unsafe { self.rt.host_unregister(ptr) } {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        // Still locked by the runtime: never unmapped.
+                        std::mem::forget(m);
+                        Err(e)
+                    }
+                }
+            }
+            // SAFETY: the caller's guarantees, forwarded.
+            None => unsafe { self.rt.free_pinned(ptr, bytes) },
+        }
     }
 }
 
@@ -363,6 +474,8 @@ mod tests {
         log: Log,
         /// Symbols `function` does not find.
         absent: Vec<&'static str>,
+        /// `host_register` / `host_unregister` fail.
+        refuse: (bool, bool),
     }
 
     impl Drop for Recording {
@@ -383,6 +496,15 @@ mod tests {
             push(&self.log, format!("free {bytes}"));
             // SAFETY: the caller's guarantees, forwarded.
             unsafe { self.host.free(ptr, bytes) }
+        }
+        fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+            push(&self.log, format!("runtime alloc_pinned {bytes}"));
+            self.host.alloc_pinned(bytes)
+        }
+        unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+            push(&self.log, format!("runtime free_pinned {bytes}"));
+            // SAFETY: the caller's guarantees, forwarded.
+            unsafe { self.host.free_pinned(ptr, bytes) }
         }
     }
 
@@ -466,9 +588,46 @@ mod tests {
                 buffers: VendorBuffers::default(),
             })
         }
+        unsafe fn host_register(&self, p: *mut u8, bytes: usize) -> Result<()> {
+            push(&self.log, format!("register {bytes}"));
+            assert_eq!(p as usize % super::super::hostmem::HUGE_PAGE, 0);
+            if self.refuse.0 {
+                return Err(Error::BackendUnsupported {
+                    backend: "test",
+                    op: "host_register",
+                });
+            }
+            Ok(())
+        }
+        unsafe fn host_unregister(&self, _p: *mut u8) -> Result<()> {
+            push(&self.log, "unregister");
+            if self.refuse.1 {
+                return Err(Error::BackendUnsupported {
+                    backend: "test",
+                    op: "host_unregister",
+                });
+            }
+            Ok(())
+        }
     }
 
     fn gpu(modules: usize, tensor_cores: bool, absent: Vec<&'static str>) -> (Gpu<Recording>, Log) {
+        gpu_pinning(
+            modules,
+            tensor_cores,
+            absent,
+            PinMethod::Register,
+            (false, false),
+        )
+    }
+
+    fn gpu_pinning(
+        modules: usize,
+        tensor_cores: bool,
+        absent: Vec<&'static str>,
+        pin: PinMethod,
+        refuse: (bool, bool),
+    ) -> (Gpu<Recording>, Log) {
         let log = Log::default();
         let caps = KernelCaps {
             code: crate::device::KernelCode::RunTime,
@@ -481,8 +640,114 @@ mod tests {
             caps,
             log: Arc::clone(&log),
             absent,
+            refuse,
         };
-        (Gpu::new(rt), log)
+        (Gpu::with_pin(rt, pin), log)
+    }
+
+    fn taken(log: &Log) -> Vec<String> {
+        std::mem::take(&mut *lock(log))
+    }
+
+    /// Large pinned buffers are mapped here and registered (rounded up to
+    /// whole 2 MiB pages), zeroed and writable, and unregistered when
+    /// freed; small ones come from the runtime's allocator.
+    #[test]
+    fn large_pinned_buffers_are_registered_mappings_small_ones_the_runtimes() {
+        let (g, log) = gpu(1, false, vec![]);
+        let big = 3 << 20;
+        let p = g.alloc_pinned(big).unwrap();
+        assert_eq!(taken(&log), ["register 4194304"]);
+        // SAFETY: `big` bytes of host memory, ours alone until freed.
+        let s = unsafe { std::slice::from_raw_parts_mut(p, big) };
+        assert!(s.iter().all(|&b| b == 0));
+        s.fill(0x5A);
+        // SAFETY: allocated above with `big`, freed once, idle.
+        unsafe { g.free_pinned(p, big) }.unwrap();
+        assert_eq!(taken(&log), ["unregister"]);
+        assert!(lock(&g.mapped).is_empty());
+
+        let small = REGISTER_MIN - 256;
+        let p = g.alloc_pinned(small).unwrap();
+        // SAFETY: as above.
+        unsafe { g.free_pinned(p, small) }.unwrap();
+        assert_eq!(
+            taken(&log),
+            [
+                format!("runtime alloc_pinned {small}"),
+                format!("runtime free_pinned {small}")
+            ]
+        );
+    }
+
+    /// `ROCM_SAFE_PINNED=hostalloc` never registers; a runtime that refuses
+    /// one registration is not asked again, and its buffers go back to its
+    /// allocator.
+    #[test]
+    fn hostalloc_or_a_refused_registration_uses_the_runtimes_allocator() {
+        let big = 4 << 20;
+        let (g, log) = gpu_pinning(1, false, vec![], PinMethod::HostAlloc, (false, false));
+        let p = g.alloc_pinned(big).unwrap();
+        // SAFETY: allocated above with `big`, freed once, idle.
+        unsafe { g.free_pinned(p, big) }.unwrap();
+        assert_eq!(
+            taken(&log),
+            [
+                format!("runtime alloc_pinned {big}"),
+                format!("runtime free_pinned {big}")
+            ]
+        );
+
+        let (g, log) = gpu_pinning(1, false, vec![], PinMethod::Register, (true, false));
+        let a = g.alloc_pinned(big).unwrap();
+        let b = g.alloc_pinned(big).unwrap();
+        // SAFETY: as above, each once.
+        unsafe {
+            g.free_pinned(a, big).unwrap();
+            g.free_pinned(b, big).unwrap();
+        }
+        assert_eq!(
+            taken(&log),
+            [
+                format!("register {big}"),
+                format!("runtime alloc_pinned {big}"),
+                format!("runtime alloc_pinned {big}"),
+                format!("runtime free_pinned {big}"),
+                format!("runtime free_pinned {big}"),
+            ]
+        );
+    }
+
+    /// A failed unregistration is the caller's error (the mapping stays,
+    /// never unmapped under the runtime); a buffer leaked past the device's
+    /// end is unregistered before the runtime goes.
+    #[test]
+    fn unregistration_failures_and_leaks() {
+        let big = 2 << 20;
+        let (g, log) = gpu_pinning(1, false, vec![], PinMethod::Register, (false, true));
+        let p = g.alloc_pinned(big).unwrap();
+        // SAFETY: allocated above with `big`, freed once, idle.
+        let e = unsafe { g.free_pinned(p, big) }.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::BackendUnsupported {
+                    op: "host_unregister",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(lock(&g.mapped).is_empty());
+
+        let (g, log2) = gpu(1, false, vec![]);
+        let _leaked = g.alloc_pinned(big).unwrap();
+        drop(g);
+        assert_eq!(
+            taken(&log2),
+            ["register 2097152", "unregister", "runtime dropped"]
+        );
+        drop(log);
     }
 
     fn geometry(dtype_bf16: bool) -> Conv3dLaunch {

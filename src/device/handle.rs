@@ -310,9 +310,8 @@ impl Device {
         let ptr = if bytes == 0 {
             std::ptr::null_mut()
         } else {
-            let p = self.backend().alloc_pinned(bytes)?;
-            zero_parallel(p, bytes);
-            p
+            // Zeroed by the backend (the `Driver` contract).
+            self.backend().alloc_pinned(bytes)?
         };
         Ok(PinnedBuffer::from_alloc(self.clone(), ptr, len))
     }
@@ -333,23 +332,6 @@ impl Device {
     pub fn id(&self) -> u64 {
         self.inner.id
     }
-}
-
-/// Zeroes `bytes` fresh bytes at `p`, on the rayon pool in 4 MiB pieces
-/// for large buffers (a loader's 128 MiB pinned ring is zeroed in a few
-/// milliseconds rather than tens).
-fn zero_parallel(p: *mut u8, bytes: usize) {
-    use rayon::prelude::*;
-    const PIECE: usize = 4 << 20;
-    let base = p as usize;
-    (0..bytes.div_ceil(PIECE)).into_par_iter().for_each(|i| {
-        let at = i * PIECE;
-        let len = PIECE.min(bytes - at);
-        // SAFETY: `base..base + bytes` is a fresh allocation of `bytes`
-        // bytes (the caller's), writable from the host and not shared yet;
-        // the pieces are disjoint and inside it.
-        unsafe { std::ptr::write_bytes((base + at) as *mut u8, 0, len) };
-    });
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

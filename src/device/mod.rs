@@ -85,6 +85,7 @@ pub mod faults;
 mod gpu;
 mod handle;
 pub mod host;
+mod hostmem;
 mod info;
 pub mod kernel_cache;
 pub(crate) mod kernels;

@@ -19,6 +19,7 @@ pub const WATCHED: &[&str] = &[
     "ROCM_SAFE_OFFLOAD_ARCH",
     "ROCM_SAFE_HIP_CLANG",
     "ROCM_SAFE_CODE_OBJECT_VERSION",
+    "ROCM_SAFE_PINNED",
 ];
 
 /// One variable and its value in this process.

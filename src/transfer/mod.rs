@@ -4,8 +4,8 @@
 //! explicit fallback ladder and a report (crate [contracts](crate#contracts)
 //! 2, 3, 6).
 //!
-//! A [`Loader`] owns a ring of 2-4 reusable pinned buffers (16-64 MiB each;
-//! 4 x 32 MiB by default, allocated once per loader) and, on the device,
+//! A [`Loader`] owns a ring of 2-8 reusable pinned buffers (16-64 MiB each;
+//! 8 x 16 MiB by default, allocated once per loader, during its first load) and, on the device,
 //! one staging buffer per ring slot. Tasks on the rayon pool fill the free
 //! slots from the file with positioned reads (`pread` of
 //! [`LoadOptions::read_bytes`], never a memory map) while the slots filled

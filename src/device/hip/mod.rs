@@ -258,9 +258,11 @@ unsafe impl Driver for HipRuntime {
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
         self.bind()?;
-        let p =
-            result::memory::host_malloc(bytes).map_err(|e| alloc_err("hipHostMalloc", bytes, e))?;
-        Ok(p.cast())
+        let p: *mut u8 = result::memory::host_malloc(bytes)
+            .map_err(|e| alloc_err("hipHostMalloc", bytes, e))?
+            .cast();
+        crate::device::hostmem::zero_parallel(p, bytes);
+        Ok(p)
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {
@@ -388,6 +390,20 @@ unsafe impl Runtime for HipRuntime {
 
     fn bind(&self) -> Result<()> {
         result::device::set(self.ordinal).map_err(|e| err("hipSetDevice", e))
+    }
+
+    unsafe fn host_register(&self, p: *mut u8, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller's range stays mapped until unregistered.
+        unsafe { result::memory::host_register(p.cast(), bytes) }
+            .map_err(|e| alloc_err("hipHostRegister", bytes, e))
+    }
+
+    unsafe fn host_unregister(&self, p: *mut u8) -> Result<()> {
+        // SAFETY: registered by `host_register`, unregistered once (caller).
+        self.on("hipHostUnregister", || unsafe {
+            result::memory::host_unregister(p.cast())
+        })
     }
 
     fn load_module(&self, _which: KernelModule) -> Result<(Module, KernelSource)> {

@@ -143,6 +143,24 @@ pub mod memory {
         Ok(p)
     }
 
+    /// `hipHostRegister` (default flags).
+    ///
+    /// # Safety
+    /// `p..p + bytes` stays mapped until `host_unregister`.
+    pub unsafe fn host_register(p: *mut c_void, bytes: usize) -> Result<(), HipError> {
+        // SAFETY: caller.
+        unsafe { sys::hipHostRegister(p, bytes, 0) }.result()
+    }
+
+    /// `hipHostUnregister`.
+    ///
+    /// # Safety
+    /// `p` came from `host_register` and is unregistered once.
+    pub unsafe fn host_unregister(p: *mut c_void) -> Result<(), HipError> {
+        // SAFETY: caller.
+        unsafe { sys::hipHostUnregister(p) }.result()
+    }
+
     /// `hipHostFree`.
     ///
     /// # Safety
