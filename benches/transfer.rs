@@ -101,8 +101,13 @@ fn read_only(path: &str) {
 fn ring_modes(path: &str, mode: &str) {
     use rayon::prelude::*;
     use std::os::unix::fs::FileExt;
-    let ring: usize = env_or("TRANSFER_RING", "4").parse().unwrap_or(4);
-    let mib: usize = env_or("TRANSFER_BUFFER_MIB", "32").parse().unwrap_or(32);
+    let d = LoadOptions::default();
+    let ring: usize = env_or("TRANSFER_RING", &d.ring_buffers.to_string())
+        .parse()
+        .unwrap_or(d.ring_buffers);
+    let mib: usize = env_or("TRANSFER_BUFFER_MIB", &(d.buffer_bytes >> 20).to_string())
+        .parse()
+        .unwrap_or(d.buffer_bytes >> 20);
     let dev = Device::open(BackendKind::Cuda, 0).expect("open device");
     let stream = dev.stream().expect("stream");
     let ckpt = Checkpoint::open(path).expect("open checkpoint");
@@ -229,10 +234,15 @@ fn figures(path: &str) {
         _ => Policy::Fingerprint,
     };
     let repeat: usize = env_or("TRANSFER_REPEAT", "3").parse().unwrap_or(3);
-    let ring: usize = env_or("TRANSFER_RING", "4").parse().unwrap_or(4);
+    let d = LoadOptions::default();
+    let ring: usize = env_or("TRANSFER_RING", &d.ring_buffers.to_string())
+        .parse()
+        .unwrap_or(d.ring_buffers);
     let readahead = env_or("TRANSFER_READAHEAD", "1") != "0";
     let read_kib: usize = env_or("TRANSFER_READ_KIB", "1024").parse().unwrap_or(1024);
-    let mib: usize = env_or("TRANSFER_BUFFER_MIB", "32").parse().unwrap_or(32);
+    let mib: usize = env_or("TRANSFER_BUFFER_MIB", &(d.buffer_bytes >> 20).to_string())
+        .parse()
+        .unwrap_or(d.buffer_bytes >> 20);
     let t_open = Instant::now();
     let dev = Device::open(backend, 0).expect("open device");
     let open_ms = t_open.elapsed().as_secs_f64() * 1e3;

@@ -67,7 +67,7 @@ load)
     ROCM_SAFE_PINNED=hostalloc TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=3 "$t" --bench
     if ls .gpu/wheels/*.whl >/dev/null 2>&1; then
       python3 -m pip install -q --force-reinstall --no-deps .gpu/wheels/*.whl
-      for k in 1 2; do echo "== python $k"; python3 python/bench/load_bench.py /tmp/ck --repeat 5; done
+      for k in 1 2 3; do echo "== python $k"; python3 python/bench/load_bench.py /tmp/ck --repeat 5; done
     fi
     python3 benches/transfer_anchor.py /tmp/ck 2
   } > "$out/load.log" 2>&1

@@ -215,8 +215,11 @@ fn a_ring_that_cannot_grow_loads_with_the_buffers_it_has() {
         FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(6)),
     );
     let dev = Device::from_backend(Box::new(f));
+    // No self-test: with one to run, a first load pins the whole ring
+    // before the outputs (`the_first_load_pins_the_ring_during_the_self_test`).
     let o = LoadOptions {
         ring_buffers: 4,
+        self_test: false,
         ..opts()
     };
     let loaded = Loader::new(&dev, o).unwrap().load_all(&ckpt).unwrap();
@@ -227,4 +230,36 @@ fn a_ring_that_cannot_grow_loads_with_the_buffers_it_has() {
         let want = ckpt.read_as_bytes(n, DType::F32).unwrap();
         assert_eq!(loaded.get(n).unwrap().data.to_host().unwrap(), want, "{n}");
     }
+}
+
+/// A loader's first load on a device whose self-test has not run pins the
+/// whole ring while the self-test runs (the two one-time costs overlap):
+/// after a load of one small tensor the ring holds all its slots, where
+/// without a self-test it grows only as jobs need (one job: one slot). The
+/// self-test still gates the conversion (its report is there).
+#[test]
+fn the_first_load_pins_the_ring_during_the_self_test() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
+    let slot = 64 * 1024 + 2 * 256 * 8;
+    let mut owned = Vec::new();
+    for self_test in [false, true] {
+        let dev = Device::from_backend(Box::new(HostBackend::new()));
+        let o = LoadOptions {
+            ring_buffers: 4,
+            self_test,
+            ..opts()
+        };
+        let mut loader = Loader::new(&dev, o).unwrap();
+        let loaded = loader.load(&ckpt, &[Request::whole("w")]).unwrap();
+        assert!(loaded.report.all_fast(), "{}", loaded.report);
+        let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
+        assert_eq!(loaded.get("w").unwrap().data.to_host().unwrap(), want);
+        dev.synchronize().unwrap();
+        owned.push(dev.owned_bytes());
+        // A second load finds the ring as it is and still loads exactly.
+        let again = loader.load(&ckpt, &[Request::whole("w")]).unwrap();
+        assert_eq!(again.get("w").unwrap().data.to_host().unwrap(), want);
+    }
+    assert_eq!(owned[1] - owned[0], 3 * slot as u64, "{owned:?}");
 }

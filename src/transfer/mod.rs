@@ -295,6 +295,7 @@ impl Loader {
             device = %label(&self.device)
         );
         let _g = span.enter();
+        self.first_load_setup(&items);
         let mut cx = LoadCtx {
             sources: &sources,
             items: &items,

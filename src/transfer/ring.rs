@@ -79,6 +79,46 @@ impl Loader {
         Ok(())
     }
 
+    /// A loader's first load that will run the device's self-test: the
+    /// whole ring is pinned on this thread while the self-test runs on
+    /// another (on a stream of its own; its report is cached per device,
+    /// so the planning that follows finds it), so that the two one-time
+    /// costs overlap instead of adding up. Any error is left for the load
+    /// to meet and report where it does without this (`initial_states`,
+    /// `ring_pass`).
+    pub(super) fn first_load_setup(&mut self, items: &[Item]) {
+        let needs_test = self.opts.self_test
+            && items.iter().any(|i| i.op.is_some_and(|o| o.on_device()))
+            && !crate::verify::self_test_cached(&self.device);
+        let ring_first =
+            !matches!(self.opts.fallback, super::Fallback::Force(r) if r != Rung::PinnedRing);
+        if self.ring.is_some() || !needs_test || !ring_first {
+            return;
+        }
+        let Ok(stream) = self.device.stream() else {
+            return;
+        };
+        std::thread::scope(|sc| {
+            let test = sc.spawn(move || crate::verify::self_test(&stream).map(|_| ()));
+            if self.ensure_ring().is_ok() {
+                if let Some(mut ring) = self.ring.take() {
+                    while ring.slots.len() < self.opts.ring_buffers {
+                        match self.grow_ring(&mut ring) {
+                            Ok((s, buf)) => {
+                                if let Some(p) = ring.pinned.get_mut(s) {
+                                    *p = Some(buf);
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    self.ring = Some(ring);
+                }
+            }
+            let _ = test.join();
+        });
+    }
+
     /// One more buffer and slot for a ring smaller than
     /// [`LoadOptions::ring_buffers`](super::LoadOptions::ring_buffers):
     /// its index, with the buffer (handed straight to a fill). No

@@ -132,6 +132,15 @@ pub fn self_test(stream: &Stream) -> Result<Arc<SelfTestReport>> {
     Ok(cached(&r))
 }
 
+/// Whether [`self_test`] has a report for `device` already (so calling it
+/// costs nothing).
+pub(crate) fn self_test_cached(device: &crate::device::Device) -> bool {
+    match self_tests().lock() {
+        Ok(g) => g.contains_key(&device.id()),
+        Err(p) => p.into_inner().contains_key(&device.id()),
+    }
+}
+
 /// The CPU side of the self-test: the patterns and everything expected of
 /// them. The same for every device, so computed once per process.
 struct Reference {
