@@ -3,8 +3,9 @@
 # ../shared/tools/stage-gpu.sh --features cuda staged into .gpu.tgz, then
 #   bash scripts/gpu-validate.sh tests   every test binary with the GPU tests, then the doctor
 #   bash scripts/gpu-validate.sh bench   GPU benches with their anchors in the same call
-#   bash scripts/gpu-validate.sh load    first load against later loads (three processes,
-#                                        and one with ROCM_SAFE_PINNED=hostalloc), the Python
+#   bash scripts/gpu-validate.sh load    first load against later loads (five processes each
+#                                        with the self-test before the loads and inside load 0,
+#                                        one with ROCM_SAFE_PINNED=hostalloc), the Python
 #                                        package's load, the anchors before and after
 # Logs go to $OUT (the device tool brings them back) and to stdout.
 set -u
@@ -54,22 +55,37 @@ bench)
   tail -n 5 "$out"/*.log ;;
 load)
   t=$(ls .gpu/bin/bench-transfer-* | head -1)
+  run() {  # one process, four loads: GB/s of each, then load 0 / mean of loads 1-3
+    echo "== $*"
+    env "$@" TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=4 "$t" --bench
+  }
   {
     python3 scripts/make-checkpoint.py /tmp/ck --gib 4.2 --shards 2 --largest-mib 256
     cat /tmp/ck/*.safetensors > /dev/null
     python3 benches/transfer_anchor.py /tmp/ck 2
-    for k in 1 2 3; do
-      echo "== process $k"; TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=3 "$t" --bench
-    done
-    echo "== TRANSFER_COLD=1 (load 0 runs the self-test)"
-    TRANSFER_COLD=1 TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=3 "$t" --bench
-    echo "== ROCM_SAFE_PINNED=hostalloc"
-    ROCM_SAFE_PINNED=hostalloc TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=3 "$t" --bench
+    for k in 1 2 3 4 5; do run TRANSFER_COLD=0; run TRANSFER_COLD=1; done
+    run ROCM_SAFE_PINNED=hostalloc
     if ls .gpu/wheels/*.whl >/dev/null 2>&1; then
       python3 -m pip install -q --force-reinstall --no-deps .gpu/wheels/*.whl
       for k in 1 2 3; do echo "== python $k"; python3 python/bench/load_bench.py /tmp/ck --repeat 5; done
     fi
     python3 benches/transfer_anchor.py /tmp/ck 2
   } > "$out/load.log" 2>&1
-  grep -E "^==|^device|load [0-9]|GB/s|ratio|speed-up|RSS" "$out/load.log" | cut -c1-220 | head -n 80 ;;
+  python3 - "$out/load.log" <<'PY'
+import re, sys
+cur = None
+for line in open(sys.argv[1]):
+    if line.startswith("== "):
+        cur = [line[3:].strip(), []]
+        continue
+    m = re.match(r"load (\d+): .* = ([0-9.]+) GB/s of file bytes", line)
+    if m and cur is not None:
+        cur[1].append(float(m.group(2)))
+        if len(cur[1]) == 4:
+            g = cur[1]
+            print(f"{cur[0]:28s} " + " ".join(f"{x:5.2f}" for x in g) + f"  first/later {g[0] / (sum(g[1:]) / 3):.2f}")
+    elif re.match(r"(anchor .*\.float|safetensors |rocm_safe |speed-up)", line):
+        print(line.rstrip())
+PY
+  ;;
 esac

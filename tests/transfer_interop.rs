@@ -187,9 +187,9 @@ fn load_into_goes_down_the_ladder_and_refuses_a_bad_host_copy() {
 }
 
 #[test]
-fn a_ring_that_cannot_grow_loads_with_the_buffers_it_has() {
+fn a_ring_that_cannot_be_pinned_whole_loads_all_the_same() {
     // Four bf16 tensors of 48 KiB: with 64 KiB buffers each job holds about
-    // one, so the ring (one buffer at first) tries to grow during the load.
+    // one, so the load wants the whole ring.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("g.safetensors");
     let names = ["a", "b", "c", "d"];
@@ -208,58 +208,69 @@ fn a_ring_that_cannot_grow_loads_with_the_buffers_it_has() {
         w.write_tensor(n, &b).unwrap();
     }
     let ckpt = Checkpoint::open(w.finish().unwrap()).unwrap();
-    // Device allocations: the four outputs (0-3), the first slot (4, 5),
-    // then the ring's growth (6, ...): the first growth runs out of memory.
-    let (f, h) = Faults::new(
-        HostBackend::new(),
-        FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(6)),
-    );
-    let dev = Device::from_backend(Box::new(f));
-    // No self-test: with one to run, a first load pins the whole ring
-    // before the outputs (`the_first_load_pins_the_ring_during_the_self_test`).
-    let o = LoadOptions {
-        ring_buffers: 4,
-        self_test: false,
-        ..opts()
-    };
-    let loaded = Loader::new(&dev, o).unwrap().load_all(&ckpt).unwrap();
-    assert_eq!(h.injected().len(), 1, "the growth hit the fault");
-    assert!(loaded.report.ring_jobs >= 4, "{}", loaded.report.ring_jobs);
-    assert!(loaded.report.all_fast(), "{}", loaded.report);
-    for n in names {
-        let want = ckpt.read_as_bytes(n, DType::F32).unwrap();
-        assert_eq!(loaded.get(n).unwrap().data.to_host().unwrap(), want, "{n}");
+    // Device allocations of the first load: the first slot (0, 1), then the
+    // rest of the ring before any fill (2, ...): the first of those runs
+    // out of memory, so the ring starts with one slot, the outputs follow,
+    // and the job loop grows the ring (or works with what it has).
+    for nth in [2, 3, 4] {
+        let (f, h) = Faults::new(
+            HostBackend::new(),
+            FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(nth)),
+        );
+        let dev = Device::from_backend(Box::new(f));
+        let o = LoadOptions {
+            ring_buffers: 4,
+            self_test: false,
+            ..opts()
+        };
+        let loaded = Loader::new(&dev, o).unwrap().load_all(&ckpt).unwrap();
+        assert_eq!(h.injected().len(), 1, "the ring's pinning hit the fault");
+        assert!(loaded.report.ring_jobs >= 4, "{}", loaded.report.ring_jobs);
+        assert!(loaded.report.all_fast(), "{}", loaded.report);
+        for n in names {
+            let want = ckpt.read_as_bytes(n, DType::F32).unwrap();
+            assert_eq!(loaded.get(n).unwrap().data.to_host().unwrap(), want, "{n}");
+        }
     }
 }
 
-/// A loader's first load on a device whose self-test has not run pins the
-/// whole ring while the self-test runs (the two one-time costs overlap):
-/// after a load of one small tensor the ring holds all its slots, where
-/// without a self-test it grows only as jobs need (one job: one slot). The
-/// self-test still gates the conversion (its report is there).
+/// A loader's first load pins its whole ring before the first fill, with
+/// or without a self-test to run meanwhile: after a load of one small
+/// tensor (one job) a 4-buffer ring holds two slots more device memory than
+/// a 2-buffer one. Under a memory budget the ring grows only as jobs need
+/// (one job: one slot).
 #[test]
-fn the_first_load_pins_the_ring_during_the_self_test() {
+fn the_first_load_pins_the_whole_ring() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
-    let slot = 64 * 1024 + 2 * 256 * 8;
-    let mut owned = Vec::new();
-    for self_test in [false, true] {
+    let slot = (64 * 1024 + 2 * 256 * 8) as u64;
+    let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
+    let owned = |ring_buffers: usize, self_test: bool, memory_budget: Option<u64>| {
         let dev = Device::from_backend(Box::new(HostBackend::new()));
         let o = LoadOptions {
-            ring_buffers: 4,
+            ring_buffers,
             self_test,
+            memory_budget,
             ..opts()
         };
         let mut loader = Loader::new(&dev, o).unwrap();
         let loaded = loader.load(&ckpt, &[Request::whole("w")]).unwrap();
         assert!(loaded.report.all_fast(), "{}", loaded.report);
-        let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
         assert_eq!(loaded.get("w").unwrap().data.to_host().unwrap(), want);
         dev.synchronize().unwrap();
-        owned.push(dev.owned_bytes());
+        let bytes = dev.owned_bytes();
         // A second load finds the ring as it is and still loads exactly.
         let again = loader.load(&ckpt, &[Request::whole("w")]).unwrap();
         assert_eq!(again.get("w").unwrap().data.to_host().unwrap(), want);
+        bytes
+    };
+    for self_test in [false, true] {
+        assert_eq!(
+            owned(4, self_test, None) - owned(2, self_test, None),
+            2 * slot,
+            "self_test {self_test}"
+        );
     }
-    assert_eq!(owned[1] - owned[0], 3 * slot as u64, "{owned:?}");
+    let budget = Some(1 << 30);
+    assert_eq!(owned(4, false, budget), owned(2, false, budget));
 }

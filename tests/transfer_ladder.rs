@@ -363,12 +363,19 @@ fn every_device_rung_failing_ends_on_the_host() {
 fn out_of_memory_is_retried_once_then_goes_down() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
-    // One failed allocation: the retry serves it on the ring.
-    let (dev, _h) = faulty(FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(0)));
+    // One failed allocation, the first tensor's: the retry (after the
+    // loader released its ring) serves it on the ring. A first load pins
+    // its whole ring first: allocations 0-3 are the two slots' staging
+    // and sums.
     let opts = LoadOptions {
         self_test: false,
         ..small(Some(DType::F32))
     };
+    let first_output = 2 * opts.ring_buffers as u64;
+    let (dev, _h) = faulty(FaultPlan::one(
+        FaultKind::OutOfMemoryOnAlloc,
+        When::Nth(first_output),
+    ));
     let loaded = Loader::new(&dev, opts.clone())
         .unwrap()
         .load_all(&ckpt)

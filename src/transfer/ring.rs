@@ -79,44 +79,67 @@ impl Loader {
         Ok(())
     }
 
-    /// A loader's first load that will run the device's self-test: the
-    /// whole ring is pinned on this thread while the self-test runs on
-    /// another (on a stream of its own; its report is cached per device,
-    /// so the planning that follows finds it), so that the two one-time
-    /// costs overlap instead of adding up. Any error is left for the load
-    /// to meet and report where it does without this (`initial_states`,
-    /// `ring_pass`).
+    /// A loader's first load pins its whole ring before the first fill:
+    /// pinning is quick now (huge pages, `device/hostmem.rs`: 128 MiB in
+    /// about 10 ms on an idle pool), while growing the ring inside the job
+    /// loop made the loader's thread wait for the busy pool to fault the
+    /// pages in, and measured first loads at 0.62-0.65x the later ones in
+    /// two of five processes (BENCHMARKS.md, "Pinning and the ring").
+    /// When the device's self-test has not run yet, it runs meanwhile on
+    /// another thread (on a stream of its own; its report is cached per
+    /// device, so the planning that follows finds it), so the two one-time
+    /// costs overlap. Errors are left for the load to meet and report where
+    /// it would without this (`initial_states`, `ring_pass`); a ring that
+    /// could not be pinned whole grows in the job loop.
     pub(super) fn first_load_setup(&mut self, items: &[Item]) {
+        let ring_first =
+            !matches!(self.opts.fallback, super::Fallback::Force(r) if r != Rung::PinnedRing);
+        // Under a memory budget the ring may not be wanted at all (a budget
+        // below the staging keeps every tensor on the host): it grows in
+        // the job loop as before.
+        if self.ring.is_some()
+            || !ring_first
+            || self.opts.memory_budget.is_some()
+            || items.iter().all(|i| i.src_bytes == 0)
+        {
+            return;
+        }
         let needs_test = self.opts.self_test
             && items.iter().any(|i| i.op.is_some_and(|o| o.on_device()))
             && !crate::verify::self_test_cached(&self.device);
-        let ring_first =
-            !matches!(self.opts.fallback, super::Fallback::Force(r) if r != Rung::PinnedRing);
-        if self.ring.is_some() || !needs_test || !ring_first {
-            return;
-        }
-        let Ok(stream) = self.device.stream() else {
-            return;
+        let stream = if needs_test {
+            self.device.stream().ok()
+        } else {
+            None
         };
         std::thread::scope(|sc| {
-            let test = sc.spawn(move || crate::verify::self_test(&stream).map(|_| ()));
-            if self.ensure_ring().is_ok() {
-                if let Some(mut ring) = self.ring.take() {
-                    while ring.slots.len() < self.opts.ring_buffers {
-                        match self.grow_ring(&mut ring) {
-                            Ok((s, buf)) => {
-                                if let Some(p) = ring.pinned.get_mut(s) {
-                                    *p = Some(buf);
-                                }
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    self.ring = Some(ring);
-                }
+            let test = stream.map(|s| sc.spawn(move || crate::verify::self_test(&s).map(|_| ())));
+            self.pin_whole_ring();
+            if let Some(t) = test {
+                let _ = t.join();
             }
-            let _ = test.join();
         });
+    }
+
+    /// The ring with all of its buffers, as far as they can be pinned.
+    fn pin_whole_ring(&mut self) {
+        if self.ensure_ring().is_err() {
+            return;
+        }
+        let Some(mut ring) = self.ring.take() else {
+            return;
+        };
+        while ring.slots.len() < self.opts.ring_buffers {
+            match self.grow_ring(&mut ring) {
+                Ok((s, buf)) => {
+                    if let Some(p) = ring.pinned.get_mut(s) {
+                        *p = Some(buf);
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        self.ring = Some(ring);
     }
 
     /// One more buffer and slot for a ring smaller than
