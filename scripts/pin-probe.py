@@ -3,13 +3,14 @@
 
     python3 scripts/pin-probe.py [MiB] [method ...]
 
-Methods (each in a process of its own, so every figure is a first pin of
+PIN_ROUNDS (default 2) rounds over the methods. Methods (each in a process of its own, so every figure is a first pin of
 that process, as in a trainer's first load):
 
   hostalloc   cuMemHostAlloc, the whole size at once
   hostalloc4  cuMemHostAlloc, four quarters
   reg         mmap (4 KiB pages), touched on one thread, cuMemHostRegister
   reg_thp     mmap with MADV_HUGEPAGE, touched on 8 threads, cuMemHostRegister
+  reg_par     mmap (4 KiB pages), touched on 16 threads, cuMemHostRegister
 
 Prints one line per method: milliseconds to usable pinned memory, GB/s of
 pinning, and the host-to-device copy rate out of the pinned memory.
@@ -17,6 +18,7 @@ pinning, and the host-to-device copy rate out of the pinned memory.
 
 import ctypes
 import mmap
+import os
 import subprocess
 import sys
 import threading
@@ -88,11 +90,11 @@ def method(name, size):
         dt = time.perf_counter() - t0
         ptr = ptrs[0]
         rate_size = size // parts
-    elif name in ("reg", "reg_thp"):
-        huge = name != "reg"
+    elif name in ("reg", "reg_thp", "reg_par"):
+        huge = name == "reg_thp"
         m, ptr = anon(size, huge)
         keep.append(m)
-        touch(ptr, size, 8 if huge else 1)
+        touch(ptr, size, {"reg": 1, "reg_thp": 8, "reg_par": 16}[name])
         t1 = time.perf_counter()
         register(cu, ck, ptr, size)
         t2 = time.perf_counter()
@@ -112,14 +114,15 @@ def main():
         method(args[1], int(args[2]) * MIB)
         return
     size = int(args[0]) if args else 128
-    methods = args[1:] or ["hostalloc", "hostalloc4", "reg", "reg_thp"]
+    rounds = int(os.environ.get("PIN_ROUNDS", "2"))
+    methods = args[1:] or ["hostalloc", "hostalloc4", "reg", "reg_thp", "reg_par"]
     for p in ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/mm/transparent_hugepage/defrag"):
         try:
             print(p, open(p).read().strip())
         except OSError as e:
             print(p, e)
-    for name in methods:
-        for _ in range(2):
+    for _ in range(rounds):
+        for name in methods:
             subprocess.run([sys.executable, __file__, "--one", name, str(size)], check=False)
 
 
