@@ -153,6 +153,12 @@ impl Loader {
         Ok((sources, items))
     }
 
+    /// Whether loading `items` runs the device's self-test first: it is
+    /// asked for and some item converts with a device kernel.
+    pub(super) fn self_test_due(&self, items: &[Item]) -> bool {
+        self.opts.self_test && items.iter().any(|i| i.op.is_some_and(|o| o.on_device()))
+    }
+
     /// The first rung of each item: the forced one, or the pinned ring
     /// unless its conversion has no trusted device kernel.
     pub(super) fn initial_states(
@@ -161,8 +167,7 @@ impl Loader {
         lent: Vec<Option<DeviceBuffer<u8>>>,
     ) -> Result<Vec<State>> {
         let mut lent = lent.into_iter();
-        let needs_kernel = items.iter().any(|i| i.op.is_some_and(|o| o.on_device()));
-        let st = if self.opts.self_test && needs_kernel {
+        let st = if self.self_test_due(items) {
             Some(verify::self_test(&self.compute)?)
         } else {
             None

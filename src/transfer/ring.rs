@@ -61,10 +61,10 @@ impl Loader {
         Ok(slot)
     }
 
-    /// The ring, with at least its first buffer: the others are pinned by
-    /// the job loop while the first fills run ([`Loader::grow_ring`]), so
-    /// the first load of a process does not wait for all of the ring's
-    /// pinned memory before its first read.
+    /// The ring, with at least its first buffer. A first load pins the
+    /// others at once ([`Loader::first_load_setup`]); where it could not (out
+    /// of memory, or under a memory budget) the job loop pins them while
+    /// the first fills run ([`Loader::grow_ring`]).
     pub(super) fn ensure_ring(&mut self) -> Result<()> {
         if self.ring.is_some() {
             return Ok(());
@@ -104,9 +104,8 @@ impl Loader {
         {
             return;
         }
-        let needs_test = self.opts.self_test
-            && items.iter().any(|i| i.op.is_some_and(|o| o.on_device()))
-            && !crate::verify::self_test_cached(&self.device);
+        let needs_test =
+            self.self_test_due(items) && !crate::verify::self_test_cached(&self.device);
         let stream = if needs_test {
             self.device.stream().ok()
         } else {
@@ -194,7 +193,8 @@ impl Loader {
         jobs: &[Job],
         policy: Policy,
     ) -> Result<()> {
-        // The ring grows to its full size during this loop (`grow_ring`).
+        // A ring not yet at its full size grows during this loop
+        // (`grow_ring`).
         let n = self.opts.ring_buffers.max(ring.slots.len());
         let (sources, items) = (cx.sources, cx.items);
         /// A finished fill: job, slot, buffer, sums, (blocked, busy) time.
@@ -273,8 +273,9 @@ impl Loader {
                 if outstanding == 0 {
                     break;
                 }
-                // While the fills run, pin the ring's next buffer (the first
-                // load of a process); a fill starts on it at once.
+                // While the fills run, pin the ring's next buffer (a ring the
+                // first load could not pin whole, or one under a memory
+                // budget); a fill starts on it at once.
                 if growing && result.is_ok() && ring.slots.len() < n && next < jobs.len() {
                     match self.grow_ring(ring) {
                         Ok((s, buf)) => {

@@ -100,9 +100,12 @@ fn compare(kernel: String, inputs: &[u32], expected: &[u32], got: &[u32]) -> Ker
 /// (kept here, above the device layer, rather than on the device: a
 /// device knows nothing of verification). A few hundred bytes per device
 /// ever opened.
-fn self_tests() -> &'static Mutex<HashMap<u64, Arc<SelfTestReport>>> {
+fn self_tests() -> std::sync::MutexGuard<'static, HashMap<u64, Arc<SelfTestReport>>> {
     static CACHE: OnceLock<Mutex<HashMap<u64, Arc<SelfTestReport>>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+    match CACHE.get_or_init(|| Mutex::new(HashMap::new())).lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 /// Runs the exhaustive self-test on `stream`'s device once and caches it
@@ -112,33 +115,20 @@ fn self_tests() -> &'static Mutex<HashMap<u64, Arc<SelfTestReport>>> {
 /// not errors but recorded in the report.
 pub fn self_test(stream: &Stream) -> Result<Arc<SelfTestReport>> {
     let id = stream.device().id();
-    let cached = |r: &Arc<SelfTestReport>| {
-        let mut m = match self_tests().lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        Arc::clone(m.entry(id).or_insert_with(|| Arc::clone(r)))
-    };
-    let hit = match self_tests().lock() {
-        Ok(g) => g.get(&id).cloned(),
-        Err(p) => p.into_inner().get(&id).cloned(),
-    };
+    let hit = self_tests().get(&id).cloned();
     if let Some(r) = hit {
         return Ok(r);
     }
     // Not under the lock: the test takes a while and other devices may
     // run theirs meanwhile; the first report stored wins.
     let r = Arc::new(self_test_uncached(stream)?);
-    Ok(cached(&r))
+    Ok(Arc::clone(self_tests().entry(id).or_insert(r)))
 }
 
 /// Whether [`self_test`] has a report for `device` already (so calling it
 /// costs nothing).
 pub(crate) fn self_test_cached(device: &crate::device::Device) -> bool {
-    match self_tests().lock() {
-        Ok(g) => g.contains_key(&device.id()),
-        Err(p) => p.into_inner().contains_key(&device.id()),
-    }
+    self_tests().contains_key(&device.id())
 }
 
 /// The CPU side of the self-test: the patterns and everything expected of
