@@ -142,6 +142,21 @@ impl<R: Runtime> Gpu<R> {
         }
     }
 
+    /// Unregisters a mapping, then unmaps it; one the runtime will not
+    /// unregister is still locked by it, so it is never unmapped (leaked).
+    ///
+    /// # Safety
+    /// `m` was registered in [`Gpu::alloc_registered`], is released once,
+    /// and no queued copy uses it any more.
+    unsafe fn release(&self, m: Mapping) -> Result<()> {
+        // SAFETY: the caller's guarantees.
+        let r = unsafe { self.rt.host_unregister(m.ptr()) };
+        if r.is_err() {
+            std::mem::forget(m);
+        }
+        r
+    }
+
     /// A mapped, registered buffer of at least `bytes`, or `None` where
     /// this device does not register (small sizes, `hostalloc`, an earlier
     /// refusal) or the mapping or registration failed (the caller then uses
@@ -342,12 +357,10 @@ impl<R: Runtime> Drop for Gpu<R> {
             Ok(m) => m,
             Err(p) => p.into_inner(),
         });
-        for (p, m) in mapped {
+        for m in mapped.into_values() {
             // SAFETY: registered by us, unregistered once; the device is
             // closing, so no copy is queued on it.
-            if unsafe { self.rt.host_unregister(p as *mut u8) }.is_err() {
-                std::mem::forget(m);
-            }
+            let _ = unsafe { self.release(m) };
         }
     }
 }
@@ -377,18 +390,9 @@ unsafe impl<R: Runtime> Driver for Gpu<R> {
     unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
         let mapped = lock(&self.mapped).remove(&(ptr as usize));
         match mapped {
-            Some(m) => {
-                // SAFETY: registered in `alloc_pinned`, freed once and idle
-                // (the caller's guarantees).
-                match unsafe { self.rt.host_unregister(ptr) } {
-                    Ok(()) => Ok(()),
-                    Err(e) => {
-                        // Still locked by the runtime: never unmapped.
-                        std::mem::forget(m);
-                        Err(e)
-                    }
-                }
-            }
+            // SAFETY: registered in `alloc_pinned`, freed once and idle (the
+            // caller's guarantees).
+            Some(m) => unsafe { self.release(m) },
             // SAFETY: the caller's guarantees, forwarded.
             None => unsafe { self.rt.free_pinned(ptr, bytes) },
         }
