@@ -192,6 +192,19 @@ struct HipCompiler {
 }
 
 impl HipCompiler {
+    /// A hipcc found by the search, of HIP `major` (`v` the whole version).
+    fn hipcc(path: PathBuf, major: u32, v: &str, passed_over: Vec<String>) -> HipCompiler {
+        HipCompiler {
+            path,
+            driver: Driver::Hipcc,
+            version: format!("hipcc (HIP {v})"),
+            major,
+            source: "hipcc search ($HIPCC, PATH, $ROCM_PATH/bin, /opt/rocm/bin)".into(),
+            passed_over,
+            cov: 0,
+        }
+    }
+
     /// The code object version asked for explicitly:
     /// `$ROCM_SAFE_CODE_OBJECT_VERSION` (4, 5 or 6) when set, else 5 (what
     /// clang >= 19 and ROCm 6 emit by default, what ROCm 6 runtimes load),
@@ -342,15 +355,7 @@ fn find_hip_compiler() -> Result<HipCompiler, String> {
     if let Some(hipcc) = find_tool("HIPCC", "hipcc", &dirs) {
         match version_text(&hipcc).and_then(|t| parse_version(&t, "HIP version: ")) {
             Some((major, v)) if major >= 6 => {
-                return Ok(HipCompiler {
-                    path: hipcc,
-                    driver: Driver::Hipcc,
-                    version: format!("hipcc (HIP {v})"),
-                    major,
-                    source: "hipcc search ($HIPCC, PATH, $ROCM_PATH/bin, /opt/rocm/bin)".into(),
-                    passed_over,
-                    cov: 0,
-                });
+                return Ok(HipCompiler::hipcc(hipcc, major, &v, passed_over));
             }
             Some((major, v)) => old_hipcc = Some((hipcc, major, v)),
             None => passed_over.push(format!(
@@ -409,15 +414,7 @@ fn find_hip_compiler() -> Result<HipCompiler, String> {
         });
     }
     if let Some((path, major, v)) = old_hipcc {
-        return Ok(HipCompiler {
-            path,
-            driver: Driver::Hipcc,
-            version: format!("hipcc (HIP {v})"),
-            major,
-            source: "hipcc search ($HIPCC, PATH, $ROCM_PATH/bin, /opt/rocm/bin)".into(),
-            passed_over,
-            cov: 0,
-        });
+        return Ok(HipCompiler::hipcc(path, major, &v, passed_over));
     }
     let seen = if passed_over.is_empty() {
         String::new()
