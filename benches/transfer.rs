@@ -320,11 +320,16 @@ fn figures(path: &str) {
         );
         let tm = &r.timing;
         println!(
-            "  cpu {:.2} s = {:.1} cores; timing: alloc {:.1} ms, waiting for fills {:.1} ms, for the device {:.1} ms; fills blocked {:.1} ms, busy {:.1} ms (summed over tasks)",
+            "  cpu {:.2} s = {:.1} cores; timing: before the ring {:.1} ms (alloc {:.1} ms), waiting for pinning {:.1} ms, for fills {:.1} ms, for the device {:.1} ms; fills blocked {:.1} ms, busy {:.1} ms (summed over tasks)",
             cpu,
             cpu / secs,
+            secs * 1e3 - f64::from(r.ring_ms),
             tm.alloc_ms,
-            tm.wait_fill_ms, tm.wait_device_ms, tm.fill_blocked_ms, tm.fill_busy_ms
+            tm.wait_pin_ms,
+            tm.wait_fill_ms,
+            tm.wait_device_ms,
+            tm.fill_blocked_ms,
+            tm.fill_busy_ms
         );
         assert!(r.tensors.iter().all(|t| t.rung == Rung::PinnedRing));
         let tf = Instant::now();

@@ -55,16 +55,26 @@ bench)
   tail -n 5 "$out"/*.log ;;
 load)
   t=$(ls .gpu/bin/bench-transfer-* | head -1)
+  # An earlier build of the same bench (.gpu/old/bench-transfer, staged by
+  # hand) alternates with this one, process by process, in the same call.
+  old=.gpu/old/bench-transfer
   run() {  # one process, four loads: GB/s of each, then load 0 / mean of loads 1-3
-    echo "== $*"
-    env "$@" TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=4 "$t" --bench
+    local bin=$1; shift
+    echo "== $([ "$bin" = "$t" ] || echo "old ")$*"
+    env "$@" TRANSFER_CKPT=/tmp/ck/model.safetensors.index.json TRANSFER_REPEAT=4 "$bin" --bench
   }
   {
     python3 scripts/make-checkpoint.py /tmp/ck --gib 4.2 --shards 2 --largest-mib 256
+    sync
     cat /tmp/ck/*.safetensors > /dev/null
     python3 benches/transfer_anchor.py /tmp/ck 2
-    for k in 1 2 3 4 5; do run TRANSFER_COLD=0; run TRANSFER_COLD=1; done
-    run ROCM_SAFE_PINNED=hostalloc
+    for k in 1 2 3 4 5; do
+      for cold in 0 1; do
+        run "$t" TRANSFER_COLD=$cold
+        [ -x "$old" ] && run "$old" TRANSFER_COLD=$cold
+      done
+    done
+    run "$t" ROCM_SAFE_PINNED=hostalloc
     if ls .gpu/wheels/*.whl >/dev/null 2>&1; then
       python3 -m pip install -q --force-reinstall --no-deps .gpu/wheels/*.whl
       for k in 1 2 3; do echo "== python $k"; python3 python/bench/load_bench.py /tmp/ck --repeat 5; done
@@ -72,20 +82,27 @@ load)
     python3 benches/transfer_anchor.py /tmp/ck 2
   } > "$out/load.log" 2>&1
   python3 - "$out/load.log" <<'PY'
-import re, sys
+import re, sys, statistics
 cur = None
+ratios = {}
 for line in open(sys.argv[1]):
     if line.startswith("== "):
-        cur = [line[3:].strip(), []]
+        cur = [line[3:].strip(), [], []]
         continue
-    m = re.match(r"load (\d+): .* = ([0-9.]+) GB/s of file bytes", line)
+    m = re.match(r"load (\d+): .* in ([0-9.]+) s = ([0-9.]+) GB/s of file bytes; ring ([0-9.]+) s", line)
     if m and cur is not None:
-        cur[1].append(float(m.group(2)))
+        cur[1].append(float(m.group(3)))
+        cur[2].append((float(m.group(2)) - float(m.group(4))) * 1e3)
         if len(cur[1]) == 4:
-            g = cur[1]
-            print(f"{cur[0]:28s} " + " ".join(f"{x:5.2f}" for x in g) + f"  first/later {g[0] / (sum(g[1:]) / 3):.2f}")
+            g, pre = cur[1], cur[2]
+            r = g[0] / (sum(g[1:]) / 3)
+            key = "hostalloc" if "hostalloc" in cur[0] else "old" if cur[0].startswith("old") else "new"
+            ratios.setdefault(key, []).append(r)
+            print(f"{cur[0]:32s} " + " ".join(f"{x:5.2f}" for x in g) + f"  first/later {r:.2f}  before the ring {pre[0]:.1f} / {statistics.mean(pre[1:]):.1f} ms")
     elif re.match(r"(anchor .*\.float|safetensors |rocm_safe |speed-up)", line):
         print(line.rstrip())
+for k, v in ratios.items():
+    print(f"{k}: {len(v)} processes, first/later median {statistics.median(v):.2f}, min {min(v):.2f}, {sum(x >= 0.9 for x in v)} at 0.9 or more")
 PY
   ;;
 esac

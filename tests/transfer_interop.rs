@@ -3,12 +3,15 @@
 //! (`--ignored`, feature `cuda`) on a GPU.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 mod common;
 
 use half::bf16;
 use rocm_safe::device::faults::{FaultKind, FaultPlan, Faults, When};
-use rocm_safe::device::{host::HostBackend, Device};
+use rocm_safe::device::{host::HostBackend, Backend, Device, DeviceInfo, Driver};
+use rocm_safe::fallback::Failure;
 use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
 use rocm_safe::transfer::{LoadOptions, Loader, Request, Rung};
 use rocm_safe::{DType, Error};
@@ -186,61 +189,217 @@ fn load_into_goes_down_the_ladder_and_refuses_a_bad_host_copy() {
     assert!(matches!(e, Error::VerificationFailed { .. }), "{e}");
 }
 
-#[test]
-fn a_ring_that_cannot_be_pinned_whole_loads_all_the_same() {
-    // Four bf16 tensors of 48 KiB: with 64 KiB buffers each job holds about
-    // one, so the load wants the whole ring.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("g.safetensors");
-    let names = ["a", "b", "c", "d"];
+/// Four bf16 tensors of 48 KiB: with 64 KiB buffers each job holds about
+/// one, so a load wants the whole ring.
+const FOUR: [&str; 4] = ["a", "b", "c", "d"];
+
+fn four_tensors(dir: &Path) -> Checkpoint {
+    let path = dir.join("g.safetensors");
     let mut w = SafeTensorsWriter::create(
         &path,
-        names
-            .iter()
+        FOUR.iter()
             .map(|n| TensorSpec::new(*n, DType::BF16, vec![24_576u64])),
         None,
     )
     .unwrap();
-    for (i, n) in names.iter().enumerate() {
+    for (i, n) in FOUR.iter().enumerate() {
         let b: Vec<u8> = (0..24_576u32)
             .flat_map(|k| bf16::from_f32((k as f32 + i as f32) * 0.5).to_le_bytes())
             .collect();
         w.write_tensor(n, &b).unwrap();
     }
-    let ckpt = Checkpoint::open(w.finish().unwrap()).unwrap();
-    // Device allocations of the first load: the first slot (0, 1), then the
-    // rest of the ring before any fill (2, ...): the first of those runs
-    // out of memory, so the ring starts with one slot, the outputs follow,
-    // and the job loop grows the ring (or works with what it has).
+    Checkpoint::open(w.finish().unwrap()).unwrap()
+}
+
+fn assert_four_exact(ckpt: &Checkpoint, loaded: &rocm_safe::transfer::Loaded) {
+    for n in FOUR {
+        let want = ckpt.read_as_bytes(n, DType::F32).unwrap();
+        assert_eq!(loaded.get(n).unwrap().data.to_host().unwrap(), want, "{n}");
+    }
+}
+
+fn ring_of_four() -> LoadOptions {
+    LoadOptions {
+        ring_buffers: 4,
+        self_test: false,
+        ..opts()
+    }
+}
+
+#[test]
+fn a_ring_short_of_device_memory_loads_all_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = four_tensors(dir.path());
+    // Device allocations of the first load: every slot before the outputs
+    // (staging and sums: 0-1, 2-3, ...): the second slot's or third's
+    // runs out of memory, so the ring has one or two slots; the outputs
+    // follow, and the ring works with what it has. The next load grows it.
     for nth in [2, 3, 4] {
         let (f, h) = Faults::new(
             HostBackend::new(),
             FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(nth)),
         );
         let dev = Device::from_backend(Box::new(f));
-        let o = LoadOptions {
-            ring_buffers: 4,
-            self_test: false,
-            ..opts()
-        };
-        let loaded = Loader::new(&dev, o).unwrap().load_all(&ckpt).unwrap();
-        assert_eq!(h.injected().len(), 1, "the ring's pinning hit the fault");
+        let mut loader = Loader::new(&dev, ring_of_four()).unwrap();
+        let loaded = loader.load_all(&ckpt).unwrap();
+        assert_eq!(h.injected().len(), 1, "the ring's slots hit the fault");
         assert!(loaded.report.ring_jobs >= 4, "{}", loaded.report.ring_jobs);
         assert!(loaded.report.all_fast(), "{}", loaded.report);
-        for n in names {
-            let want = ckpt.read_as_bytes(n, DType::F32).unwrap();
-            assert_eq!(loaded.get(n).unwrap().data.to_host().unwrap(), want, "{n}");
-        }
+        assert_four_exact(&ckpt, &loaded);
+        let before = dev.owned_bytes();
+        drop(loaded);
+        let again = loader.load_all(&ckpt).unwrap();
+        assert!(again.report.all_fast(), "{}", again.report);
+        assert_four_exact(&ckpt, &again);
+        // The ring grew back to four slots (64 KiB and the sums each).
+        let slot = (64 * 1024 + 2 * 256 * 8) as u64;
+        dev.synchronize().unwrap();
+        assert!(dev.owned_bytes() >= before + slot, "nth {nth}");
     }
 }
 
-/// A loader's first load pins its whole ring before the first fill, with
-/// or without a self-test to run meanwhile: after a load of one small
-/// tensor (one job) a 4-buffer ring holds two slots more device memory than
-/// a 2-buffer one. Under a memory budget the ring grows only as jobs need
-/// (one job: one slot).
+/// The ring's pinned buffers are pinned on a thread of their own while the
+/// load goes on; when one cannot be pinned, the ring works with the
+/// buffers before it (or, with none, every tensor goes down the ladder
+/// with the failure recorded) and the next load pins the rest.
 #[test]
-fn the_first_load_pins_the_whole_ring() {
+fn a_ring_whose_pinning_fails_loads_all_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = four_tensors(dir.path());
+    // Pinned allocations of a first load: each slot's copy of its sums
+    // (0-3), made with the slots, then the ring's buffers (4-7), in order,
+    // on the pinning thread.
+    for buffer in 0..4u64 {
+        let (f, h) = Faults::new(
+            HostBackend::new(),
+            FaultPlan::one(FaultKind::OutOfMemoryOnPinned, When::Nth(4 + buffer)),
+        );
+        let dev = Device::from_backend(Box::new(f));
+        let mut loader = Loader::new(&dev, ring_of_four()).unwrap();
+        let loaded = loader.load_all(&ckpt).unwrap();
+        let hit = h.injected();
+        assert_eq!(hit.len(), 1, "buffer {buffer}");
+        assert_eq!(hit[0].op, "alloc_pinned");
+        assert_four_exact(&ckpt, &loaded);
+        let r = &loaded.report;
+        if buffer == 0 {
+            assert_eq!(r.ring_jobs, 4, "{r}");
+            for t in &r.tensors {
+                assert_ne!(t.rung, Rung::PinnedRing, "{t}");
+                assert_eq!(t.attempts.first().map(|a| a.step), Some(Rung::PinnedRing));
+            }
+            assert!(r.tensors.iter().any(|t| t
+                .attempts
+                .iter()
+                .any(|a| matches!(&a.failure, Failure::Error(Error::OutOfMemory { .. })))));
+        } else {
+            assert!(r.all_fast(), "buffer {buffer}: {r}");
+        }
+        drop(loaded);
+        let again = loader.load_all(&ckpt).unwrap();
+        assert!(again.report.all_fast(), "buffer {buffer}: {}", again.report);
+        assert_four_exact(&ckpt, &again);
+    }
+}
+
+/// The host backend with pinned allocations of 64 KiB or more that take
+/// 20 ms each (after the memory is taken, as pinning does), counted.
+#[derive(Debug)]
+struct SlowPins {
+    inner: HostBackend,
+    made: Arc<AtomicI64>,
+    live: Arc<AtomicI64>,
+}
+
+// SAFETY: every operation is the host backend's; `alloc_pinned` only waits
+// before it.
+unsafe impl Driver for SlowPins {
+    fn info(&self) -> &DeviceInfo {
+        self.inner.info()
+    }
+    fn forward(&self) -> Option<&dyn Driver> {
+        Some(&self.inner)
+    }
+    fn alloc_pinned(&self, bytes: usize) -> rocm_safe::Result<*mut u8> {
+        let p = self.inner.alloc_pinned(bytes)?;
+        self.made.fetch_add(1, Ordering::SeqCst);
+        self.live.fetch_add(1, Ordering::SeqCst);
+        if bytes >= 64 * 1024 {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(p)
+    }
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> rocm_safe::Result<()> {
+        // SAFETY: forwards the caller's guarantees.
+        unsafe { self.inner.free_pinned(ptr, bytes) }?;
+        self.live.fetch_sub(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+// SAFETY: every kernel operation is the host backend's.
+unsafe impl Backend for SlowPins {
+    fn forward_backend(&self) -> Option<&dyn Backend> {
+        Some(&self.inner)
+    }
+}
+
+fn slow_pins() -> (Device, Arc<AtomicI64>, Arc<AtomicI64>) {
+    let (made, live) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
+    let b = SlowPins {
+        inner: HostBackend::new(),
+        made: made.clone(),
+        live: live.clone(),
+    };
+    (Device::from_backend(Box::new(b)), made, live)
+}
+
+/// With slow pinning, a first load starts filling as soon as the first
+/// buffer is pinned (it waits for that one), takes the others as they
+/// come, keeps the ring between loads while it is still being pinned (no
+/// buffer pinned twice), and dropping the loader stops the pinning thread
+/// and frees every buffer it pinned.
+#[test]
+fn the_ring_is_pinned_while_the_load_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = four_tensors(dir.path());
+    let (dev, made, live) = slow_pins();
+    let mut loader = Loader::new(&dev, ring_of_four()).unwrap();
+    for k in 0..3 {
+        let loaded = loader.load_all(&ckpt).unwrap();
+        assert!(loaded.report.all_fast(), "{}", loaded.report);
+        assert_four_exact(&ckpt, &loaded);
+        if k == 0 {
+            let t = &loaded.report.timing;
+            assert!(t.wait_pin_ms > 0.0, "{t:?}");
+        }
+    }
+    drop(loader);
+    assert_eq!(live.load(Ordering::SeqCst), 0, "pinned buffers left");
+    // Four buffers and four copies of the sums, each pinned once.
+    assert!(
+        made.load(Ordering::SeqCst) <= 8,
+        "{}",
+        made.load(Ordering::SeqCst)
+    );
+
+    // A loader dropped right after a load of one tensor, its ring still
+    // being pinned: the thread stops and nothing stays pinned.
+    let (dev, _made, live) = slow_pins();
+    let mut loader = Loader::new(&dev, ring_of_four()).unwrap();
+    let loaded = loader.load(&ckpt, &[Request::whole("a")]).unwrap();
+    assert!(loaded.report.all_fast(), "{}", loaded.report);
+    drop((loaded, loader));
+    assert_eq!(live.load(Ordering::SeqCst), 0, "pinned buffers left");
+}
+
+/// A loader's first load makes its whole ring (every device slot at once,
+/// the pinned buffers on a thread of their own), with or without a
+/// self-test and under a memory budget alike: after a load of one small
+/// tensor (one job) a 4-buffer ring holds two slots more device memory than
+/// a 2-buffer one.
+#[test]
+fn the_first_load_makes_the_whole_ring() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
     let slot = (64 * 1024 + 2 * 256 * 8) as u64;
@@ -264,13 +423,11 @@ fn the_first_load_pins_the_whole_ring() {
         assert_eq!(again.get("w").unwrap().data.to_host().unwrap(), want);
         bytes
     };
-    for self_test in [false, true] {
+    for (self_test, budget) in [(false, None), (true, None), (false, Some(1 << 30))] {
         assert_eq!(
-            owned(4, self_test, None) - owned(2, self_test, None),
+            owned(4, self_test, budget) - owned(2, self_test, budget),
             2 * slot,
-            "self_test {self_test}"
+            "self_test {self_test}, budget {budget:?}"
         );
     }
-    let budget = Some(1 << 30);
-    assert_eq!(owned(4, false, budget), owned(2, false, budget));
 }

@@ -10,6 +10,7 @@
 //! | `InvalidValueOnCopy` | host-to-device copies | the copy fails ([`Error::InjectedFault`]), like `hipErrorInvalidValue` |
 //! | `ConvertWritesZeros` | conversion kernels | the output is zeros (the fused kernel's fingerprint is of those zeros, as a kernel that computed zeros would give) |
 //! | `OutOfMemoryOnAlloc` | device allocations | [`Error::OutOfMemory`] |
+//! | `OutOfMemoryOnPinned` | pinned host allocations | [`Error::OutOfMemory`] |
 //! | `LaunchFailure` | every kernel | the launch fails ([`Error::InjectedFault`]) |
 //! | `TeardownFailure` | frees, stream and event destruction | fails ([`Error::InjectedFault`]); the resource is leaked, as after a sticky device error |
 //! | `Conv3dLaunchFailure` | conv3d kernels and vendor calls | the call fails ([`Error::InjectedFault`]) |
@@ -47,6 +48,8 @@ pub enum FaultKind {
     ConvertWritesZeros,
     /// A device allocation runs out of memory.
     OutOfMemoryOnAlloc,
+    /// A pinned host allocation runs out of memory.
+    OutOfMemoryOnPinned,
     /// A kernel launch fails.
     LaunchFailure,
     /// Freeing memory or destroying a stream or event fails (and leaks).
@@ -64,13 +67,14 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 13] = [
+    const ALL: [FaultKind; 14] = [
         FaultKind::CopyLandsZeros,
         FaultKind::CopyLandsGarbage,
         FaultKind::CopyLandsStale,
         FaultKind::InvalidValueOnCopy,
         FaultKind::ConvertWritesZeros,
         FaultKind::OutOfMemoryOnAlloc,
+        FaultKind::OutOfMemoryOnPinned,
         FaultKind::LaunchFailure,
         FaultKind::TeardownFailure,
         FaultKind::Conv3dLaunchFailure,
@@ -94,6 +98,7 @@ impl std::fmt::Display for FaultKind {
             FaultKind::CopyLandsGarbage => "copy lands a garbage chunk",
             FaultKind::ConvertWritesZeros => "conversion writes zeros",
             FaultKind::OutOfMemoryOnAlloc => "out of memory on allocation",
+            FaultKind::OutOfMemoryOnPinned => "out of memory on pinned allocation",
             FaultKind::LaunchFailure => "kernel launch failure",
             FaultKind::TeardownFailure => "teardown failure",
             FaultKind::Conv3dLaunchFailure => "conv3d launch failure",
@@ -409,6 +414,17 @@ unsafe impl<B: Backend> Driver for Faults<B> {
             });
         }
         self.inner.alloc(bytes)
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        if self.fires(FaultKind::OutOfMemoryOnPinned, "alloc_pinned") {
+            return Err(Error::OutOfMemory {
+                backend: self.inner.info().kind.name(),
+                op: "alloc_pinned (injected)",
+                bytes: bytes as u64,
+            });
+        }
+        self.inner.alloc_pinned(bytes)
     }
 
     unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {

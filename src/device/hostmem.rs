@@ -9,7 +9,9 @@
 //! whole gap between a process's first load and its later ones. The same
 //! 128 MiB mapped here (huge pages, touched on 8 threads) and registered
 //! with `cuMemHostRegister` is usable in 10-11 ms, and the device reads it
-//! as fast (50-54 GB/s).
+//! as fast (50-54 GB/s). The loader pins its ring this way on a thread of
+//! its own while its first load runs (`transfer/grow.rs`), so even those
+//! 10 ms are off the load's path.
 #![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
 use crate::error::{Error, Result};

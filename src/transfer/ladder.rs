@@ -104,7 +104,7 @@ impl Loader {
             self.opts.buffer_bytes
         };
         if self.scratch.is_none() {
-            self.scratch = Some(self.make_slot(self.opts.buffer_bytes)?);
+            self.scratch = Some(self.make_slot(self.opts.buffer_bytes, true)?);
         }
         if pinned && self.scratch_pinned.is_none() {
             self.scratch_pinned = Some(

@@ -5,8 +5,10 @@
 //! 2, 3, 6).
 //!
 //! A [`Loader`] owns a ring of 2-8 reusable pinned buffers (16-64 MiB each;
-//! 8 x 16 MiB by default, allocated once per loader, during its first load) and, on the device,
-//! one staging buffer per ring slot. Tasks on the rayon pool fill the free
+//! 8 x 16 MiB by default, made once per loader, at its first load, where a
+//! thread of their own pins them while that load runs: its fills start on
+//! the first buffer pinned) and, on the device, one staging buffer per ring
+//! slot. Tasks on the rayon pool fill the free
 //! slots from the file with positioned reads (`pread` of
 //! [`LoadOptions::read_bytes`], never a memory map) while the slots filled
 //! before are copied to the device on a copy stream; an event orders the
@@ -33,7 +35,8 @@
 //! (`transfer.load`, `transfer.ring`, `transfer.rung`).
 //!
 //! The files: `options.rs` (what is asked), `plan.rs` (items, first rungs,
-//! budget, jobs), `ring.rs` (the pinned ring's job loop), `ladder.rs` (the
+//! budget, jobs), `ring.rs` (the pinned ring's job loop), `grow.rs` (its
+//! buffers pinned on a thread of their own), `ladder.rs` (the
 //! rungs below it), `checks.rs` (the checks of each piece), `source.rs`
 //! (positioned reads and host sums), `loaded.rs` and `report.rs` (what a
 //! load returns). One [`Loader`] method per stage, each taking the load's
@@ -70,6 +73,7 @@
 //! ```
 
 mod checks;
+mod grow;
 mod ladder;
 mod loaded;
 mod options;
@@ -143,6 +147,12 @@ impl std::fmt::Debug for Loader {
             .finish()
     }
 }
+
+// A loader may be shared between threads (behind a lock) and moved to one.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Loader>();
+};
 
 fn label(d: &Device) -> String {
     let i = d.info();
@@ -295,7 +305,7 @@ impl Loader {
             device = %label(&self.device)
         );
         let _g = span.enter();
-        self.first_load_setup(&items);
+        self.start_ring(&items);
         let mut cx = LoadCtx {
             sources: &sources,
             items: &items,

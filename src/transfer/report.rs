@@ -141,6 +141,10 @@ pub struct LoadTiming {
     pub fill_blocked_ms: f32,
     /// Summed over fill tasks: time reading (and summing) into buffers.
     pub fill_busy_ms: f32,
+    /// The queueing thread waiting, with no buffer free and no fill
+    /// running, for the ring's next buffer to be pinned (a loader's first
+    /// load, whose ring is pinned while the load runs).
+    pub wait_pin_ms: f32,
 }
 
 impl LoadReport {

@@ -2,12 +2,15 @@
 //!
 //! Fills run as tasks on the rayon pool; the loop queues each filled
 //! buffer's copy, conversions and checks on the device, and checks a slot's
-//! previous job when the slot comes round again.
+//! previous job when the slot comes round again. The ring's device slots
+//! are made at once; its pinned buffers come from a [`Grower`] (`grow.rs`)
+//! and join the loop as they are pinned.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::checks::{compare, piece_ops, IntoPair};
+use super::grow::Grower;
 use super::plan::{Job, Piece, State, MAX_PIECES};
 use super::source::{self, Item, Source, Sums};
 use super::{Attempt, Failure, LoadCtx, Loader, Rung};
@@ -31,14 +34,24 @@ pub(super) struct Slot {
 
 /// Device resources of the pinned ring, allocated on first use.
 pub(super) struct Ring {
-    /// The pinned buffers (`None` while a fill holds one).
+    /// The pinned buffers (`None` while a fill holds one, or while the
+    /// grower still pins it).
     pub pinned: Vec<Option<PinnedBuffer<u8>>>,
     /// Their device slots.
     pub slots: Vec<Slot>,
+    /// Pins the buffers of the slots still without one.
+    pub grower: Option<Grower>,
 }
 
 impl Loader {
-    pub(super) fn make_slot(&mut self, bytes: usize) -> Result<Slot> {
+    /// A slot over `bytes` of device staging; the ring's first is retried
+    /// once after releasing cached memory, the others are not (a ring that
+    /// cannot grow works with the slots it has).
+    pub(super) fn make_slot(&mut self, bytes: usize, retry: bool) -> Result<Slot> {
+        if !retry {
+            let stage = self.compute.alloc::<u8>(bytes)?;
+            return self.slot_from(stage, self.compute.alloc::<u64>(2 * MAX_PIECES)?);
+        }
         let (stage, r1) = self.alloc_retry::<u8>(bytes);
         let (acc, r2) = self.alloc_retry::<u64>(2 * MAX_PIECES);
         let _ = (r1, r2);
@@ -61,99 +74,56 @@ impl Loader {
         Ok(slot)
     }
 
-    /// The ring, with at least its first buffer. A first load pins the
-    /// others at once ([`Loader::first_load_setup`]); where it could not (out
-    /// of memory, or under a memory budget) the job loop pins them while
-    /// the first fills run ([`Loader::grow_ring`]).
+    /// The ring: all of its device slots at once (as far as device memory
+    /// allows), and a [`Grower`] pinning their host buffers on a thread of
+    /// its own, so the load goes on (outputs, self-test, the first fills)
+    /// while they are pinned. A ring left short (an allocation or a pinning
+    /// failed) grows again here, at the next load. Errors only when not
+    /// even one slot can be made.
     pub(super) fn ensure_ring(&mut self) -> Result<()> {
-        if self.ring.is_some() {
-            return Ok(());
-        }
-        let bytes = self.opts.buffer_bytes;
-        let first = self.device.alloc_pinned::<u8>(bytes)?;
-        let slot = self.make_slot(bytes)?;
-        self.ring = Some(Ring {
-            pinned: vec![Some(first)],
-            slots: vec![slot],
+        let (bytes, want) = (self.opts.buffer_bytes, self.opts.ring_buffers);
+        let mut ring = self.ring.take().unwrap_or(Ring {
+            pinned: Vec::new(),
+            slots: Vec::new(),
+            grower: None,
         });
+        let from = ring.slots.len();
+        if ring.grower.is_none() {
+            while ring.slots.len() < want {
+                match self.make_slot(bytes, ring.slots.is_empty()) {
+                    Ok(slot) => {
+                        ring.slots.push(slot);
+                        ring.pinned.push(None);
+                    }
+                    Err(e) if ring.slots.is_empty() => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(error = %e, slots = ring.slots.len(), "pinned ring: short");
+                        break;
+                    }
+                }
+            }
+        }
+        if ring.slots.len() > from {
+            ring.grower = Some(Grower::start(&self.device, from..ring.slots.len(), bytes));
+        }
+        self.ring = Some(ring);
         Ok(())
     }
 
-    /// A loader's first load pins its whole ring before the first fill:
-    /// pinning is quick now (huge pages, `device/hostmem.rs`: 128 MiB in
-    /// about 10 ms on an idle pool), while growing the ring inside the job
-    /// loop made the loader's thread wait for the busy pool to fault the
-    /// pages in, and measured first loads at 0.62-0.65x the later ones in
-    /// two of five processes (BENCHMARKS.md, "Pinning and the ring").
-    /// When the device's self-test has not run yet, it runs meanwhile on
-    /// another thread (on a stream of its own; its report is cached per
-    /// device, so the planning that follows finds it), so the two one-time
-    /// costs overlap. Errors are left for the load to meet and report where
-    /// it would without this (`initial_states`, `ring_pass`); a ring that
-    /// could not be pinned whole grows in the job loop.
-    pub(super) fn first_load_setup(&mut self, items: &[Item]) {
+    /// Starts the ring as a load begins, before its outputs are allocated
+    /// and its self-test runs, so that the ring's pinning (128 MiB, about
+    /// 10 ms) overlaps them and the first fills. Not when the ring will not
+    /// be used (another rung forced, only empty tensors), nor under a
+    /// memory budget (a budget below the staging keeps every tensor on the
+    /// host: the ring pass, which makes the ring, does not run). Errors are
+    /// left for the ring pass to meet and report.
+    pub(super) fn start_ring(&mut self, items: &[Item]) {
         let ring_first =
             !matches!(self.opts.fallback, super::Fallback::Force(r) if r != Rung::PinnedRing);
-        // Under a memory budget the ring may not be wanted at all (a budget
-        // below the staging keeps every tensor on the host): it grows in
-        // the job loop as before.
-        if self.ring.is_some()
-            || !ring_first
-            || self.opts.memory_budget.is_some()
-            || items.iter().all(|i| i.src_bytes == 0)
+        if ring_first && self.opts.memory_budget.is_none() && items.iter().any(|i| i.src_bytes > 0)
         {
-            return;
+            let _ = self.ensure_ring();
         }
-        let needs_test =
-            self.self_test_due(items) && !crate::verify::self_test_cached(&self.device);
-        let stream = if needs_test {
-            self.device.stream().ok()
-        } else {
-            None
-        };
-        std::thread::scope(|sc| {
-            let test = stream.map(|s| sc.spawn(move || crate::verify::self_test(&s).map(|_| ())));
-            self.pin_whole_ring();
-            if let Some(t) = test {
-                let _ = t.join();
-            }
-        });
-    }
-
-    /// The ring with all of its buffers, as far as they can be pinned.
-    fn pin_whole_ring(&mut self) {
-        if self.ensure_ring().is_err() {
-            return;
-        }
-        let Some(mut ring) = self.ring.take() else {
-            return;
-        };
-        while ring.slots.len() < self.opts.ring_buffers {
-            match self.grow_ring(&mut ring) {
-                Ok((s, buf)) => {
-                    if let Some(p) = ring.pinned.get_mut(s) {
-                        *p = Some(buf);
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        self.ring = Some(ring);
-    }
-
-    /// One more buffer and slot for a ring smaller than
-    /// [`LoadOptions::ring_buffers`](super::LoadOptions::ring_buffers):
-    /// its index, with the buffer (handed straight to a fill). No
-    /// out-of-memory retry here: a ring that cannot grow works with the
-    /// buffers it has.
-    fn grow_ring(&self, ring: &mut Ring) -> Result<(usize, PinnedBuffer<u8>)> {
-        let bytes = self.opts.buffer_bytes;
-        let buf = self.device.alloc_pinned::<u8>(bytes)?;
-        let stage = self.compute.alloc::<u8>(bytes)?;
-        let slot = self.slot_from(stage, self.compute.alloc::<u64>(2 * MAX_PIECES)?)?;
-        ring.slots.push(slot);
-        ring.pinned.push(None);
-        Ok((ring.slots.len() - 1, buf))
     }
 
     /// Runs the pinned ring over `ring_items`; returns the number of jobs.
@@ -178,7 +148,7 @@ impl Loader {
         let r = self.run_jobs(&mut ring, cx, &jobs, policy);
         // Buffers not back from the filler (after an error) are gone:
         // replace them on the next load.
-        if ring.pinned.iter().all(Option::is_some) {
+        if ring.whole() {
             self.ring = Some(ring);
         }
         r.map(|_| jobs.len() as u64)
@@ -193,9 +163,9 @@ impl Loader {
         jobs: &[Job],
         policy: Policy,
     ) -> Result<()> {
-        // A ring not yet at its full size grows during this loop
-        // (`grow_ring`).
-        let n = self.opts.ring_buffers.max(ring.slots.len());
+        // Slots whose buffers are still being pinned count: their buffers
+        // join the loop as they come (`Ring::take_grown`).
+        let n = ring.slots.len();
         let (sources, items) = (cx.sources, cx.items);
         /// A finished fill: job, slot, buffer, sums, (blocked, busy) time.
         type Done = (
@@ -258,9 +228,25 @@ impl Loader {
                     })
                     .collect();
             let mut in_flight: Vec<Option<(usize, Vec<Sums>)>> = (0..n).map(|_| None).collect();
-            let mut growing = true;
             let mut result = Ok(());
             loop {
+                // Buffers pinned since join the free ones; with nothing free
+                // and no fill running, wait for the next.
+                let idle = free.is_empty() && outstanding == 0 && next < jobs.len();
+                let tp = Instant::now();
+                let failed = ring.take_grown(idle && result.is_ok(), &mut |s, b| {
+                    free.push_back((s, b));
+                });
+                if idle {
+                    cx.timing.wait_pin_ms += tp.elapsed().as_secs_f32() * 1e3;
+                }
+                if let Some(e) = failed {
+                    // Not one buffer could be pinned: no job has started.
+                    tracing::warn!(error = %e, "pinned ring unavailable");
+                    let rest = jobs.iter().skip(next).flat_map(|j| j.pieces.iter());
+                    fail_shared(&mut cx.states, rest.map(|p| p.item), items, e);
+                    break;
+                }
                 // Start fills on free buffers (none once aborting).
                 while result.is_ok() && outstanding < max_fills && next < jobs.len() {
                     let Some((s, buf)) = free.pop_front() else {
@@ -272,21 +258,6 @@ impl Loader {
                 }
                 if outstanding == 0 {
                     break;
-                }
-                // While the fills run, pin the ring's next buffer (a ring the
-                // first load could not pin whole, or one under a memory
-                // budget); a fill starts on it at once.
-                if growing && result.is_ok() && ring.slots.len() < n && next < jobs.len() {
-                    match self.grow_ring(ring) {
-                        Ok((s, buf)) => {
-                            free.push_back((s, buf));
-                            continue;
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "pinned ring: not grown");
-                            growing = false;
-                        }
-                    }
                 }
                 let tw = Instant::now();
                 let Ok((j, s, mut buf, filled, (blocked, busy))) = rx.recv() else {
@@ -345,7 +316,8 @@ impl Loader {
                 // session): the wake-up latency adds to every turnaround.
                 free.push_back((s, buf));
             }
-            // Unused buffers go back to the ring.
+            // Unused buffers go back to the ring, with those pinned since.
+            let _ = ring.take_grown(false, &mut |s, b| free.push_back((s, b)));
             while let Some((s, buf)) = free.pop_front() {
                 if let Some(p) = ring.pinned.get_mut(s) {
                     *p = Some(buf);
