@@ -53,6 +53,14 @@ fn cpu_secs() -> f64 {
     t(u.ru_utime) + t(u.ru_stime)
 }
 
+/// A self-test's time and its parts.
+fn self_test_split(st: &verify::SelfTestReport) -> String {
+    format!(
+        "{:.1} ms: reference {:.1}, upload {:.1}, device {:.1}",
+        st.elapsed_ms, st.reference_ms, st.upload_ms, st.device_ms
+    )
+}
+
 fn env_or(key: &str, default: &str) -> String {
     std::env::var(key).unwrap_or_else(|_| default.to_owned())
 }
@@ -255,9 +263,10 @@ fn figures(path: &str) {
     } else {
         let st = verify::self_test(&dev.stream().expect("stream")).expect("self-test");
         format!(
-            "passed: {} in {:.1} ms (kernel modules loaded)",
+            "passed: {} in {:.1} ms (kernel modules loaded; {})",
             st.all_passed(),
-            t_st.elapsed().as_secs_f64() * 1e3
+            t_st.elapsed().as_secs_f64() * 1e3,
+            self_test_split(&st)
         )
     };
     println!(
@@ -331,6 +340,11 @@ fn figures(path: &str) {
             tm.fill_blocked_ms,
             tm.fill_busy_ms
         );
+        if cold && run == 0 {
+            // The report load 0 cached: how long its own self-test took.
+            let st = verify::self_test(&dev.stream().expect("stream")).expect("self-test");
+            println!("  self-test inside load 0: {}", self_test_split(&st));
+        }
         assert!(r.tensors.iter().all(|t| t.rung == Rung::PinnedRing));
         let tf = Instant::now();
         drop(loaded);

@@ -431,3 +431,46 @@ fn the_first_load_makes_the_whole_ring() {
         );
     }
 }
+
+/// A first load runs the device's self-test on a thread of its own while
+/// it allocates, then applies the verdict: a conversion kernel the test
+/// finds writing zeros is not trusted, so its tensor starts on the CPU
+/// conversion with the reason recorded, and loads exactly; a self-test that
+/// cannot run (its upload fails) fails the load with that error.
+#[test]
+fn the_load_s_own_self_test_decides_the_first_rung() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
+    let (f, h) = Faults::new(
+        HostBackend::new(),
+        FaultPlan::one(FaultKind::ConvertWritesZeros, When::Always),
+    );
+    let dev = Device::from_backend(Box::new(f));
+    let loaded = Loader::new(&dev, opts())
+        .unwrap()
+        .load(&ckpt, &[Request::whole("w")])
+        .unwrap();
+    assert!(!h.injected().is_empty(), "the self-test met the fault");
+    let t = loaded.report.tensor("w").unwrap();
+    assert_eq!(t.rung, Rung::CpuConvert, "{t}");
+    assert!(
+        matches!(
+            t.attempts.as_slice(),
+            [a] if a.step == Rung::PinnedRing && matches!(a.failure, Failure::NoTrustedKernel { .. })
+        ),
+        "{t}"
+    );
+    let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
+    assert_eq!(loaded.get("w").unwrap().data.to_host().unwrap(), want);
+
+    let (f, _h) = Faults::new(
+        HostBackend::new(),
+        FaultPlan::one(FaultKind::InvalidValueOnCopy, When::Always),
+    );
+    let dev = Device::from_backend(Box::new(f));
+    let e = Loader::new(&dev, opts())
+        .unwrap()
+        .load(&ckpt, &[Request::whole("w")])
+        .unwrap_err();
+    assert!(matches!(e, Error::InjectedFault { .. }), "{e}");
+}

@@ -27,6 +27,57 @@ impl Loader {
         p
     }
 
+    /// Runs `work` while the device's self-test, when loading `items` calls
+    /// for it and it has not run on this device yet, runs on a thread (and
+    /// a stream) of its own: its few milliseconds (module loads, the
+    /// patterns) overlap a first load's allocations. Its error is the
+    /// load's, as if it had run first. Where no thread or stream can be had,
+    /// it runs first, here.
+    pub(super) fn during_self_test<R>(
+        &mut self,
+        items: &[Item],
+        work: impl FnOnce(&mut Self) -> R,
+    ) -> Result<R> {
+        if !self.self_test_due(items) || verify::self_test_cached(&self.device) {
+            return Ok(work(self));
+        }
+        let Ok(stream) = self.device.stream() else {
+            verify::self_test(&self.compute)?;
+            return Ok(work(self));
+        };
+        std::thread::scope(|sc| {
+            let test = std::thread::Builder::new()
+                .name("rocm-safe-self-test".into())
+                .spawn_scoped(sc, move || verify::self_test(&stream).map(|_| ()));
+            let Ok(test) = test else {
+                verify::self_test(&self.compute)?;
+                return Ok(work(self));
+            };
+            let r = work(self);
+            match test.join() {
+                Ok(t) => t?,
+                // The thread panicked: run it again here.
+                Err(_) => {
+                    verify::self_test(&self.compute)?;
+                }
+            }
+            Ok(r)
+        })
+    }
+
+    /// The device's self-test report, when loading `items` uses it (run
+    /// here if it has not run yet).
+    pub(super) fn device_self_test_for(
+        &self,
+        items: &[Item],
+    ) -> Option<std::sync::Arc<verify::SelfTestReport>> {
+        if self.self_test_due(items) {
+            self.device_self_test()
+        } else {
+            None
+        }
+    }
+
     pub(super) fn device_self_test(&self) -> Option<std::sync::Arc<verify::SelfTestReport>> {
         if self.opts.self_test {
             verify::self_test(&self.compute).ok()

@@ -306,13 +306,20 @@ impl Loader {
         );
         let _g = span.enter();
         self.start_ring(&items);
+        let lent = std::mem::take(&mut self.lent);
+        let mut states = self.initial_states(&items, lent)?;
+        // Budget and allocations, while the device's self-test runs (once
+        // per device), then its verdict.
+        let ta = Instant::now();
+        self.during_self_test(&items, |l| l.allocate(&items, &mut states))??;
+        let alloc_ms = ta.elapsed().as_secs_f32() * 1e3;
+        if let Some(st) = self.device_self_test_for(&items) {
+            self.apply_self_test(&items, &mut states, &st);
+        }
         let mut cx = LoadCtx {
             sources: &sources,
             items: &items,
-            states: {
-                let lent = std::mem::take(&mut self.lent);
-                self.initial_states(&items, lent)?
-            },
+            states,
             prog: LoadProgress {
                 done_bytes: 0,
                 total_bytes,
@@ -323,15 +330,11 @@ impl Loader {
             timing: LoadTiming::default(),
         };
         cx.report_progress();
-
-        // Budget and allocations.
-        let ta = Instant::now();
-        self.allocate(&items, &mut cx.states)?;
         let mut report = LoadReport {
             device: label(&self.device),
             ..LoadReport::default()
         };
-        cx.timing.alloc_ms = ta.elapsed().as_secs_f32() * 1e3;
+        cx.timing.alloc_ms = alloc_ms;
 
         // The fast path.
         // Empty tensors need no copy: served as soon as allocated.

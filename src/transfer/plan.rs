@@ -160,18 +160,14 @@ impl Loader {
     }
 
     /// The first rung of each item: the forced one, or the pinned ring
-    /// unless its conversion has no trusted device kernel.
+    /// unless its conversion has no device kernel (the self-test's verdict
+    /// on the kernels that exist comes after: [`Loader::apply_self_test`]).
     pub(super) fn initial_states(
         &self,
         items: &[Item],
         lent: Vec<Option<DeviceBuffer<u8>>>,
     ) -> Result<Vec<State>> {
         let mut lent = lent.into_iter();
-        let st = if self.self_test_due(items) {
-            Some(verify::self_test(&self.compute)?)
-        } else {
-            None
-        };
         Ok(items
             .iter()
             .map(|item| {
@@ -190,16 +186,8 @@ impl Loader {
                         routed = Some(format!("no device kernel for {op}: converted on the CPU"));
                         start = Rung::CpuConvert;
                     }
-                    let trusted = op.on_device() && st.as_ref().is_none_or(|s| s.trusted(op));
-                    if !trusted && start.converts_on_device() {
-                        attempts.push(Attempt {
-                            step: start,
-                            failure: Failure::NoTrustedKernel {
-                                from: op.from,
-                                to: op.to,
-                            },
-                        });
-                        start = Rung::CpuConvert;
+                    if !op.on_device() && start.converts_on_device() {
+                        untrusted(&mut start, &mut attempts, op);
                     }
                 }
                 State {
@@ -218,6 +206,24 @@ impl Loader {
                 }
             })
             .collect())
+    }
+
+    /// The self-test's verdict: an item whose device kernel it does not
+    /// trust starts on the CPU conversion rung (its output, if allocated
+    /// already, is what that rung fills).
+    pub(super) fn apply_self_test(
+        &self,
+        items: &[Item],
+        states: &mut [State],
+        st: &verify::SelfTestReport,
+    ) {
+        for (item, state) in items.iter().zip(states.iter_mut()) {
+            if let Some(op) = item.op {
+                if op.on_device() && !st.trusted(op) && state.start.converts_on_device() {
+                    untrusted(&mut state.start, &mut state.attempts, op);
+                }
+            }
+        }
     }
 
     /// Applies the memory budget and allocates the device outputs of the
@@ -296,4 +302,17 @@ impl Loader {
         }
         jobs
     }
+}
+
+/// Moves a rung that converts on the device to the CPU conversion, with the
+/// missing trusted kernel recorded as its failure.
+fn untrusted(start: &mut Rung, attempts: &mut Vec<Attempt<Rung>>, op: ConvertOp) {
+    attempts.push(Attempt {
+        step: *start,
+        failure: Failure::NoTrustedKernel {
+            from: op.from,
+            to: op.to,
+        },
+    });
+    *start = Rung::CpuConvert;
 }

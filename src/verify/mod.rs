@@ -31,6 +31,7 @@ mod convert;
 mod selftest;
 
 pub use convert::{convert_verified, upload_convert};
+pub(crate) use selftest::self_test_cached;
 pub use selftest::{self_test, self_test_uncached, KernelTest, SelfTestReport};
 
 use crate::convert::fingerprint::Fingerprint;

@@ -125,6 +125,12 @@ pub fn self_test(stream: &Stream) -> Result<Arc<SelfTestReport>> {
     Ok(Arc::clone(self_tests().entry(id).or_insert(r)))
 }
 
+/// Whether [`self_test`] has a report for `device` already (so calling it
+/// costs nothing).
+pub(crate) fn self_test_cached(device: &crate::device::Device) -> bool {
+    self_tests().contains_key(&device.id())
+}
+
 /// The CPU side of the self-test: the patterns and everything expected of
 /// them. The same for every device, so computed once per process.
 struct Reference {
