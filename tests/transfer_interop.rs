@@ -9,7 +9,7 @@ use std::sync::Arc;
 mod common;
 
 use half::bf16;
-use rocm_safe::device::faults::{FaultKind, FaultPlan, Faults, When};
+use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, Faults, When};
 use rocm_safe::device::{host::HostBackend, Backend, Device, DeviceInfo, Driver};
 use rocm_safe::fallback::Failure;
 use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
@@ -52,6 +52,12 @@ per_device!(
     load_into_fills_caller_memory,
     typed_access_to_loaded_tensors
 );
+
+/// The host backend with one fault rule.
+fn faulty(kind: FaultKind, when: When) -> (Device, FaultHandle) {
+    let (f, h) = Faults::new(HostBackend::new(), FaultPlan::one(kind, when));
+    (Device::from_backend(Box::new(f)), h)
+}
 
 fn opts() -> LoadOptions {
     LoadOptions {
@@ -158,11 +164,7 @@ fn load_into_goes_down_the_ladder_and_refuses_a_bad_host_copy() {
     let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
     // One bad copy: the ring's copy of "w" lands zeros; a lower rung serves
     // it, into the caller's memory, exactly.
-    let (f, h) = Faults::new(
-        HostBackend::new(),
-        FaultPlan::one(FaultKind::CopyLandsZeros, When::Nth(0)),
-    );
-    let dev = Device::from_backend(Box::new(f));
+    let (dev, h) = faulty(FaultKind::CopyLandsZeros, When::Nth(0));
     let s = dev.stream().unwrap();
     let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
     let mut dst = s.alloc::<u8>(want.len()).unwrap();
@@ -176,11 +178,7 @@ fn load_into_goes_down_the_ladder_and_refuses_a_bad_host_copy() {
     assert_eq!(dst.to_vec().unwrap(), want);
     // Every copy lands zeros: the tensor ends on the host, and its copy
     // into the caller's memory is checked and refused, not returned wrong.
-    let (f, _h) = Faults::new(
-        HostBackend::new(),
-        FaultPlan::one(FaultKind::CopyLandsZeros, When::Always),
-    );
-    let dev = Device::from_backend(Box::new(f));
+    let (dev, _h) = faulty(FaultKind::CopyLandsZeros, When::Always);
     let mut dst = dev.stream().unwrap().alloc::<u8>(want.len()).unwrap();
     let e = Loader::new(&dev, opts())
         .unwrap()
@@ -235,11 +233,7 @@ fn a_ring_short_of_device_memory_loads_all_the_same() {
     // runs out of memory, so the ring has one or two slots; the outputs
     // follow, and the ring works with what it has. The next load grows it.
     for nth in [2, 3, 4] {
-        let (f, h) = Faults::new(
-            HostBackend::new(),
-            FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(nth)),
-        );
-        let dev = Device::from_backend(Box::new(f));
+        let (dev, h) = faulty(FaultKind::OutOfMemoryOnAlloc, When::Nth(nth));
         let mut loader = Loader::new(&dev, ring_of_four()).unwrap();
         let loaded = loader.load_all(&ckpt).unwrap();
         assert_eq!(h.injected().len(), 1, "the ring's slots hit the fault");
@@ -270,11 +264,7 @@ fn a_ring_whose_pinning_fails_loads_all_the_same() {
     // (0-3), made with the slots, then the ring's buffers (4-7), in order,
     // on the pinning thread.
     for buffer in 0..4u64 {
-        let (f, h) = Faults::new(
-            HostBackend::new(),
-            FaultPlan::one(FaultKind::OutOfMemoryOnPinned, When::Nth(4 + buffer)),
-        );
-        let dev = Device::from_backend(Box::new(f));
+        let (dev, h) = faulty(FaultKind::OutOfMemoryOnPinned, When::Nth(4 + buffer));
         let mut loader = Loader::new(&dev, ring_of_four()).unwrap();
         let loaded = loader.load_all(&ckpt).unwrap();
         let hit = h.injected();
@@ -441,11 +431,7 @@ fn the_first_load_makes_the_whole_ring() {
 fn the_load_s_own_self_test_decides_the_first_rung() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
-    let (f, h) = Faults::new(
-        HostBackend::new(),
-        FaultPlan::one(FaultKind::ConvertWritesZeros, When::Always),
-    );
-    let dev = Device::from_backend(Box::new(f));
+    let (dev, h) = faulty(FaultKind::ConvertWritesZeros, When::Always);
     let loaded = Loader::new(&dev, opts())
         .unwrap()
         .load(&ckpt, &[Request::whole("w")])
@@ -463,11 +449,7 @@ fn the_load_s_own_self_test_decides_the_first_rung() {
     let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
     assert_eq!(loaded.get("w").unwrap().data.to_host().unwrap(), want);
 
-    let (f, _h) = Faults::new(
-        HostBackend::new(),
-        FaultPlan::one(FaultKind::InvalidValueOnCopy, When::Always),
-    );
-    let dev = Device::from_backend(Box::new(f));
+    let (dev, _h) = faulty(FaultKind::InvalidValueOnCopy, When::Always);
     let e = Loader::new(&dev, opts())
         .unwrap()
         .load(&ckpt, &[Request::whole("w")])

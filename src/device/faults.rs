@@ -238,6 +238,19 @@ impl<B: Backend> Faults<B> {
         )
     }
 
+    /// [`Error::OutOfMemory`] for an allocation (`op`: the operation as
+    /// logged, and as the error names it) when a rule of `kind` fires.
+    fn out_of_memory(&self, kind: FaultKind, op: [&'static str; 2], bytes: usize) -> Result<()> {
+        if self.fires(kind, op[0]) {
+            return Err(Error::OutOfMemory {
+                backend: self.inner.info().kind.name(),
+                op: op[1],
+                bytes: bytes as u64,
+            });
+        }
+        Ok(())
+    }
+
     /// Counts one operation that `kind` applies to and says whether a rule
     /// fires for it (logging it).
     fn fires(&self, kind: FaultKind, op: &'static str) -> bool {
@@ -406,24 +419,17 @@ unsafe impl<B: Backend> Driver for Faults<B> {
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
-        if self.fires(FaultKind::OutOfMemoryOnAlloc, "alloc") {
-            return Err(Error::OutOfMemory {
-                backend: self.inner.info().kind.name(),
-                op: "alloc (injected)",
-                bytes: bytes as u64,
-            });
-        }
+        self.out_of_memory(
+            FaultKind::OutOfMemoryOnAlloc,
+            ["alloc", "alloc (injected)"],
+            bytes,
+        )?;
         self.inner.alloc(bytes)
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
-        if self.fires(FaultKind::OutOfMemoryOnPinned, "alloc_pinned") {
-            return Err(Error::OutOfMemory {
-                backend: self.inner.info().kind.name(),
-                op: "alloc_pinned (injected)",
-                bytes: bytes as u64,
-            });
-        }
+        let op = ["alloc_pinned", "alloc_pinned (injected)"];
+        self.out_of_memory(FaultKind::OutOfMemoryOnPinned, op, bytes)?;
         self.inner.alloc_pinned(bytes)
     }
 

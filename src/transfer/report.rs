@@ -129,7 +129,9 @@ pub struct LoadReport {
 /// hide the copy).
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct LoadTiming {
-    /// Allocating the device outputs (with the budget applied).
+    /// Allocating the device outputs (with the budget applied), and then
+    /// waiting for the device's self-test where this load ran it beside
+    /// the allocations (a device's first load).
     pub alloc_ms: f32,
     /// The queueing thread waiting for a filled pinned buffer.
     pub wait_fill_ms: f32,
