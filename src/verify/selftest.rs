@@ -180,27 +180,18 @@ fn reference() -> &'static Reference {
     static R: std::sync::OnceLock<Reference> = std::sync::OnceLock::new();
     R.get_or_init(|| {
         let all16: Vec<u16> = (0..=u16::MAX).collect();
-        // The upload image, built in place on the pool (one allocation:
-        // fresh pages, faulted in where they are written, and 3 MB of
-        // writes were most of this function's 2-4 ms on one thread, on the
-        // path of a process's first load). The 16-bit patterns two per
-        // word, then each high half with every tricky low half.
+        // The upload image, built in place (one allocation: fresh pages are
+        // a large part of this function's cost).
         let half = all16.len() / 2;
         let m = (usize::from(u16::MAX) + 1) * TRICKY_LOW.len();
-        let mut host_in: Vec<u32> = vec![0; half + m];
-        let (pairs, tricky) = host_in.split_at_mut(half);
-        pairs
-            .par_iter_mut()
-            .zip(all16.par_chunks_exact(2))
-            .for_each(|(w, p)| *w = u32::from(p[0]) | (u32::from(p[1]) << 16));
-        tricky
-            .par_chunks_mut(TRICKY_LOW.len())
-            .zip(0..u32::from(u16::MAX) + 1)
-            .for_each(|(c, hi)| {
-                for (w, lo) in c.iter_mut().zip(TRICKY_LOW) {
-                    *w = (hi << 16) | lo;
-                }
-            });
+        let mut host_in: Vec<u32> = Vec::with_capacity(half + m);
+        host_in.extend(
+            all16
+                .chunks_exact(2)
+                .map(|p| u32::from(p[0]) | (u32::from(p[1]) << 16)),
+        );
+        host_in
+            .extend((0..=u32::from(u16::MAX)).flat_map(|hi| TRICKY_LOW.map(|lo| (hi << 16) | lo)));
         let inputs32 = host_in.get(half..).unwrap_or(&[]);
         let bytes16: &[u8] = bytemuck::cast_slice(&all16);
         let fp_cases = (0..8usize)
