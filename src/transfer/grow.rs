@@ -25,8 +25,10 @@ use crate::error::{Error, Result};
 /// Threads of the grower's own rayon pool, which faults each buffer's
 /// pages in (`device/hostmem.rs`). On the H100 host one, two and four
 /// threads all had the first buffer ready within 0.3 ms of the job loop's
-/// start and the ring whole before it mattered (BENCHMARKS.md, "The ring
-/// pinned while the load runs"); two take little from the fills.
+/// start; in alternating processes two gave the steadiest first loads (10
+/// of 10 at 0.9x the later ones or more), four 9 of 10, eight 7 of 10, its
+/// extra threads taken from the fills (BENCHMARKS.md, "The ring pinned
+/// while the load runs" and "the pinning pool's size").
 const PIN_THREADS: usize = 2;
 
 /// One buffer's pinning, by slot.
