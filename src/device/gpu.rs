@@ -353,10 +353,11 @@ impl<R: Runtime> Drop for Gpu<R> {
         // Pinned buffers hold the device, so none is left unless one was
         // leaked; a leaked mapping is unregistered before it is unmapped,
         // and one the runtime will not unregister stays mapped.
-        let mapped = std::mem::take(match self.mapped.get_mut() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        });
+        let mapped = std::mem::take(
+            self.mapped
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         for m in mapped.into_values() {
             // SAFETY: registered by us, unregistered once; the device is
             // closing, so no copy is queued on it.

@@ -4,6 +4,8 @@
 //! staged piece (copy check, conversion, output check), the host's sums
 //! against the device's, and the read-back.
 
+use std::sync::Arc;
+
 use super::source::{self, Item, Source, Sums};
 use super::{Check, Failure, Loader};
 use crate::convert::fingerprint::{self, finish};
@@ -30,52 +32,43 @@ impl Loader {
     /// Runs `work` while the device's self-test, when loading `items` calls
     /// for it and it has not run on this device yet, runs on a thread (and
     /// a stream) of its own: its few milliseconds (module loads, the
-    /// patterns) overlap a first load's allocations. Its error is the
-    /// load's, as if it had run first. Where no thread or stream can be had,
-    /// it runs first, here.
+    /// patterns) overlap a first load's allocations. Returns `work`'s
+    /// result with the self-test's report (`None` when the load does not
+    /// call for one). Its error is the load's, as if it had run first.
+    /// Where it ran already, or no thread or stream can be had, it runs (or
+    /// is looked up) first, here.
     pub(super) fn during_self_test<R>(
         &mut self,
         items: &[Item],
         work: impl FnOnce(&mut Self) -> R,
-    ) -> Result<R> {
-        if !self.self_test_due(items) || verify::self_test_cached(&self.device) {
-            return Ok(work(self));
+    ) -> Result<(R, Option<Arc<verify::SelfTestReport>>)> {
+        if !self.self_test_due(items) {
+            return Ok((work(self), None));
         }
-        let Ok(stream) = self.device.stream() else {
-            verify::self_test(&self.compute)?;
-            return Ok(work(self));
+        let stream = if verify::self_test_cached(&self.device) {
+            None
+        } else {
+            self.device.stream().ok()
         };
         std::thread::scope(|sc| {
-            let test = std::thread::Builder::new()
-                .name("rocm-safe-self-test".into())
-                .spawn_scoped(sc, move || verify::self_test(&stream).map(|_| ()));
-            let Ok(test) = test else {
-                verify::self_test(&self.compute)?;
-                return Ok(work(self));
+            let test = stream.and_then(|s| {
+                std::thread::Builder::new()
+                    .name("rocm-safe-self-test".into())
+                    .spawn_scoped(sc, move || verify::self_test(&s))
+                    .ok()
+            });
+            let Some(test) = test else {
+                let st = verify::self_test(&self.compute)?;
+                return Ok((work(self), Some(st)));
             };
             let r = work(self);
-            match test.join() {
+            let st = match test.join() {
                 Ok(t) => t?,
                 // The thread panicked: run it again here.
-                Err(_) => {
-                    verify::self_test(&self.compute)?;
-                }
-            }
-            Ok(r)
+                Err(_) => verify::self_test(&self.compute)?,
+            };
+            Ok((r, Some(st)))
         })
-    }
-
-    /// The device's self-test report, when loading `items` uses it (run
-    /// here if it has not run yet).
-    pub(super) fn device_self_test_for(
-        &self,
-        items: &[Item],
-    ) -> Option<std::sync::Arc<verify::SelfTestReport>> {
-        if self.self_test_due(items) {
-            self.device_self_test()
-        } else {
-            None
-        }
     }
 
     pub(super) fn device_self_test(&self) -> Option<std::sync::Arc<verify::SelfTestReport>> {

@@ -311,9 +311,10 @@ impl Loader {
         // Budget and allocations, while the device's self-test runs (once
         // per device), then its verdict.
         let ta = Instant::now();
-        self.during_self_test(&items, |l| l.allocate(&items, &mut states))??;
+        let (allocated, st) = self.during_self_test(&items, |l| l.allocate(&items, &mut states))?;
+        allocated?;
         let alloc_ms = ta.elapsed().as_secs_f32() * 1e3;
-        if let Some(st) = self.device_self_test_for(&items) {
+        if let Some(st) = st {
             self.apply_self_test(&items, &mut states, &st);
         }
         let mut cx = LoadCtx {
