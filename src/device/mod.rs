@@ -81,6 +81,7 @@
 mod backend;
 mod buffer;
 mod conv3d;
+pub(crate) mod dynlib;
 pub mod faults;
 mod gpu;
 mod handle;
