@@ -1,5 +1,7 @@
 //! Reads an AMDGPU code object's kernel metadata: the registers, scratch,
-//! LDS and wavefront size the compiler gave each kernel. Parses the bytes
+//! LDS and wavefront size the compiler gave each kernel, and each kernel's
+//! arguments (size, offset and kind in the kernel argument segment, which is
+//! how the runtime packs a launch's `kernelParams`). Parses the bytes
 //! `build.rs` embeds (a clang offload bundle, or a bare ELF) down to the
 //! `NT_AMDGPU_METADATA` note (MessagePack), with bounds-checked reads only:
 //! a malformed object is an error, never a panic.
@@ -71,6 +73,45 @@ pub struct KernelResources {
     /// Whether the stack size is unknown at compile time (recursion,
     /// indirect calls): scratch is then sized at run time.
     pub uses_dynamic_stack: bool,
+    /// The size of the kernel argument segment, in bytes (explicit and
+    /// hidden arguments).
+    #[serde(default)]
+    pub kernarg_segment_size: u64,
+    /// Every argument, in the metadata's order: the explicit ones (the
+    /// kernel's parameters, what a launch passes) first, then the hidden
+    /// ones the runtime fills.
+    #[serde(default)]
+    pub args: Vec<KernelArgInfo>,
+}
+
+/// One argument of a kernel (`.args` in the AMDGPU metadata).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KernelArgInfo {
+    /// The parameter's name in the source, when recorded.
+    pub name: Option<String>,
+    /// Bytes in the argument segment.
+    pub size: u64,
+    /// Byte offset in the argument segment.
+    pub offset: u64,
+    /// `.value_kind`: `global_buffer` (a pointer), `by_value` (a scalar or
+    /// a struct), or a `hidden_*` kind the runtime fills.
+    pub value_kind: String,
+}
+
+impl KernelArgInfo {
+    /// Whether the runtime fills it (a `hidden_*` kind), rather than the
+    /// launch's `kernelParams`.
+    pub fn is_hidden(&self) -> bool {
+        self.value_kind.starts_with("hidden_")
+    }
+}
+
+impl KernelResources {
+    /// The explicit arguments: the kernel's parameters, in order, as a
+    /// launch's `kernelParams` must give them.
+    pub fn explicit_args(&self) -> impl Iterator<Item = &KernelArgInfo> {
+        self.args.iter().filter(|a| !a.is_hidden())
+    }
 }
 
 impl KernelResources {
@@ -396,6 +437,25 @@ fn parse_metadata(meta: &[u8], code_object_version: u32) -> Result<CodeObjectInf
                 what: "a kernel's metadata has no .name",
             });
         };
+        let mut args = Vec::new();
+        if let Some(Msg::Array(list)) = k.get(".args") {
+            for a in list {
+                let Some(Msg::Str(kind)) = a.get(".value_kind") else {
+                    return Err(CodeObjectError::Malformed {
+                        what: "a kernel argument's metadata has no .value_kind",
+                    });
+                };
+                args.push(KernelArgInfo {
+                    name: match a.get(".name") {
+                        Some(Msg::Str(s)) => Some(s.clone()),
+                        _ => None,
+                    },
+                    size: a.uint(".size"),
+                    offset: a.uint(".offset"),
+                    value_kind: kind.clone(),
+                });
+            }
+        }
         kernels.push(KernelResources {
             name: name.clone(),
             vgpr_count: k.uint(".vgpr_count"),
@@ -407,6 +467,8 @@ fn parse_metadata(meta: &[u8], code_object_version: u32) -> Result<CodeObjectInf
             max_flat_workgroup_size: k.uint(".max_flat_workgroup_size"),
             wavefront_size: k.uint(".wavefront_size"),
             uses_dynamic_stack: matches!(k.get(".uses_dynamic_stack"), Some(Msg::Bool(true))),
+            kernarg_segment_size: k.uint(".kernarg_segment_size"),
+            args,
         });
     }
     Ok(CodeObjectInfo {
@@ -583,6 +645,59 @@ mod tests {
         }
         // A bare ELF reads the same.
         assert_eq!(read_code_object(&e, "gfx1151").unwrap(), info);
+    }
+
+    #[test]
+    fn reads_each_kernels_arguments() {
+        // convert(const u16* src, float* dst, u64 n) + one hidden argument.
+        let arg = |name: Option<&str>, size: u8, offset: u8, kind: &str| {
+            let mut m = vec![if name.is_some() { 0x84 } else { 0x83 }];
+            if let Some(n) = name {
+                mp_str(".name", &mut m);
+                mp_str(n, &mut m);
+            }
+            mp_str(".size", &mut m);
+            m.push(size);
+            mp_str(".offset", &mut m);
+            m.push(offset);
+            mp_str(".value_kind", &mut m);
+            mp_str(kind, &mut m);
+            m
+        };
+        let mut k = vec![0x84];
+        mp_str(".name", &mut k);
+        mp_str("convert", &mut k);
+        mp_str(".wavefront_size", &mut k);
+        k.push(32);
+        mp_str(".kernarg_segment_size", &mut k);
+        k.extend_from_slice(&[0xcc, 0x98]);
+        mp_str(".args", &mut k);
+        k.push(0x94);
+        k.extend(arg(Some("src"), 8, 0, "global_buffer"));
+        k.extend(arg(Some("dst"), 8, 8, "global_buffer"));
+        k.extend(arg(Some("n"), 8, 16, "by_value"));
+        k.extend(arg(None, 4, 24, "hidden_block_count_x"));
+        let info = read_code_object(&elf(&metadata(&[k]), 3), "gfx1151").unwrap();
+        let c = &info.kernels[0];
+        assert_eq!(c.kernarg_segment_size, 0x98);
+        assert_eq!(c.args.len(), 4);
+        let explicit: Vec<(u64, u64, &str)> = c
+            .explicit_args()
+            .map(|a| (a.size, a.offset, a.value_kind.as_str()))
+            .collect();
+        assert_eq!(
+            explicit,
+            [
+                (8, 0, "global_buffer"),
+                (8, 8, "global_buffer"),
+                (8, 16, "by_value")
+            ]
+        );
+        assert_eq!(c.args[2].name.as_deref(), Some("n"));
+        assert!(c.args[3].is_hidden() && c.args[3].name.is_none());
+        // A kernel without `.args` has none.
+        let bare = read_code_object(&elf(&metadata(&[kernel_map("k", 1, 0, 32)]), 3), "gfx1151");
+        assert!(bare.unwrap().kernels[0].args.is_empty());
     }
 
     #[test]

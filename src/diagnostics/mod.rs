@@ -21,7 +21,9 @@ pub use amdgpu::{
     amdgpu_memory, assess_memory, attach_runtime, AmdgpuMemory, MemoryAssessment, RuntimeMemory,
 };
 pub use build_info::{compiler_needed, HipBuild, HipDeviceBuild, HIP_DOCTOR_COMMAND};
-pub use code_object::{read_code_object, CodeObjectError, CodeObjectInfo, KernelResources};
+pub use code_object::{
+    read_code_object, CodeObjectError, CodeObjectInfo, KernelArgInfo, KernelResources,
+};
 pub use devices::{kernel_self_test, list_backends, probe_backends, BackendReport, DeviceReport};
 pub use env::{advise, read_env, Advice, EnvVar};
 pub use matrix::{Compat, MatrixEntry};

@@ -1,10 +1,13 @@
 //! Shared by the integration tests (each includes it with `mod common;`):
 //! the per-device test macro [`per_device!`](crate::per_device), the one
-//! seeded generator [`Rng`], a tampering backend, and the conv3d cases.
+//! seeded generator [`Rng`], a tampering backend, the conv3d cases, and
+//! (feature `hip`) the stand-in HIP runtime and its child processes.
 #![allow(dead_code)]
 
 pub mod conv3d;
 pub mod device;
+#[cfg(feature = "hip")]
+pub mod hip_standin;
 pub mod rng;
 pub mod tamper;
 
