@@ -72,6 +72,27 @@ pub(crate) fn try_zeroed_vec<T: bytemuck::Zeroable>(
     Ok(unsafe { Vec::from_raw_parts(ptr.cast::<T>(), n, n) })
 }
 
+/// `n` zeroed bytes for tensor `tensor` of the file `path`, or
+/// [`Error::AllocationFailed`](crate::Error::AllocationFailed): every host
+/// buffer whose size a file declares goes through here (or
+/// [`try_zeroed_vec`]), so a huge declared size is an error, never an abort.
+pub(crate) fn tensor_bytes(path: &std::path::Path, tensor: &str, n: u64) -> crate::Result<Vec<u8>> {
+    let failed = |reason| crate::Error::AllocationFailed {
+        path: path.to_owned(),
+        tensor: tensor.to_owned(),
+        bytes: n,
+        limit: memory_limit(),
+        reason,
+    };
+    let n = usize::try_from(n).map_err(|_| failed("larger than memory"))?;
+    try_zeroed_vec(n).map_err(|f| {
+        failed(match f {
+            AllocFailure::AboveLimit => "larger than memory",
+            AllocFailure::Refused => "allocator refused",
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -77,8 +77,20 @@ fn sharded(dir: &Path) -> PathBuf {
 
 // ----- data loss: output that is an input ----------------------------------
 
+fn try_create_with(
+    path: &Path,
+    inputs: Vec<rocm_safe::safetensors::FileId>,
+) -> rocm_safe::Result<SafeTensorsWriter> {
+    SafeTensorsWriter::create_with(
+        path,
+        [TensorSpec::new("y", DType::F32, [1u64])],
+        None,
+        WriteOptions::default().with_inputs(inputs),
+    )
+}
+
 #[test]
-fn output_naming_the_input_in_any_way_is_refused_before_writing() {
+fn output_naming_an_input_in_any_way_is_refused_before_writing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let input = d.join("in.safetensors");
@@ -89,48 +101,27 @@ fn output_naming_the_input_in_any_way_is_refused_before_writing() {
     std::os::unix::fs::symlink(d, d.join("dirlink")).unwrap();
     let before = std::fs::read(&input).unwrap();
 
-    let ck = Checkpoint::open(&input).unwrap();
-    for out in [
-        input.clone(),
-        d.join("sub/../in.safetensors"),
-        d.join("link.safetensors"),
-        d.join("hard.safetensors"),
-        d.join("dirlink/in.safetensors"),
-    ] {
-        match try_create(&out) {
-            Err(Error::OutputIsInput { path, input: i }) => {
-                assert_eq!(path, out);
-                assert_eq!(i, input);
+    // The input opened by name or through a symlink: the same identities.
+    for opened_as in [input.clone(), d.join("link.safetensors")] {
+        let ids = Checkpoint::open(&opened_as).unwrap().file_ids();
+        for out in [
+            input.clone(),
+            d.join("sub/../in.safetensors"),
+            d.join("link.safetensors"),
+            d.join("hard.safetensors"),
+            d.join("dirlink/in.safetensors"),
+        ] {
+            match try_create_with(&out, ids.clone()) {
+                Err(Error::OutputIsInput { .. }) => {}
+                other => panic!("{}: {other:?}", out.display()),
             }
-            other => panic!("{}: {other:?}", out.display()),
         }
     }
     assert_eq!(temporaries(d), Vec::<String>::new());
     assert_eq!(std::fs::read(&input).unwrap(), before);
-    drop(ck);
-
-    // The input opened through a symlink, the output its target.
-    let ck = Checkpoint::open(d.join("link.safetensors")).unwrap();
-    assert!(matches!(
-        try_create(&input),
-        Err(Error::OutputIsInput { .. })
-    ));
-    drop(ck);
-
-    // No reader left: the identities passed explicitly are refused too.
-    let ids = Checkpoint::open(&input).unwrap().file_ids();
-    let opts = WriteOptions::default().with_inputs(ids);
-    let r = SafeTensorsWriter::create_with(
-        d.join("hard.safetensors"),
-        [TensorSpec::new("y", DType::F32, [1u64])],
-        None,
-        opts,
-    );
-    assert!(matches!(r, Err(Error::OutputIsInput { .. })), "{r:?}");
-    assert_eq!(std::fs::read(&input).unwrap(), before);
     // Another file in the same folder is fine.
-    let w = try_create(&d.join("other.safetensors")).unwrap();
-    drop(w);
+    let ids = Checkpoint::open(&input).unwrap().file_ids();
+    drop(try_create_with(&d.join("other.safetensors"), ids).unwrap());
     assert_eq!(temporaries(d), Vec::<String>::new());
 }
 
@@ -139,7 +130,8 @@ fn output_that_is_a_shard_or_the_index_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let index = sharded(dir.path());
     let ck = Checkpoint::open(&index).unwrap();
-    assert_eq!(ck.file_ids().len(), 3);
+    let ids = ck.file_ids();
+    assert_eq!(ids.len(), 3);
     for out in [
         index.clone(),
         dir.path().join("a.safetensors"),
@@ -147,7 +139,10 @@ fn output_that_is_a_shard_or_the_index_is_refused() {
     ] {
         let before = std::fs::read(&out).unwrap();
         assert!(
-            matches!(try_create(&out), Err(Error::OutputIsInput { .. })),
+            matches!(
+                try_create_with(&out, ids.clone()),
+                Err(Error::OutputIsInput { .. })
+            ),
             "{}",
             out.display()
         );
@@ -157,7 +152,7 @@ fn output_that_is_a_shard_or_the_index_is_refused() {
     // checked again before the rename.
     let out = dir.path().join("late.safetensors");
     let a_before = std::fs::read(dir.path().join("a.safetensors")).unwrap();
-    let mut w = try_create(&out).unwrap();
+    let mut w = try_create_with(&out, ids).unwrap();
     w.write_tensor("y", &1f32.to_le_bytes()).unwrap();
     std::fs::hard_link(dir.path().join("a.safetensors"), &out).unwrap();
     assert!(matches!(w.finish(), Err(Error::OutputIsInput { .. })));
@@ -166,6 +161,255 @@ fn output_that_is_a_shard_or_the_index_is_refused() {
         std::fs::read(dir.path().join("a.safetensors")).unwrap(),
         a_before
     );
+}
+
+#[test]
+fn a_file_other_readers_hold_is_replaced_atomically_and_they_keep_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.safetensors");
+    write_f32(&p, "x", 16, 1.0);
+    let f = SafeTensors::open(&p).unwrap();
+    // No input of this write: replacing the file another reader holds is
+    // what `safetensors` does too; the reader keeps the file it opened.
+    write_f32(&p, "x", 16, 2.0);
+    assert_eq!(f.read::<f32>("x").unwrap(), vec![1.0; 16]);
+    f.check_unchanged().unwrap();
+    assert_eq!(
+        SafeTensors::open(&p).unwrap().read::<f32>("x").unwrap(),
+        vec![2.0; 16]
+    );
+}
+
+#[test]
+fn saves_racing_loads_of_the_same_path_never_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("race.safetensors");
+    write_f32(&p, "x", 64, 0.0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (p, stop) = (p.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                let v = SafeTensors::open(&p).unwrap().read::<f32>("x").unwrap();
+                // Every read sees one whole save: 64 equal values.
+                assert!(v.iter().all(|&x| x == v[0]), "a torn file: {v:?}");
+                reads += 1;
+            }
+            reads
+        })
+    };
+    for i in 0..300 {
+        write_f32(&p, "x", 64, i as f32);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let reads = reader.join().unwrap();
+    assert!(reads > 0);
+    assert_eq!(temporaries(dir.path()), Vec::<String>::new());
+}
+
+// ----- where the output goes: symlinks, modes, owners -------------------------
+
+#[test]
+fn a_symlinked_output_is_written_through_and_stays_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("elsewhere")).unwrap();
+    let target = d.join("elsewhere/real.safetensors");
+    std::fs::write(&target, b"old").unwrap();
+    let link = d.join("link.safetensors");
+    std::os::unix::fs::symlink("elsewhere/real.safetensors", &link).unwrap();
+    let link2 = d.join("link2.safetensors");
+    std::os::unix::fs::symlink(&link, &link2).unwrap();
+    let mut w = try_create(&link2).unwrap();
+    assert_eq!(w.path(), std::fs::canonicalize(&target).unwrap());
+    w.write_tensor("y", &5f32.to_le_bytes()).unwrap();
+    let written = w.finish().unwrap();
+    assert_eq!(written, std::fs::canonicalize(&target).unwrap());
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(std::fs::symlink_metadata(&link2)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        SafeTensors::open(&target)
+            .unwrap()
+            .read::<f32>("y")
+            .unwrap(),
+        vec![5.0]
+    );
+    assert_eq!(temporaries(d), Vec::<String>::new());
+    assert_eq!(temporaries(&d.join("elsewhere")), Vec::<String>::new());
+
+    // A dangling link is refused; it stays as it was and nothing appears.
+    let dangling = d.join("dangling.safetensors");
+    std::os::unix::fs::symlink("missing/nothing.safetensors", &dangling).unwrap();
+    match try_create(&dangling) {
+        Err(Error::OutputNotRegular { kind, .. }) => assert_eq!(kind, "dangling symlink"),
+        other => panic!("{other:?}"),
+    }
+    assert!(std::fs::symlink_metadata(&dangling)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+#[test]
+fn an_output_through_proc_self_fd_lands_in_the_file_behind_the_descriptor() {
+    // What `convert in.safetensors /dev/stdout > out.safetensors` does:
+    // /dev/stdout -> /proc/self/fd/1 -> the file the shell opened.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let held = std::fs::File::create(&out).unwrap();
+    let fd = std::os::unix::io::AsRawFd::as_raw_fd(&held);
+    let through = PathBuf::from(format!("/proc/self/fd/{fd}"));
+    let mut w = try_create(&through).unwrap();
+    w.write_tensor("y", &7f32.to_le_bytes()).unwrap();
+    w.finish().unwrap();
+    assert_eq!(
+        SafeTensors::open(&out).unwrap().read::<f32>("y").unwrap(),
+        vec![7.0]
+    );
+    // The magic link itself was not replaced (it cannot be), and no
+    // temporary file is left in the folder.
+    assert_eq!(temporaries(dir.path()), Vec::<String>::new());
+    // A descriptor of a pipe is not a regular file: refused.
+    let (r, _wr) = std::io::pipe().unwrap();
+    let pfd = std::os::unix::io::AsRawFd::as_raw_fd(&r);
+    let r2 = try_create(&PathBuf::from(format!("/proc/self/fd/{pfd}")));
+    assert!(
+        matches!(r2, Err(Error::OutputNotRegular { kind: "fifo", .. })),
+        "{r2:?}"
+    );
+    // A descriptor of a file removed since it was opened: refused, not
+    // written to a new file named "... (deleted)".
+    let gone = dir.path().join("gone.safetensors");
+    let held_gone = std::fs::File::create(&gone).unwrap();
+    std::fs::remove_file(&gone).unwrap();
+    let gfd = std::os::unix::io::AsRawFd::as_raw_fd(&held_gone);
+    let r3 = try_create(&PathBuf::from(format!("/proc/self/fd/{gfd}")));
+    assert!(
+        matches!(
+            r3,
+            Err(Error::OutputNotRegular {
+                kind: "link to a deleted file",
+                ..
+            })
+        ),
+        "{r3:?}"
+    );
+    assert_eq!(temporaries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn a_replaced_file_keeps_its_mode_and_owner() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("private.safetensors");
+    std::fs::write(&p, b"secret").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    // As root, the file is given to another user first (CI runs as root):
+    // the replacement keeps that owner.
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    let before = std::fs::metadata(&p).unwrap();
+    write_f32(&p, "x", 4, 1.0);
+    let after = std::fs::metadata(&p).unwrap();
+    assert_eq!(after.mode() & 0o7777, 0o600);
+    assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+    assert_ne!(
+        after.ino(),
+        before.ino(),
+        "replaced by rename, not rewritten"
+    );
+    // A wider mode is kept as it was too (no narrowing either).
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
+    write_f32(&p, "x", 4, 2.0);
+    assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o7777, 0o640);
+}
+
+#[test]
+fn zero_byte_tensors_need_no_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("empty.safetensors");
+    let specs = [
+        TensorSpec::new("a", DType::F32, [0u64, 4]),
+        TensorSpec::new("b", DType::F32, [2u64]),
+        TensorSpec::new("c", DType::BF16, [3u64, 0]),
+        TensorSpec::new("d", DType::U8, [0u64]),
+    ];
+    let mut w = SafeTensorsWriter::create(&p, specs.clone(), None).unwrap();
+    w.write_tensor("b", &[0u8; 8]).unwrap();
+    w.finish().unwrap();
+    let f = SafeTensors::open(&p).unwrap();
+    assert_eq!(f.read_bytes("a").unwrap(), Vec::<u8>::new());
+    assert_eq!(f.read_bytes("b").unwrap(), vec![0u8; 8]);
+    assert_eq!(f.info("c").unwrap().shape, vec![3, 0]);
+    // Only empty tensors: finish alone; an explicit empty write is fine too.
+    let q = dir.path().join("only-empty.safetensors");
+    let w = SafeTensorsWriter::create(&q, [specs[0].clone(), specs[3].clone()], None).unwrap();
+    w.finish().unwrap();
+    let mut w = SafeTensorsWriter::create(&q, [specs[0].clone(), specs[3].clone()], None).unwrap();
+    w.write_tensor("a", &[]).unwrap();
+    w.finish().unwrap();
+    // A non-empty tensor left unwritten is still an error, naming it.
+    let mut w = SafeTensorsWriter::create(&q, specs.clone(), None).unwrap();
+    w.write_tensor("a", &[]).unwrap();
+    match w.finish() {
+        Err(Error::Writer { tensor, .. }) => assert_eq!(tensor, "b"),
+        other => panic!("{other:?}"),
+    }
+    // Out of order past a non-empty tensor is still refused.
+    let mut w = SafeTensorsWriter::create(&q, specs, None).unwrap();
+    assert!(matches!(
+        w.write_tensor("d", &[]),
+        Err(Error::Writer { .. })
+    ));
+}
+
+// ----- a file's metadata changed while it is open -----------------------------
+
+#[test]
+fn metadata_changes_and_replacing_the_path_leave_an_open_file_readable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = d.join("m.safetensors");
+    write_f32(&p, "x", 1 << 16, 4.0);
+    let f = SafeTensors::open(&p).unwrap();
+    let ck = Checkpoint::open(&p).unwrap();
+    let check = |what: &str| {
+        assert_eq!(
+            f.read::<f32>("x").unwrap(),
+            vec![4.0; 1 << 16],
+            "after {what}"
+        );
+        f.check_unchanged().unwrap();
+        ck.check_unchanged().unwrap();
+        assert_eq!(ck.read_bytes("x").unwrap().len(), 4 << 16, "after {what}");
+    };
+    next_tick();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o400)).unwrap();
+    check("chmod");
+    std::fs::hard_link(&p, d.join("hard.safetensors")).unwrap();
+    check("a hard link");
+    std::fs::rename(&p, d.join("moved.safetensors")).unwrap();
+    check("a rename");
+    write_f32(&p, "x", 1 << 16, 9.0);
+    check("a new file at the old path");
+    std::fs::remove_file(d.join("moved.safetensors")).unwrap();
+    std::fs::remove_file(d.join("hard.safetensors")).unwrap();
+    check("rm of every name");
+    // Atomic replace of the path by the library's own writer.
+    let g = SafeTensors::open(&p).unwrap();
+    write_f32(&p, "x", 1 << 16, 5.0);
+    assert_eq!(g.read::<f32>("x").unwrap(), vec![9.0; 1 << 16]);
 }
 
 // ----- data loss: special files as output ----------------------------------

@@ -11,7 +11,6 @@ use super::file::SafeTensors;
 use super::header::{TensorInfo, MAX_HEADER_LEN};
 use super::json::Node;
 use super::open::{self, FileId, InFolder, Stamp};
-use super::reading::Reading;
 use crate::convert::Element;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -37,7 +36,6 @@ pub struct Checkpoint {
 struct IndexFile {
     file: File,
     stamp: Stamp,
-    _reading: Reading,
 }
 
 impl Checkpoint {
@@ -114,11 +112,7 @@ impl Checkpoint {
         if bytes.len() as u64 > MAX_HEADER_LEN {
             return Err(invalid(None, "index file larger than 100 MB"));
         }
-        let index = IndexFile {
-            _reading: Reading::register(stamp.id, path),
-            file,
-            stamp,
-        };
+        let index = IndexFile { file, stamp };
         check_stamp(path, &index.file, &index.stamp)?;
         let root: Node = serde_json::from_slice(&bytes)
             .map_err(|source| Error::HeaderJson { path: p(), source })?;

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 
 use super::header::{self, Header, TensorInfo, LFS_POINTER_PREFIX};
 use super::open::{self, FileId, Stamp};
-use super::reading::Reading;
 use crate::alloc::{self, AllocFailure};
 use crate::convert::{self, Element};
 use crate::dtype::DType;
@@ -62,7 +61,6 @@ pub struct SafeTensors {
     header: Header,
     /// Identity, size and times at open; compared after every read.
     stamp: Stamp,
-    _reading: Reading,
 }
 
 impl SafeTensors {
@@ -112,14 +110,12 @@ impl SafeTensors {
         let mut json = vec![0u8; n_usize];
         read_exact_at(&file, &mut json, 8).map_err(|e| io("read header", e))?;
         let header = header::parse_header(&path, &json, file_len - 8 - n)?;
-        let _reading = Reading::register(stamp.id, &path);
         let st = SafeTensors {
             path,
             file,
             file_len,
             header,
             stamp,
-            _reading,
         };
         st.verify(None)?;
         Ok(st)
@@ -143,21 +139,26 @@ impl SafeTensors {
     }
 
     /// Checks that the file is unchanged since [`open`](Self::open): same
-    /// identity, size, modification and change time (nanoseconds). Every
+    /// identity, size and modification time (nanoseconds) of the open
+    /// file. Every
     /// read already checks this after its last `pread`; call it to check
     /// once more, e.g. after a sequence of reads and before committing
     /// their result.
     ///
-    /// Detected: any write, truncation, regrowth, `utimes` or metadata
-    /// change after open (the change time moves), including a rewrite
-    /// that restores size and modification time. Not detected: a change
+    /// Detected: any write, truncation or regrowth of the open file after
+    /// open (its size or modification time moves). Not detected: a change
     /// that keeps the size and falls in the same timestamp tick as the
     /// file's previous change (the kernel's coarse clock, a few
-    /// milliseconds: the times do not move), e.g. a file still being
-    /// written when it was opened; writes through a shared memory map not
-    /// yet written back; a change after the last check (reads already
-    /// returned stay as they were). Metadata-only changes (`chmod`, a new
-    /// hard link) are reported too: a false alarm rather than a mixed read.
+    /// milliseconds: the time does not move), e.g. a file still being
+    /// written when it was opened; a rewrite that keeps the size and sets
+    /// the modification time back on purpose (`utimes`); writes through a
+    /// shared memory map not yet written back; a change after the last
+    /// check (reads already returned stay as they were). Not a change:
+    /// what leaves the open file's bytes alone, `chmod`, a new hard link,
+    /// a rename, `rm` of its path, or an atomic replace of its path (a new
+    /// file renamed over it, as [`SafeTensorsWriter`](super::SafeTensorsWriter)
+    /// does): the handle keeps reading the file it opened, as
+    /// `safetensors`' memory map does.
     ///
     /// Errors: [`Error::FileChanged`], [`Error::Io`] when `fstat` fails.
     pub fn check_unchanged(&self) -> Result<()> {

@@ -63,7 +63,9 @@
 //! truncated after `open` gives [`Error::FileShrunk`](crate::Error::FileShrunk)
 //! (a short read), never `SIGBUS`. A file changed in place after `open`
 //! (same size, other bytes; truncated and regrown) is detected after each
-//! read by its identity, size, and modification and change times:
+//! read by its identity, size and modification time (not by metadata:
+//! a `chmod`, link, rename, `rm` or atomic replace of the path leaves the
+//! open file readable):
 //! [`Error::FileChanged`](crate::Error::FileChanged) naming the file and
 //! tensor ([`SafeTensors::check_unchanged`] says what is and is not seen).
 //! Whole-tensor reads (`read`, `read_rows`, `read_bytes`, ...) allocate
@@ -92,10 +94,10 @@
 //! # Writing
 //!
 //! [`SafeTensorsWriter`] streams a file tensor by tensor, in the declared
-//! order, through a temporary file renamed into place by `finish`. It
-//! refuses any output that is a file this process is reading (every live
-//! [`SafeTensors`] and [`Checkpoint`] index registers itself) or that
-//! [`WriteOptions::inputs`] names, and stops at once, removing its
+//! order, through a temporary file renamed into place by `finish` (through
+//! a symlink to its target, keeping a replaced file's mode). It refuses an
+//! output that is one of the call's own inputs ([`WriteOptions::inputs`])
+//! or an existing non-regular file, and stops at once, removing its
 //! temporary file, when [`WriteOptions::cancel`] is set (a signal handler
 //! sets it: see the `convert` example).
 
@@ -104,7 +106,6 @@ pub(crate) mod file;
 mod header;
 mod json;
 mod open;
-mod reading;
 mod writer;
 
 pub use checkpoint::Checkpoint;

@@ -48,16 +48,19 @@ impl FileId {
     }
 }
 
-/// What must not change while a file is read: identity, size, and the
-/// modification and change times with nanoseconds. `ctime` cannot be set
-/// by a user (any write, truncate, `utimes`, `chmod` or new hard link moves
-/// it to "now"), so a rewrite that restores size and `mtime` is still seen.
+/// What must not change while a file is read: the open file's identity,
+/// size and modification time (with nanoseconds), all taken from the open
+/// file (`fstat`), so they describe its *content*. Every write or truncate
+/// moves `mtime`. The change time is not compared: `chmod`, a new hard
+/// link, a rename, `rm` of the path, or an atomic replace of the path (a
+/// new file renamed over it) all move or leave it without touching a byte
+/// of the open file, which stays valid to read. Only a rewrite that sets
+/// `mtime` back on purpose (`utimes`) with the same size goes unseen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stamp {
     pub id: FileId,
     pub len: u64,
     mtime: (i64, i64),
-    ctime: (i64, i64),
 }
 
 impl Stamp {
@@ -66,7 +69,6 @@ impl Stamp {
             id: FileId::of(meta),
             len: meta.len(),
             mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
         }
     }
 
@@ -78,8 +80,6 @@ impl Stamp {
             Some("size")
         } else if self.mtime != now.mtime {
             Some("modification time")
-        } else if self.ctime != now.ctime {
-            Some("change time")
         } else {
             None
         }

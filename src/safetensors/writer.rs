@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use super::header::{TensorInfo, MAX_HEADER_LEN};
 use super::open::{kind_of, FileId};
-use super::reading::reader_of;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -57,9 +56,11 @@ const NAME_MAX: usize = 255;
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct WriteOptions {
-    /// Identities of files the output must not be (besides every file a
-    /// live reader of this process holds, which is always refused), e.g.
-    /// [`Checkpoint::file_ids`](super::Checkpoint::file_ids) of the source.
+    /// Identities of files the output must not be: this write's own
+    /// inputs, e.g. [`Checkpoint::file_ids`](super::Checkpoint::file_ids)
+    /// of the source. Only these are refused: a file some other reader of
+    /// the process holds open may be replaced, since the replacement is a
+    /// rename and that reader keeps reading the file it opened.
     pub inputs: Vec<FileId>,
     /// Checked before every write and before the final rename: once it is
     /// `true`, the writer closes and removes its temporary file and
@@ -98,20 +99,45 @@ impl WriteOptions {
 /// `finish` (or after a failed `finish`) removes the temporary file, so a
 /// partial file never appears under the final name.
 ///
+/// # Where the file goes
+///
+/// * An output that is a **symlink** is written *through*: the link is
+///   resolved (every level, `/dev/stdout` -> `/proc/self/fd/1` -> the file
+///   the shell opened included), the temporary file is made in the
+///   target's folder and renamed over the target, so the link stays a
+///   link and the data lands where it points. [`path`](Self::path) and
+///   [`finish`](Self::finish) give that target. A symlink whose target
+///   does not exist (dangling, or a deleted file behind `/proc/self/fd`)
+///   is refused: [`Error::OutputNotRegular`] with kind `"dangling
+///   symlink"`.
+/// * A **replaced file keeps its permission bits** (`rwx` for user, group
+///   and others; set-id bits are dropped) and, where the writer is
+///   permitted (root, or the same owner), its owner and group; otherwise
+///   its group where permitted. The temporary file gets these before any
+///   data is written to it, so the data is never readable more widely than
+///   the file it replaces. A new file gets `0666` less the umask, as
+///   `safetensors` (Python's `open`) does.
+///
 /// # What is refused, before anything is written
 ///
 /// * An output that is the same file (device and inode, so through `..`,
 ///   symlinks and hard links, and a name whose folder resolves through a
-///   symlink) as a file this process is reading (every live
-///   [`SafeTensors`](super::SafeTensors), every live
-///   [`Checkpoint`](super::Checkpoint)'s index and shards) or one named in
-///   [`WriteOptions::inputs`]: [`Error::OutputIsInput`]. Checked at
-///   `create` and again just before the rename in `finish`.
+///   symlink) as one named in [`WriteOptions::inputs`] (the call's own
+///   inputs): [`Error::OutputIsInput`]. Checked at `create` and again just
+///   before the rename in `finish`. Files other readers of the process
+///   hold are not refused: the rename leaves them reading the file they
+///   opened.
 /// * An output that exists and is not a regular file (a device node such
 ///   as `/dev/null`, a FIFO, a socket, a folder; also through a symlink):
 ///   [`Error::OutputNotRegular`]. Such a file is never replaced nor written
-///   through. A symlink to a regular file is replaced by the new file
-///   (the rename replaces the link, not its target).
+///   through.
+///
+/// # Tensors of zero bytes
+///
+/// A declared tensor with no bytes (a zero in its shape) needs no write:
+/// writing the tensor after it, or [`finish`](Self::finish), passes over
+/// it (an explicit empty [`write_tensor`](Self::write_tensor) is accepted
+/// too).
 ///
 /// # Cancellation and signals
 ///
@@ -198,7 +224,9 @@ impl SafeTensorsWriter {
             op: "create",
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"),
         })?;
-        check_output(&path, &options.inputs)?;
+        let (target, replaced) = resolve_output(&path)?;
+        check_output(&target, &path, &options.inputs)?;
+        let path = target;
         if options
             .cancel
             .as_ref()
@@ -232,6 +260,16 @@ impl SafeTensorsWriter {
             next: 0,
             partial: 0,
         };
+        if let Some(meta) = replaced {
+            let file = w.out.as_ref().map(BufWriter::get_ref);
+            if let Some(file) = file {
+                keep_mode_and_owner(file, &meta).map_err(|e| Error::Io {
+                    path: w.tmp.clone(),
+                    op: "set the replaced file's mode",
+                    source: e,
+                })?;
+            }
+        }
         w.write_raw(&(header.len() as u64).to_le_bytes())?;
         w.write_raw(&header)?;
         Ok(w)
@@ -289,8 +327,30 @@ impl SafeTensorsWriter {
         self.append(bytes)
     }
 
-    /// Bytes still to write of `name`, which must be the next tensor.
-    fn remaining(&self, name: &str) -> Result<u64> {
+    /// Passes over declared tensors of zero bytes up to the one named
+    /// `name` (or every one, for `None`), when no byte of the current
+    /// tensor is written yet.
+    fn skip_empty(&mut self, name: Option<&str>) {
+        while self.partial == 0 {
+            match self.specs.get(self.next) {
+                Some((spec, 0)) if name != Some(spec.name.as_str()) => self.next += 1,
+                _ => break,
+            }
+        }
+    }
+
+    /// Bytes still to write of `name`, which must be the next tensor
+    /// (zero-byte tensors before it are passed over).
+    fn remaining(&mut self, name: &str) -> Result<u64> {
+        let at = (self.next, self.partial);
+        if self
+            .specs
+            .iter()
+            .skip(self.next)
+            .any(|(s, _)| s.name == name)
+        {
+            self.skip_empty(Some(name));
+        }
         let wrong = |reason| Error::Writer {
             path: self.path.clone(),
             tensor: name.to_owned(),
@@ -299,6 +359,7 @@ impl SafeTensorsWriter {
         match self.specs.get(self.next) {
             Some((spec, size)) if spec.name == name => Ok(size - self.partial),
             _ => {
+                (self.next, self.partial) = at;
                 let pos = self.specs.iter().position(|(s, _)| s.name == name);
                 Err(wrong(match pos {
                     None => "not declared",
@@ -330,6 +391,7 @@ impl SafeTensorsWriter {
     /// Errors: [`Error::Writer`] naming the first tensor not written yet,
     /// [`Error::Io`]. On error the temporary file is removed.
     pub fn finish(mut self) -> Result<PathBuf> {
+        self.skip_empty(None);
         if let Some((spec, _)) = self.specs.get(self.next) {
             return Err(Error::Writer {
                 path: self.path.clone(),
@@ -352,7 +414,7 @@ impl SafeTensorsWriter {
         // Once more, just before the rename: the output may have been
         // replaced (by a link to an input, a device node) since `create`.
         self.check_cancel()?;
-        check_output(&self.path, &self.inputs)?;
+        check_output(&self.path, &self.path, &self.inputs)?;
         std::fs::rename(&self.tmp, &self.path).map_err(|e| io("rename to final name", e))?;
         // The temporary name is gone: nothing for Drop to remove.
         self.tmp = PathBuf::new();
@@ -441,10 +503,63 @@ fn temp_name(name: &std::ffi::OsStr, suffix: &str) -> std::ffi::OsString {
     std::ffi::OsString::from_vec(out)
 }
 
-/// Refuses an output that is a file being read or an existing non-regular
-/// file (see [`SafeTensorsWriter`]). A missing output, or a dangling
-/// symlink, is fine: there is nothing to destroy.
-fn check_output(path: &Path, inputs: &[FileId]) -> Result<()> {
+/// Where the data goes for the output `path` (see [`SafeTensorsWriter`],
+/// "Where the file goes"): `path` itself, or the file a symlink at `path`
+/// resolves to; with the metadata of the file it replaces, if one exists.
+fn resolve_output(path: &Path) -> Result<(PathBuf, Option<std::fs::Metadata>)> {
+    let stat_err = |e| Error::Io {
+        path: path.to_owned(),
+        op: "stat output",
+        source: e,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => match std::fs::canonicalize(path) {
+            Ok(target) => {
+                let meta = std::fs::metadata(&target).map_err(stat_err)?;
+                Ok((target, Some(meta)))
+            }
+            // The link has no target by name. Through /proc/self/fd it may
+            // still reach an object (a pipe, a socket, a deleted file),
+            // which is named when refused.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::OutputNotRegular {
+                path: path.to_owned(),
+                kind: match std::fs::metadata(path) {
+                    Ok(m) if m.is_file() => "link to a deleted file",
+                    Ok(m) => kind_of(m.file_type()),
+                    Err(_) => "dangling symlink",
+                },
+            }),
+            Err(e) => Err(stat_err(e)),
+        },
+        Ok(m) => Ok((path.to_owned(), Some(m))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((path.to_owned(), None)),
+        Err(e) => Err(stat_err(e)),
+    }
+}
+
+/// Gives the temporary `file` the permission bits of the file it replaces
+/// (`meta`), then its owner and group where permitted, else its group
+/// where permitted (see [`SafeTensorsWriter`]).
+fn keep_mode_and_owner(file: &File, meta: &std::fs::Metadata) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !meta.is_file() {
+        return Ok(()); // refused by check_output
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o777))?;
+    let (uid, gid) = (meta.uid(), meta.gid());
+    if std::os::unix::fs::fchown(file, Some(uid), Some(gid)).is_err() {
+        // Not permitted to give the file away: keep the group if this user
+        // may (a member of it), else it stays the writer's.
+        let _ = std::os::unix::fs::fchown(file, None, Some(gid));
+    }
+    Ok(())
+}
+
+/// Refuses an output that is one of this write's inputs or an existing
+/// non-regular file (see [`SafeTensorsWriter`]). A missing output is fine:
+/// there is nothing to destroy. `shown` is the path errors name (the one
+/// the caller gave, when `path` is what its symlink resolved to).
+fn check_output(path: &Path, shown: &Path, inputs: &[FileId]) -> Result<()> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_symlink() => match std::fs::metadata(path) {
             Ok(target) => target,
@@ -468,21 +583,15 @@ fn check_output(path: &Path, inputs: &[FileId]) -> Result<()> {
         }
     };
     let id = FileId::of(&meta);
-    if let Some(input) = reader_of(id) {
-        return Err(Error::OutputIsInput {
-            path: path.to_owned(),
-            input,
-        });
-    }
     if inputs.contains(&id) {
         return Err(Error::OutputIsInput {
-            path: path.to_owned(),
-            input: path.to_owned(),
+            path: shown.to_owned(),
+            input: shown.to_owned(),
         });
     }
     if !meta.is_file() {
         return Err(Error::OutputNotRegular {
-            path: path.to_owned(),
+            path: shown.to_owned(),
             kind: kind_of(meta.file_type()),
         });
     }

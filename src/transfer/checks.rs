@@ -90,9 +90,9 @@ impl Loader {
         let Some(out) = out else { return Ok(None) };
         let got = out.to_vec()?;
         let src = source::of_item(sources, item)?;
-        let mut raw = vec![0u8; item.src_bytes as usize];
+        let mut raw = crate::alloc::tensor_bytes(&src.path, &item.name, item.src_bytes)?;
         src.pread(&item.name, &mut raw, item.file_off)?;
-        let want = source::cpu_output(item, raw)?;
+        let want = source::cpu_output(&src.path, item, raw)?;
         if got == want {
             return Ok(None);
         }

@@ -224,7 +224,7 @@ impl Loader {
             let len = chunk.min((item.src_bytes - off) as usize);
             let mut raw = vec![0u8; len];
             src.pread(&item.name, &mut raw, item.file_off + off)?;
-            let conv = source::cpu_output(item, raw)?;
+            let conv = source::cpu_output(&src.path, item, raw)?;
             let o = item.out_off(off) as usize;
             let mut dst = out.slice_mut(o..o + conv.len())?;
             dst.copy_htod(&self.compute, &conv)?;
@@ -255,9 +255,9 @@ impl Loader {
         st: &mut State,
     ) -> Result<Option<Failure>> {
         let src = source::of_item(sources, item)?;
-        let mut raw = vec![0u8; item.src_bytes as usize];
+        let mut raw = crate::alloc::tensor_bytes(&src.path, &item.name, item.src_bytes)?;
         src.pread(&item.name, &mut raw, item.file_off)?;
-        st.host = Some(source::cpu_output(item, raw)?);
+        st.host = Some(source::cpu_output(&src.path, item, raw)?);
         st.out = None;
         Ok(None)
     }

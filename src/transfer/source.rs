@@ -222,12 +222,13 @@ pub(crate) fn read_piece(
         })
 }
 
-/// The tensor's output computed on the CPU from `src` (its staged bytes).
-pub(crate) fn cpu_output(item: &Item, src: Vec<u8>) -> Result<Vec<u8>> {
+/// The tensor's output computed on the CPU from `src` (its staged bytes,
+/// read from the file `path`); the output is allocated fallibly.
+pub(crate) fn cpu_output(path: &std::path::Path, item: &Item, src: Vec<u8>) -> Result<Vec<u8>> {
     if item.out_dtype == item.dtype {
         return Ok(src);
     }
-    let mut out = vec![0u8; item.out_len(src.len())];
+    let mut out = crate::alloc::tensor_bytes(path, &item.name, item.out_len(src.len()) as u64)?;
     convert::convert_bytes(item.dtype, &src, item.out_dtype, &mut out)?;
     Ok(out)
 }

@@ -1,0 +1,173 @@
+"""The Wan 2.1 video VAE's decode with every conv3d through a chosen path.
+
+Usage (a CUDA machine with torch and diffusers)::
+
+    python3 python/bench/wan_vae.py [--dtype float32 bfloat16] [--repeat 3]
+        [--latent 1,16,3,60,104] [--paths cudnn nocudnn chain chain_vendor verify]
+        [--json out.json]
+
+diffusers' ``AutoencoderKLWan`` at its default (real) configuration with
+random weights (seed 0), decoding a latent of ``--latent`` (the default is 9
+frames of 480x832). Each path runs in a fresh subprocess: one untimed
+decode (the process's first call, reported as ``first``), then ``--repeat``
+timed decodes (median reported). Paths:
+
+- ``cudnn``: torch's conv3d with cuDNN.
+- ``nocudnn``: torch's conv3d with ``torch.backends.cudnn.enabled = False``
+  (what an AMD user gets with MIOpen turned off).
+- ``chain``: every conv3d through rocm-safe's chain with its vendor tier
+  failing (``_inject_conv3d_failures(["vendor"])``): the tiled kernel serves,
+  checks on.
+- ``chain_vendor``: every conv3d through the chain, vendor tier on (inside
+  this PyTorch process it must be cuDNN that serves).
+- ``verify``: torch's conv3d (cuDNN) with ``install_conv3d_fallback(mode="verify")``.
+
+For the chain paths, a profiled decode (torch.profiler, CUDA activity) also
+gives the GPU time of the serving kernels, so the time outside them is
+``wall - kernels``. Every path's output is compared with the ``cudnn``
+path's (max abs difference, relative to its max abs value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+
+
+def _decode_once(vae, z):
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = vae.decode(z, return_dict=False)[0]
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def _run(path: str, dtype_name: str, latent, repeat: int, q) -> None:
+    try:
+        import torch
+        from diffusers import AutoencoderKLWan
+
+        dtype = getattr(torch, dtype_name)
+        torch.manual_seed(0)
+        vae = AutoencoderKLWan().to("cuda", dtype).eval()
+        g = torch.Generator(device="cuda").manual_seed(1)
+        z = torch.randn(latent, device="cuda", dtype=dtype, generator=g)
+        info = {"path": path, "dtype": dtype_name}
+        if path == "nocudnn":
+            torch.backends.cudnn.enabled = False
+        if path in ("chain", "chain_vendor", "verify"):
+            import rocm_safe.torch as rst
+
+            if path == "chain":
+                rst._inject_conv3d_failures(["vendor"])
+            if path == "verify":
+                rst.install_conv3d_fallback(mode="verify")
+            else:
+                try:
+                    rst.install_conv3d_fallback(mode="replace")
+                except TypeError:  # an older package: route by hand
+                    torch.nn.functional.conv3d = rst.conv3d
+            rst.reset_conv3d_stats()
+        first, out = _decode_once(vae, z)
+        info["first_s"] = first
+        times = []
+        for _ in range(repeat):
+            t, out = _decode_once(vae, z)
+            times.append(t)
+        info["median_s"] = statistics.median(times)
+        info["times_s"] = times
+        if path in ("chain", "chain_vendor", "verify"):
+            import rocm_safe.torch as rst
+
+            info["stats"] = rst.conv3d_stats()
+            if path != "verify":
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    t, _ = _decode_once(vae, z)
+                kernels = {}
+                for e in prof.key_averages():
+                    dev = getattr(e, "device_time_total", None)
+                    if dev is None:
+                        dev = getattr(e, "cuda_time_total", 0)
+                    if "conv3d" in e.key or "cudnn" in e.key.lower() or "sm90" in e.key or "xmma" in e.key:
+                        kernels[e.key] = dev / 1e6
+                info["profiled_wall_s"] = t
+                info["conv_kernels_s"] = sum(kernels.values())
+                info["top_kernels"] = sorted(kernels.items(), key=lambda kv: -kv[1])[:8]
+        info["out"] = out.float().cpu()
+        maps = open("/proc/self/maps").read()
+        info["libcudnn_files"] = sorted({l.split()[-1] for l in maps.splitlines() if "/libcudnn.so" in l})
+        info["libnvrtc_files"] = sorted({l.split()[-1] for l in maps.splitlines() if "/libnvrtc.so" in l})
+        q.put(info)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        import traceback
+
+        q.put({"path": path, "dtype": dtype_name, "error": f"{e!r}\n{traceback.format_exc()}"})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--paths", nargs="+", default=["cudnn", "nocudnn", "chain", "chain_vendor", "verify"])
+    ap.add_argument("--latent", default="1,16,3,60,104")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    latent = [int(v) for v in a.latent.split(",")]
+    ctx = mp.get_context("spawn")
+    rows = []
+    for dt in a.dtype:
+        ref = None
+        for path in a.paths:
+            q = ctx.Queue()
+            p = ctx.Process(target=_run, args=(path, dt, latent, a.repeat, q))
+            p.start()
+            info = q.get()
+            p.join()
+            if "error" in info:
+                print(f"{dt:9} {path:13} ERROR {info['error']}", flush=True)
+                rows.append(info)
+                continue
+            out = info.pop("out")
+            if path == "cudnn":
+                ref = out
+            if ref is not None:
+                scale = float(ref.abs().max()) or 1.0
+                info["max_rel_diff_vs_cudnn"] = float((out - ref).abs().max()) / scale
+            extra = ""
+            if "conv_kernels_s" in info:
+                inside = info["conv_kernels_s"]
+                outside = info["profiled_wall_s"] - inside
+                extra = f" conv kernels {inside:.3f}s, rest of the decode {outside:.3f}s"
+            if "stats" in info:
+                st = info["stats"]
+                served = {k: v["served"] for k, v in st["tiers"].items() if v["served"]}
+                extra += f" served={served} calls={st.get('calls')} fell_back={st.get('fell_back')}"
+            print(
+                f"{dt:9} {path:13} median {info['median_s']:.3f}s first {info['first_s']:.3f}s"
+                f" diff {info.get('max_rel_diff_vs_cudnn', float('nan')):.2e}"
+                f" cudnn libs {len(info['libcudnn_files'])} nvrtc libs {len(info['libnvrtc_files'])}{extra}",
+                flush=True,
+            )
+            rows.append(info)
+        base = {r["path"]: r for r in rows if r.get("dtype") == dt and "median_s" in r}
+        for num, den in (("chain", "nocudnn"), ("chain", "cudnn"), ("chain_vendor", "cudnn"), ("verify", "cudnn")):
+            if num in base and den in base:
+                ratio = base[den]["median_s"] / base[num]["median_s"]
+                print(f"{dt:9} {num} is {ratio:.2f}x as fast as {den}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
