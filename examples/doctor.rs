@@ -304,7 +304,10 @@ fn main() -> ExitCode {
     let mut json = false;
     let mut archs = Vec::new();
     let mut options = CollectOptions::default();
-    let mut args = std::env::args().skip(1);
+    // Arguments that are not UTF-8 are usage errors, never a panic.
+    let mut args = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().unwrap_or_else(|bad| format!("{bad:?}")));
     while let Some(a) = args.next() {
         match a.as_str() {
             "--json" => json = true,

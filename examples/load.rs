@@ -26,14 +26,31 @@ fn usage() -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(path) = args.first().filter(|a| !a.starts_with("--")) else {
+    // The checkpoint's path may be any bytes (a valid Linux file name need
+    // not be UTF-8); the options are text.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let Some(path) = args
+        .first()
+        .filter(|a| !a.as_encoded_bytes().starts_with(b"--"))
+        .map(std::path::PathBuf::from)
+    else {
         return usage();
     };
+    let mut options = Vec::new();
+    for a in args.iter().skip(1) {
+        match a.to_str() {
+            Some(s) => options.push(s.to_owned()),
+            None => {
+                eprintln!("load: argument {a:?} is not UTF-8 text");
+                return usage();
+            }
+        }
+    }
+    let args = options;
     let mut backend = BackendKind::Host;
     let mut opts = LoadOptions::to_dtype(DType::F32);
     let mut verbose = false;
-    let mut it = args.iter().skip(1);
+    let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().cloned().unwrap_or_default();
         match a.as_str() {
@@ -81,7 +98,7 @@ fn main() -> ExitCode {
             _ => return usage(),
         }
     }
-    match run(path, backend, opts, verbose) {
+    match run(&path, backend, opts, verbose) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -91,7 +108,7 @@ fn main() -> ExitCode {
 }
 
 fn run(
-    path: &str,
+    path: &std::path::Path,
     backend: BackendKind,
     opts: LoadOptions,
     verbose: bool,

@@ -188,15 +188,96 @@ fn convert_refuses_a_special_file_as_output() {
     write_bf16(&input, 8);
     let fifo = dir.path().join("out.fifo");
     mkfifo(&fifo);
-    for (out, kind) in [
-        (PathBuf::from("/dev/null"), "character device"),
-        (fifo.clone(), "fifo"),
-    ] {
+    // The test's own special files, never the machine's (/dev/null): a
+    // regression destroys only these.
+    let socket = dir.path().join("out.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let mut outs = vec![(fifo.clone(), "fifo"), (socket.clone(), "socket")];
+    let null = dir.path().join("null");
+    if mknod_null(&null) {
+        outs.push((null.clone(), "character device"));
+        let link = dir.path().join("null-link");
+        std::os::unix::fs::symlink(&null, &link).unwrap();
+        outs.push((link, "character device"));
+    }
+    for (out, kind) in outs {
         let o = run("convert", &[&input, &out, &"--dtype", &"f32"]);
         assert_refused(&o, dir.path(), kind);
     }
     let meta = std::fs::symlink_metadata(&fifo).unwrap();
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type()));
+    let meta = std::fs::symlink_metadata(&socket).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
+    if let Ok(meta) = std::fs::symlink_metadata(&null) {
+        assert!(std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type()));
+    }
+}
+
+/// A character device like /dev/null (1, 3) at `path`, when this user may
+/// make one (root on a file system that allows device nodes).
+fn mknod_null(path: &Path) -> bool {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 3)) };
+    rc == 0
+}
+
+#[test]
+fn convert_to_a_link_writes_through_it_as_convert_to_dev_stdout_does() {
+    // `convert in.safetensors /dev/stdout > out.safetensors`, with the
+    // test's own link to /proc/self/fd/1 in place of the machine's
+    // /dev/stdout (a regression replaces only this link).
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let input = d.join("in.safetensors");
+    write_bf16(&input, 8);
+    let stdout_link = d.join("stdout");
+    std::os::unix::fs::symlink("/proc/self/fd/1", &stdout_link).unwrap();
+    let out = d.join("out.safetensors");
+    let o = Command::new(example_bin::example("convert"))
+        .arg(&input)
+        .arg(&stdout_link)
+        .args(["--dtype", "f32"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::symlink_metadata(&stdout_link).unwrap().file_type().is_symlink());
+    let f = SafeTensors::open(&out).unwrap();
+    assert_eq!(f.read::<f32>("x").unwrap().len(), 8);
+    assert_eq!(temporaries(d), Vec::<String>::new());
+    // Into a pipe (stdout not redirected to a file): refused, exit != 0,
+    // and the link is still a link.
+    let o = run("convert", &[&input, &stdout_link, &"--dtype", &"f32"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("fifo"), "{}", stderr(&o));
+    assert!(std::fs::symlink_metadata(&stdout_link).unwrap().file_type().is_symlink());
+}
+
+#[test]
+fn arguments_and_environment_that_are_not_utf8_never_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = OsStr::from_bytes(b"--\xff\xfe");
+    // The doctor with a variable whose name and one whose value is not UTF-8.
+    let o = Command::new(example_bin::example("doctor"))
+        .env(OsStr::from_bytes(b"ROCM_SAFE_TEST_\xff"), "1")
+        .env("MIOPEN_DEBUG_ROCM_SAFE_TEST", OsStr::from_bytes(b"\xff"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "doctor: {:?} {}", o.status, stderr(&o));
+    // Arguments: a usage error (exit 2), not a panic (101).
+    let o = run("doctor", &[&bad]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let input = dir.path().join("in.safetensors");
+    write_bf16(&input, 8);
+    let o = run("load", &[&input, &bad]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // A checkpoint whose file name is not UTF-8 loads.
+    let odd = dir.path().join(OsStr::from_bytes(b"odd-\xff.safetensors"));
+    std::fs::copy(&input, &odd).unwrap();
+    let o = run("load", &[&odd, &"--backend", &"host"]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

@@ -33,7 +33,13 @@ pub struct EnvVar {
 
 /// Reads the watched variables and every `MIOPEN_DEBUG_*` that is set.
 pub fn read_env() -> Vec<EnvVar> {
-    read_env_from(|k| std::env::var(k).ok(), std::env::vars().map(|(k, _)| k))
+    // `vars_os`, not `vars`: a variable whose name or value is not UTF-8
+    // (any bytes are allowed) must not panic the doctor; such a name is
+    // not one of ours and is skipped, such a value reads as unset.
+    read_env_from(
+        |k| std::env::var(k).ok(),
+        std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()),
+    )
 }
 
 /// [`read_env`] over any environment (for tests).
