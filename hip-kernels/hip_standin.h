@@ -80,3 +80,8 @@ static __device__ inline unsigned long long atomicAdd(unsigned long long* p,
                                                       unsigned long long v) {
     return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+// Relaxed, device (agent) scope, as HIP's atomicMax.
+static __device__ inline unsigned long long atomicMax(unsigned long long* p,
+                                                      unsigned long long v) {
+    return __hip_atomic_fetch_max(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}

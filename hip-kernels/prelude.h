@@ -3,8 +3,8 @@
 // Every kernel file includes this first. It gives fixed-width integer types,
 // the KERNEL qualifier (extern "C" __global__, so symbols are unmangled
 // `{op}_{src}_{dst}`), a 16-byte vector type, count-leading-zeros and the
-// 64-bit atomic add. No CUDA or HIP header beyond hip_runtime.h is used, so the
-// same text also compiles under NVRTC with no include paths.
+// 64-bit atomic add and maximum. No CUDA or HIP header beyond hip_runtime.h
+// is used, so the same text also compiles under NVRTC with no include paths.
 #pragma once
 
 #if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
@@ -49,6 +49,8 @@ RS_DEVICE rs_u32 rs_clz32(rs_u32 x) { return (rs_u32)__clz((int)x); }
 
 // Exact 64-bit atomic add (wrapping), order-independent.
 RS_DEVICE void rs_atomic_add_u64(rs_u64* p, rs_u64 v) { atomicAdd(p, v); }
+// 64-bit atomic maximum (unsigned), order-independent.
+RS_DEVICE void rs_atomic_max_u64(rs_u64* p, rs_u64 v) { atomicMax(p, v); }
 
 // The linear thread id and the grid's thread count, both 64-bit.
 RS_DEVICE rs_u64 rs_tid() { return (rs_u64)blockIdx.x * (rs_u64)blockDim.x + (rs_u64)threadIdx.x; }

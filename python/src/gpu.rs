@@ -451,9 +451,15 @@ impl Conv3dTier for Injectable {
         }
         self.0.run(p, out)
     }
+    fn support_device(&self, ops: &DeviceOperands<'_, '_>) -> Support {
+        if is_injected(self.kind()) {
+            Support::Yes
+        } else {
+            self.0.support_device(ops)
+        }
+    }
     fn run_device(
         &self,
-        p: &rocm_safe::conv3d::Conv3dProblem<'_>,
         ops: &DeviceOperands<'_, '_>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> rocm_safe::Result<()> {
@@ -463,7 +469,7 @@ impl Conv3dTier for Injectable {
                 reason: INJECTED,
             });
         }
-        self.0.run_device(p, ops, out)
+        self.0.run_device(ops, out)
     }
 }
 

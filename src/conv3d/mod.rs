@@ -22,4 +22,4 @@ mod reference;
 
 pub use cpu::{conv3d_cpu, conv3d_cpu_with, release_cpu_scratch, CpuKernel};
 pub use params::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem, ShapeDim};
-pub use reference::{reference, reference_point, RefPoint};
+pub use reference::{reference, reference_point, sample_index, RefPoint};

@@ -120,8 +120,9 @@ impl Conv3dData<'_> {
 
 /// The validated sizes of one convolution: what every tier computes from.
 ///
-/// Built only by [`Conv3dProblem::new`]; all products of these sizes
-/// (element counts of input, weight and output) fit in `usize`.
+/// Built only by [`Conv3dGeometry::new`] (which [`Conv3dProblem::new`]
+/// calls); all products of these sizes (element counts of input, weight and
+/// output) fit in `usize`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Conv3dGeometry {
@@ -249,26 +250,22 @@ fn dims<D: ShapeDim>(tensor: &'static str, shape: &[D]) -> Result<Vec<usize>> {
         })
 }
 
-impl<'a> Conv3dProblem<'a> {
-    /// Validates shapes, parameters and data lengths.
+impl Conv3dGeometry {
+    /// Validates shapes and parameters (no data: operands that live on a
+    /// device are checked by shape alone; [`Conv3dProblem::new`] adds the
+    /// data's dtype and lengths).
     ///
     /// Errors: [`Error::Conv3dParam`] for a zero stride, dilation or group
     /// count; [`Error::Conv3dShape`] for a shape that is not 5-D, channels
     /// not divisible by groups, a weight whose input channels are not
     /// `C / groups`, a zero kernel size, a kernel larger than the padded
-    /// input, a bias of the wrong length, or sizes overflowing `usize`;
-    /// [`Error::Conv3dTooLarge`] when the output plus the CPU tier's padded
-    /// input copy would not fit in this machine's memory (RAM plus swap),
-    /// checked before anything is allocated;
-    /// [`Error::Conv3dDType`] when input and weight dtypes differ;
-    /// [`Error::LengthMismatch`] when a buffer's length is not its shape's.
+    /// input, or sizes overflowing `usize`; [`Error::Conv3dTooLarge`] when
+    /// the output plus the CPU tier's padded input copy would not fit in
+    /// this machine's memory (RAM plus swap).
     pub fn new<D: ShapeDim>(
         params: Conv3dParams,
-        input: Conv3dData<'a>,
         input_shape: &[D],
-        weight: Conv3dData<'a>,
         weight_shape: &[D],
-        bias: Option<Conv3dData<'a>>,
     ) -> Result<Self> {
         let input_shape = &dims("input", input_shape)?[..];
         let weight_shape = &dims("weight", weight_shape)?[..];
@@ -363,8 +360,8 @@ impl<'a> Conv3dProblem<'a> {
             output[axis] = (padded - span) / params.stride[axis] + 1;
             padded_dims[axis] = padded as u64;
         }
-        let in_len = product(input_shape).ok_or_else(|| overflow("input"))?;
-        let w_len = product(weight_shape).ok_or_else(|| overflow("weight"))?;
+        product(input_shape).ok_or_else(|| overflow("input"))?;
+        product(weight_shape).ok_or_else(|| overflow("weight"))?;
         // The output and the per-point work must be addressable too.
         product(&[n, k, output[0], output[1], output[2]]).ok_or_else(|| overflow("input"))?;
         product(&[cg, kd, kh, kw, 2]).ok_or_else(|| overflow("weight"))?;
@@ -386,6 +383,37 @@ impl<'a> Conv3dProblem<'a> {
                 limit,
             });
         }
+        Ok(Conv3dGeometry {
+            batch: n,
+            in_channels: c,
+            input: [d, h, w],
+            out_channels: k,
+            kernel: [kd, kh, kw],
+            output,
+            params,
+        })
+    }
+}
+
+impl<'a> Conv3dProblem<'a> {
+    /// Validates shapes, parameters and data lengths.
+    ///
+    /// Errors: those of [`Conv3dGeometry::new`];
+    /// [`Error::Conv3dDType`] when input and weight dtypes differ;
+    /// [`Error::LengthMismatch`] when a buffer's length (the bias's
+    /// included) is not its shape's.
+    pub fn new<D: ShapeDim>(
+        params: Conv3dParams,
+        input: Conv3dData<'a>,
+        input_shape: &[D],
+        weight: Conv3dData<'a>,
+        weight_shape: &[D],
+        bias: Option<Conv3dData<'a>>,
+    ) -> Result<Self> {
+        let geometry = Conv3dGeometry::new(params, input_shape, weight_shape)?;
+        let in_len: usize = geometry.input_shape().iter().product();
+        let w_len: usize = geometry.weight_shape().iter().product();
+        let k = geometry.out_channels;
         if weight.dtype() != input.dtype() {
             return Err(Error::Conv3dDType {
                 tensor: "weight",
@@ -407,15 +435,7 @@ impl<'a> Conv3dProblem<'a> {
             }
         }
         Ok(Conv3dProblem {
-            geometry: Conv3dGeometry {
-                batch: n,
-                in_channels: c,
-                input: [d, h, w],
-                out_channels: k,
-                kernel: [kd, kh, kw],
-                output,
-                params,
-            },
+            geometry,
             input,
             weight,
             bias,

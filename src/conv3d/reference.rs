@@ -80,3 +80,25 @@ pub fn reference(p: &Conv3dProblem<'_>) -> Vec<f64> {
         .map_while(|i| reference_point(p, i).map(|r| r.value))
         .collect()
 }
+
+/// Sample `j` of the output points a result is checked at: `0`, then
+/// `len - 1`, then a splitmix64 sequence of `seed` modulo `len`. `None`
+/// for an empty output. The chain's sampled points on the host and the
+/// device check kernel (`conv3d_check_*`) use this same sequence, so both
+/// check the same points.
+pub fn sample_index(len: usize, seed: u64, j: usize) -> Option<usize> {
+    if len == 0 {
+        return None;
+    }
+    Some(match j {
+        0 => 0,
+        1 => len - 1,
+        _ => {
+            let mut z = seed.wrapping_add((j as u64 - 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            (z % len as u64) as usize
+        }
+    })
+}

@@ -6,8 +6,9 @@ use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::device_run::DeviceScratch;
 use super::{Conv3dReport, Conv3dTier, Support, TierAttempt, TierKind, TierStats};
-use crate::conv3d::{reference_point, Conv3dProblem};
+use crate::conv3d::{reference_point, sample_index, Conv3dProblem};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -77,6 +78,33 @@ pub struct Conv3dChain {
     tiers: Vec<Box<dyn Conv3dTier>>,
     options: Conv3dOptions,
     stats: Mutex<Vec<TierStats>>,
+    /// The device buffers [`Conv3dChain::run_device`] reuses across calls
+    /// (widened bias, check results), for the last device it ran on.
+    pub(super) scratch: Mutex<Option<DeviceScratch>>,
+}
+
+/// Why one tier's attempt did not serve: a failure (the next tier runs), or
+/// the overflow rule of [`Conv3dChain::run_into`] (the call ends).
+#[derive(Debug)]
+pub(super) enum TierFail {
+    /// The tier failed.
+    Failed(Failure),
+    /// A non-finite output from finite inputs whose exact value is beyond
+    /// the f32 range.
+    Overflow {
+        /// The flat output index.
+        index: usize,
+        /// The f64 reference there.
+        reference: f64,
+        /// The tier's value there.
+        value: f32,
+    },
+}
+
+impl From<Failure> for TierFail {
+    fn from(f: Failure) -> Self {
+        TierFail::Failed(f)
+    }
 }
 
 impl fmt::Debug for Conv3dChain {
@@ -127,6 +155,7 @@ impl Conv3dChain {
             tiers,
             options,
             stats: Mutex::new(stats),
+            scratch: Mutex::new(None),
         }
     }
 
@@ -195,22 +224,36 @@ impl Conv3dChain {
             });
         }
         let samples = sample_points(expected, self.options.verify_samples, self.options.seed);
-        self.run_tiers(problem, |tier| match tier.run(problem, out) {
-            Err(e) => Err(Failure::Error(e)),
-            Ok(()) => self.check(problem, &samples, first_non_finite(out), |i| {
-                Ok(out.get(i).copied())
-            }),
-        })
+        self.run_tiers(
+            |tier| tier.support(problem),
+            |tier| match tier.run(problem, out) {
+                Err(e) => Err(TierFail::Failed(Failure::Error(e))),
+                Ok(()) => match self.check(problem, &samples, out) {
+                    Err(Failure::NonFinite { index, value }) => {
+                        Err(match overflow_at(problem, index) {
+                            Some(reference) => TierFail::Overflow {
+                                index,
+                                reference,
+                                value,
+                            },
+                            None => TierFail::Failed(Failure::NonFinite { index, value }),
+                        })
+                    }
+                    other => other.map_err(TierFail::Failed),
+                },
+            },
+        )
     }
 
-    /// The tiers in order: skips (forced, forbidden, unsupported,
-    /// unavailable), then `attempt` (run and check) on each tier that may
-    /// run, until one serves; counts, the report and the overflow rule of
-    /// [`Conv3dChain::run_into`].
+    /// The tiers in order: skips (forced, forbidden, `support` says
+    /// unsupported or unavailable), then `attempt` (run and check) on each
+    /// tier that may run, until one serves; counts, the report and the
+    /// overflow rule of [`Conv3dChain::run_into`] (`attempt` decides when
+    /// it applies).
     pub(super) fn run_tiers(
         &self,
-        problem: &Conv3dProblem<'_>,
-        mut attempt: impl FnMut(&dyn Conv3dTier) -> std::result::Result<(), Failure>,
+        support: impl Fn(&dyn Conv3dTier) -> Support,
+        mut attempt: impl FnMut(&dyn Conv3dTier) -> std::result::Result<(), TierFail>,
     ) -> Result<Conv3dReport> {
         let mut report = Conv3dReport::default();
         for (i, tier) in self.tiers.iter().enumerate() {
@@ -220,7 +263,7 @@ impl Conv3dChain {
             } else if self.options.forbid.contains(&kind) {
                 Some("forbidden by the options".to_owned())
             } else {
-                match tier.support(problem) {
+                match support(tier.as_ref()) {
                     Support::Yes => None,
                     Support::Unsupported(why) => Some(format!("unsupported: {why}")),
                     Support::Unavailable(why) => Some(format!("unavailable: {why}")),
@@ -239,8 +282,14 @@ impl Conv3dChain {
             let start = Instant::now();
             let result = attempt(tier.as_ref());
             let time = start.elapsed();
-            if let Err(Failure::NonFinite { index, value }) = result {
-                if let Some(reference) = overflow_at(problem, index) {
+            let result = match result {
+                Ok(()) => Ok(()),
+                Err(TierFail::Failed(f)) => Err(f),
+                Err(TierFail::Overflow {
+                    index,
+                    reference,
+                    value,
+                }) => {
                     self.count(i, |s| {
                         s.attempts += 1;
                         s.time += time;
@@ -253,7 +302,7 @@ impl Conv3dChain {
                         tier: tier.name().to_owned(),
                     });
                 }
-            }
+            };
             let served = result.is_ok();
             self.count(i, |s| {
                 s.attempts += 1;
@@ -294,18 +343,17 @@ impl Conv3dChain {
         }
     }
 
-    /// The checks of one tier's output: the non-finite scan (`first_bad`:
-    /// the first NaN or infinity, computed only when the scan is on) and
-    /// the sampled f64 points (`value_at`: the output value at an index).
-    pub(super) fn check(
+    /// The checks of one tier's host output: the non-finite scan (the
+    /// first NaN or infinity, when the scan is on) and the sampled f64
+    /// points.
+    fn check(
         &self,
         p: &Conv3dProblem<'_>,
         samples: &[usize],
-        first_bad: impl FnOnce() -> std::result::Result<Option<(usize, f32)>, Failure>,
-        mut value_at: impl FnMut(usize) -> std::result::Result<Option<f32>, Failure>,
+        out: &[f32],
     ) -> std::result::Result<(), Failure> {
         if self.options.scan_non_finite {
-            if let Some((index, value)) = first_bad()? {
+            if let Some((index, &value)) = out.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                 let inputs_finite = p.input.all_finite()
                     && p.weight.all_finite()
                     && p.bias.is_none_or(|b| b.all_finite());
@@ -314,47 +362,62 @@ impl Conv3dChain {
                 }
             }
         }
-        let rel = match p.dtype() {
-            DType::BF16 => self.options.rel_tol_bf16,
-            _ => self.options.rel_tol_f32,
-        };
+        let rel = self.rel_tol(p.dtype());
         for &index in samples {
             let Some(r) = reference_point(p, index) else {
                 continue;
             };
-            if !r.value.is_finite() {
-                continue; // non-finite inputs: nothing to compare against
-            }
-            let Some(got) = value_at(index)? else {
+            let Some(&got) = out.get(index) else {
                 continue;
             };
-            let tolerance = rel * r.magnitude + f64::from(f32::MIN_POSITIVE);
-            let ok = (f64::from(got) - r.value).abs() <= tolerance;
-            if !ok {
-                return Err(Failure::ValueMismatch {
-                    index,
-                    got,
-                    expected: r.value,
-                    tolerance,
-                });
-            }
+            compare(index, got, r.value, r.magnitude, rel)?;
         }
         Ok(())
     }
+
+    /// The relative tolerance of inputs of `dtype`.
+    pub(super) fn rel_tol(&self, dtype: DType) -> f64 {
+        match dtype {
+            DType::BF16 => self.options.rel_tol_bf16,
+            _ => self.options.rel_tol_f32,
+        }
+    }
 }
 
-/// The first NaN or infinity of a host output (lazily: the scan runs only
-/// when the check asks).
-fn first_non_finite(
-    out: &[f32],
-) -> impl FnOnce() -> std::result::Result<Option<(usize, f32)>, Failure> + '_ {
-    move || {
-        Ok(out
-            .iter()
-            .enumerate()
-            .find(|(_, v)| !v.is_finite())
-            .map(|(i, &v)| (i, v)))
+/// One sampled point's comparison: `got` (the tier's value at `index`)
+/// against the f64 `reference` within `rel * magnitude` (plus the smallest
+/// normal f32). A non-finite reference (non-finite inputs) has nothing to
+/// compare against and passes; a NaN `got` against a finite reference
+/// fails.
+pub(super) fn compare(
+    index: usize,
+    got: f32,
+    reference: f64,
+    magnitude: f64,
+    rel: f64,
+) -> std::result::Result<(), Failure> {
+    if !reference.is_finite() {
+        return Ok(());
     }
+    let tolerance = rel * magnitude + f64::from(f32::MIN_POSITIVE);
+    let ok = (f64::from(got) - reference).abs() <= tolerance;
+    if ok {
+        Ok(())
+    } else {
+        Err(Failure::ValueMismatch {
+            index,
+            got,
+            expected: reference,
+            tolerance,
+        })
+    }
+}
+
+/// Whether a non-finite output over an exact `reference` is the correctly
+/// rounded result (the reference is finite in f64 but beyond the f32
+/// range): the overflow rule of [`Conv3dChain::run_into`].
+pub(super) fn overflows_f32(reference: f64) -> bool {
+    reference.is_finite() && (reference as f32).is_infinite()
 }
 
 /// The f64 reference at output `index` when it is beyond the f32 range
@@ -362,29 +425,23 @@ fn first_non_finite(
 /// correctly rounded result of finite inputs.
 fn overflow_at(p: &Conv3dProblem<'_>, index: usize) -> Option<f64> {
     let r = reference_point(p, index)?;
-    (r.value.is_finite() && (r.value as f32).is_infinite()).then_some(r.value)
+    overflows_f32(r.value).then_some(r.value)
+}
+
+/// The number of sampled points of an output of `len` points with `k`
+/// samples asked for (before deduplication): what the device check
+/// launches.
+pub(crate) fn sample_count(len: usize, k: usize) -> usize {
+    k.min(len)
 }
 
 /// `k` flat indices below `len` (first and last included, the rest from a
-/// splitmix64 sequence of `seed`), deduplicated.
+/// splitmix64 sequence of `seed`: [`sample_index`]), sorted and
+/// deduplicated.
 pub(crate) fn sample_points(len: usize, k: usize, seed: u64) -> Vec<usize> {
-    if len == 0 || k == 0 {
-        return Vec::new();
-    }
-    let mut points = vec![0, len - 1];
-    let mut s = seed;
-    while points.len() < k.min(len) {
-        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        points.push((z % len as u64) as usize);
-        if points.len() >= 4 * k {
-            break;
-        }
-    }
-    points.truncate(k);
+    let mut points: Vec<usize> = (0..sample_count(len, k))
+        .filter_map(|j| sample_index(len, seed, j))
+        .collect();
     points.sort_unstable();
     points.dedup();
     points

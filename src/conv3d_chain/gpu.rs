@@ -6,12 +6,27 @@
 //! the output. So they run on every backend: HIP, CUDA, the host backend
 //! (whose "kernels" are the CPU code, so the whole path runs in CI), and
 //! [`Faults`](crate::device::faults::Faults) wrapping any of them.
+//!
+//! On operands already on their device ([`Conv3dTier::run_device`]) they
+//! copy nothing: the tiled kernel's weight layout is made on the device,
+//! on the caller's stream, every call, into a buffer the tier keeps
+//! ([`LayoutScratch`]). Re-laying out every call rather than caching one
+//! layout per weight means a changed weight can never meet a stale
+//! layout, whatever the caller does with its memory; it costs one read and
+//! one write of the weight (for the largest Wan 2.1 VAE layer, 384 x 384 x
+//! 27 f32 = 16 MB, about 10 us of H100 bandwidth against tens of ms of
+//! convolution), and no host work.
+
+use std::sync::Mutex;
 
 use super::device_run::run_on_host_then_copy;
 use super::{Conv3dTier, CpuTier, DeviceConv3dData, DeviceOperands, Support, TierKind};
-use crate::conv3d::{Conv3dData, Conv3dProblem};
+use crate::conv3d::{Conv3dData, Conv3dGeometry, Conv3dProblem};
 use crate::convert::Element;
-use crate::device::{Conv3dKernel, Conv3dWeightLayout, Device, DeviceView, DeviceViewMut, Stream};
+use crate::device::{
+    Conv3dKernel, Conv3dWeightLayout, Device, DeviceBuffer, DeviceView, DeviceViewMut, Event,
+    Stream,
+};
 use crate::error::Result;
 
 /// What a GPU tier runs.
@@ -21,10 +36,69 @@ enum Op {
     Kernel(Conv3dKernel),
 }
 
-fn zero_size(p: &Conv3dProblem<'_>) -> Option<Support> {
+fn zero_size(g: &Conv3dGeometry) -> Option<Support> {
     Conv3dKernel::Naive
-        .unsupported(&p.geometry)
+        .unsupported(g)
         .map(|why| Support::Unsupported(why.into()))
+}
+
+/// The device buffer a tier lays its weights out in, kept across calls,
+/// and the event after the last kernel that read it: a call on another
+/// stream waits for that event on the device (never on the host) before
+/// it overwrites the buffer.
+#[derive(Debug, Default)]
+pub(super) struct LayoutScratch {
+    inner: Mutex<Option<(DeviceBuffer<u32>, Option<Event>)>>,
+}
+
+impl LayoutScratch {
+    /// Lays `w` out in `layout` on `s` into the kept buffer (grown when
+    /// needed) and calls `run` with the laid-out weight, then records that
+    /// the buffer is in use up to here on `s`.
+    fn with_layout<T: Element>(
+        &self,
+        s: &Stream,
+        layout: Conv3dWeightLayout,
+        g: &Conv3dGeometry,
+        w: &DeviceView<'_, T>,
+        run: impl FnOnce(&DeviceView<'_, T>) -> Result<()>,
+    ) -> Result<()> {
+        let mut guard = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let len = layout.len(g);
+        let words = (len * std::mem::size_of::<T>()).div_ceil(4);
+        let fits = guard
+            .as_ref()
+            .is_some_and(|(b, _)| b.len() >= words && b.device().same(s.device()));
+        if !fits {
+            // The old buffer is freed at the device's next sync point, after
+            // any kernel still reading it.
+            *guard = Some((s.device().stream()?.alloc::<u32>(words)?, None));
+        }
+        let Some((buf, last)) = guard.as_mut() else {
+            return Err(crate::Error::Conv3dTier {
+                tier: "tiled",
+                reason: "no weight layout buffer",
+            });
+        };
+        if let Some(ev) = last.as_ref() {
+            s.wait(ev)?;
+        }
+        let mut all = buf.view_mut();
+        let mut typed = all.cast_mut::<T>()?;
+        let mut dst = typed.slice_mut(..len)?;
+        s.conv3d_arrange_weight(layout, g, w, &mut dst)?;
+        let result = run(&dst.as_view());
+        let ev = match last.take() {
+            Some(ev) => ev,
+            None => s.device().event()?,
+        };
+        s.record(&ev)?;
+        *last = Some(ev);
+        result
+    }
 }
 
 /// Upload, run `op`, download into `out` (which has the output's length).
@@ -81,22 +155,23 @@ fn run_device_on(
     device: &Device,
     op: Op,
     tier: &dyn Conv3dTier,
-    p: &Conv3dProblem<'_>,
+    layouts: &LayoutScratch,
     ops: &DeviceOperands<'_, '_>,
     out: &mut DeviceViewMut<'_, f32>,
 ) -> Result<()> {
     if !ops.stream.device().same(device) {
-        return run_on_host_then_copy(tier, p, ops, out);
+        return run_on_host_then_copy(tier, ops, out);
     }
     let s = ops.stream;
-    match (ops.input, ops.weight, p.weight) {
-        (DeviceConv3dData::F32(x), DeviceConv3dData::F32(w), Conv3dData::F32(hw)) => {
-            run_views(s, op, p, (&x, &w, hw), ops.bias, out)
+    let g = &ops.geometry;
+    match (ops.input, ops.weight) {
+        (DeviceConv3dData::F32(x), DeviceConv3dData::F32(w)) => {
+            run_views(s, op, g, layouts, (&x, &w), ops.bias, out)
         }
-        (DeviceConv3dData::BF16(x), DeviceConv3dData::BF16(w), Conv3dData::BF16(hw)) => {
-            run_views(s, op, p, (&x, &w, hw), ops.bias, out)
+        (DeviceConv3dData::BF16(x), DeviceConv3dData::BF16(w)) => {
+            run_views(s, op, g, layouts, (&x, &w), ops.bias, out)
         }
-        (x, w, _) => Err(crate::Error::Conv3dDType {
+        (x, w) => Err(crate::Error::Conv3dDType {
             tensor: "weight",
             dtype: w.dtype(),
             expected: x.dtype(),
@@ -104,49 +179,55 @@ fn run_device_on(
     }
 }
 
-/// Input and weight on the device, and the weight's host copy (laid out
-/// for kernels that want another layout).
-type ViewOperands<'r, 'v, T> = (&'r DeviceView<'v, T>, &'r DeviceView<'v, T>, &'r [T]);
+/// Input and weight (standard layout) on the device.
+type ViewOperands<'r, 'v, T> = (&'r DeviceView<'v, T>, &'r DeviceView<'v, T>);
 
 fn run_views<T: Element + Default>(
     s: &Stream,
     op: Op,
-    p: &Conv3dProblem<'_>,
-    (x, w, host_w): ViewOperands<'_, '_, T>,
+    g: &Conv3dGeometry,
+    layouts: &LayoutScratch,
+    (x, w): ViewOperands<'_, '_, T>,
     bias: Option<DeviceView<'_, f32>>,
     out: &mut DeviceViewMut<'_, f32>,
 ) -> Result<()> {
-    let g = &p.geometry;
     let layout = match op {
         Op::Vendor => Conv3dWeightLayout::Standard,
         Op::Kernel(k) => s.conv3d_weight_layout(k, T::DTYPE, g),
     };
-    let arranged = match layout {
-        Conv3dWeightLayout::Standard => None,
-        other => Some(s.clone_htod(&other.arrange(g, host_w)?)?),
+    let mut call = |wv: &DeviceView<'_, T>| match op {
+        Op::Vendor => s.conv3d_vendor(g, x, wv, bias, out),
+        Op::Kernel(k) => s.conv3d(k, g, x, wv, bias, out),
     };
-    let wv = match &arranged {
-        Some(b) => b.view(),
-        None => *w,
-    };
-    match op {
-        Op::Vendor => s.conv3d_vendor(g, x, &wv, bias, out),
-        Op::Kernel(k) => s.conv3d(k, g, x, &wv, bias, out),
+    match layout {
+        Conv3dWeightLayout::Standard => call(w),
+        other => layouts.with_layout(s, other, g, w, call),
     }
 }
 
 /// The vendor library of a device as a tier: MIOpen (HIP), cuDNN (CUDA).
 /// Skipped as unavailable where the library is not installed (and always
 /// on the host backend, which has none).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct VendorTier {
     device: Device,
+    layouts: LayoutScratch,
 }
 
 impl VendorTier {
     /// The vendor tier of `device`.
     pub fn new(device: Device) -> Self {
-        VendorTier { device }
+        VendorTier {
+            device,
+            layouts: LayoutScratch::default(),
+        }
+    }
+
+    fn support_geometry(&self, g: &Conv3dGeometry) -> Support {
+        if let Err(e) = self.device.backend().conv3d_vendor_available() {
+            return Support::Unavailable(e.to_string());
+        }
+        zero_size(g).unwrap_or(Support::Yes)
     }
 }
 
@@ -165,36 +246,46 @@ impl Conv3dTier for VendorTier {
             .unwrap_or("vendor")
     }
     fn support(&self, p: &Conv3dProblem<'_>) -> Support {
-        if let Err(e) = self.device.backend().conv3d_vendor_available() {
-            return Support::Unavailable(e.to_string());
-        }
-        zero_size(p).unwrap_or(Support::Yes)
+        self.support_geometry(&p.geometry)
+    }
+    fn support_device(&self, ops: &DeviceOperands<'_, '_>) -> Support {
+        self.support_geometry(&ops.geometry)
     }
     fn run(&self, p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
         run_on(&self.device, Op::Vendor, p, out)
     }
     fn run_device(
         &self,
-        p: &Conv3dProblem<'_>,
         ops: &DeviceOperands<'_, '_>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        run_device_on(&self.device, Op::Vendor, self, p, ops, out)
+        run_device_on(&self.device, Op::Vendor, self, &self.layouts, ops, out)
     }
 }
 
 /// The tiled implicit-GEMM kernel on a device as a tier. Skips what the
 /// kernel does not take ([`Conv3dKernel::unsupported`]: depthwise-like
 /// calls, grid limits, zero sizes).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct TiledTier {
     device: Device,
+    layouts: LayoutScratch,
 }
 
 impl TiledTier {
     /// The tiled tier of `device`.
     pub fn new(device: Device) -> Self {
-        TiledTier { device }
+        TiledTier {
+            device,
+            layouts: LayoutScratch::default(),
+        }
+    }
+}
+
+fn tiled_support(g: &Conv3dGeometry) -> Support {
+    match Conv3dKernel::Tiled.unsupported(g) {
+        Some(why) => Support::Unsupported(why.into()),
+        None => Support::Yes,
     }
 }
 
@@ -206,41 +297,38 @@ impl Conv3dTier for TiledTier {
         "tiled"
     }
     fn support(&self, p: &Conv3dProblem<'_>) -> Support {
-        match Conv3dKernel::Tiled.unsupported(&p.geometry) {
-            Some(why) => Support::Unsupported(why.into()),
-            None => Support::Yes,
-        }
+        tiled_support(&p.geometry)
+    }
+    fn support_device(&self, ops: &DeviceOperands<'_, '_>) -> Support {
+        tiled_support(&ops.geometry)
     }
     fn run(&self, p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
         run_on(&self.device, Op::Kernel(Conv3dKernel::Tiled), p, out)
     }
     fn run_device(
         &self,
-        p: &Conv3dProblem<'_>,
         ops: &DeviceOperands<'_, '_>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        run_device_on(
-            &self.device,
-            Op::Kernel(Conv3dKernel::Tiled),
-            self,
-            p,
-            ops,
-            out,
-        )
+        let op = Op::Kernel(Conv3dKernel::Tiled);
+        run_device_on(&self.device, op, self, &self.layouts, ops, out)
     }
 }
 
 /// The naive kernel (one thread per output point) on a device as a tier.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct NaiveTier {
     device: Device,
+    layouts: LayoutScratch,
 }
 
 impl NaiveTier {
     /// The naive tier of `device`.
     pub fn new(device: Device) -> Self {
-        NaiveTier { device }
+        NaiveTier {
+            device,
+            layouts: LayoutScratch::default(),
+        }
     }
 }
 
@@ -252,25 +340,21 @@ impl Conv3dTier for NaiveTier {
         "naive"
     }
     fn support(&self, p: &Conv3dProblem<'_>) -> Support {
-        zero_size(p).unwrap_or(Support::Yes)
+        zero_size(&p.geometry).unwrap_or(Support::Yes)
+    }
+    fn support_device(&self, ops: &DeviceOperands<'_, '_>) -> Support {
+        zero_size(&ops.geometry).unwrap_or(Support::Yes)
     }
     fn run(&self, p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
         run_on(&self.device, Op::Kernel(Conv3dKernel::Naive), p, out)
     }
     fn run_device(
         &self,
-        p: &Conv3dProblem<'_>,
         ops: &DeviceOperands<'_, '_>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        run_device_on(
-            &self.device,
-            Op::Kernel(Conv3dKernel::Naive),
-            self,
-            p,
-            ops,
-            out,
-        )
+        let op = Op::Kernel(Conv3dKernel::Naive);
+        run_device_on(&self.device, op, self, &self.layouts, ops, out)
     }
 }
 

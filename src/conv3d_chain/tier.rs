@@ -83,20 +83,30 @@ pub trait Conv3dTier: Send + Sync {
     /// Computes `problem` into `out` (f32, `[N, K, OD, OH, OW]`, exactly
     /// the output's length). An error moves the chain to the next tier.
     fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()>;
-    /// Computes `problem` into device memory `out` (f32, the output's
-    /// length) with its work on `ops.stream`, for
-    /// [`Conv3dChain::run_device`](super::Conv3dChain::run_device): `ops`
-    /// holds the operands on the device, `problem` their host copies. The
-    /// default runs [`run`](Self::run) on the host and copies the output
-    /// in (the CPU tier's way); the GPU tiers of `ops.stream`'s device read
-    /// the operands in place.
+    /// Whether this tier can take the device call `ops`
+    /// ([`Conv3dChain::run_device`](super::Conv3dChain::run_device)). The
+    /// default asks [`support`](Self::support) with the operands' host
+    /// copies ([`DeviceOperands::host_problem`], made once per call); the
+    /// tiers of this crate answer from the geometry alone.
+    fn support_device(&self, ops: &DeviceOperands<'_, '_>) -> Support {
+        match ops.host_problem() {
+            Ok(p) => self.support(&p),
+            Err(e) => Support::Unavailable(format!("no host copy of the operands: {e}")),
+        }
+    }
+    /// Computes the device call `ops` into device memory `out` (f32, the
+    /// output's length) with its work on `ops.stream`, for
+    /// [`Conv3dChain::run_device`](super::Conv3dChain::run_device). The
+    /// default runs [`run`](Self::run) on the host copies of the operands
+    /// ([`DeviceOperands::host_problem`]) and copies the output in (the CPU
+    /// tier's way); the GPU tiers of `ops.stream`'s device read the
+    /// operands in place and copy nothing.
     fn run_device(
         &self,
-        problem: &Conv3dProblem<'_>,
         ops: &DeviceOperands<'_, '_>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        super::device_run::run_on_host_then_copy(self, problem, ops, out)
+        super::device_run::run_on_host_then_copy(self, ops, out)
     }
 }
 
@@ -112,6 +122,9 @@ impl Conv3dTier for CpuTier {
         "cpu"
     }
     fn support(&self, _: &Conv3dProblem<'_>) -> Support {
+        Support::Yes
+    }
+    fn support_device(&self, _: &DeviceOperands<'_, '_>) -> Support {
         Support::Yes
     }
     fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
@@ -137,6 +150,9 @@ impl Conv3dTier for UnavailableTier {
         self.kind.name()
     }
     fn support(&self, _: &Conv3dProblem<'_>) -> Support {
+        Support::Unavailable(self.reason.clone())
+    }
+    fn support_device(&self, _: &DeviceOperands<'_, '_>) -> Support {
         Support::Unavailable(self.reason.clone())
     }
     fn run(&self, _: &Conv3dProblem<'_>, _: &mut [f32]) -> Result<()> {

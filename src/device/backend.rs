@@ -12,7 +12,9 @@
 //! `forward` methods and overrides only the operations it intercepts. So no
 //! forwarding list is written twice.
 
-use super::conv3d::{Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
+use super::conv3d::{
+    Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
+};
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
@@ -413,6 +415,21 @@ pub enum KernelOp<'a> {
         /// The call.
         args: &'a Conv3dLaunch,
     },
+    /// The conv3d chain's check on the device (`conv3d_check_*`, and with
+    /// [`Conv3dCheckLaunch::locate`] first `conv3d_locate_nonfinite_f32`):
+    /// per sampled output point, `(index, value, f64 reference, magnitude)`
+    /// into [`Conv3dCheckLaunch::results`]. Reads the operands and the
+    /// output, writes only the results (and the locate slot).
+    Conv3dCheck {
+        /// The check.
+        args: &'a Conv3dCheckLaunch,
+    },
+    /// A conv3d weight rearranged from the standard layout into the one a
+    /// tiled kernel reads (`conv3d_layout_{u32,u16}`).
+    Conv3dLayout {
+        /// The rearrangement.
+        args: &'a Conv3dLayoutLaunch,
+    },
 }
 
 impl KernelOp<'_> {
@@ -426,6 +443,8 @@ impl KernelOp<'_> {
             KernelOp::ClampNonFinite { .. } => "clamp_nonfinite",
             KernelOp::Conv3d { .. } => "conv3d",
             KernelOp::Conv3dVendor { .. } => "conv3d_vendor",
+            KernelOp::Conv3dCheck { .. } => "conv3d_check",
+            KernelOp::Conv3dLayout { .. } => "conv3d_layout",
         }
     }
 }

@@ -18,6 +18,7 @@
 //! | `Conv3dWritesGarbage` | conv3d kernels and vendor calls | the call runs, then its whole output is overwritten with seeded finite values of magnitude up to 1e4 |
 //! | `Conv3dWritesNonFinite` | conv3d kernels and vendor calls | the call runs, then one output point (at a seeded place) is set to NaN |
 //! | `VendorNoAlgorithm` | vendor conv3d calls | the call fails as MIOpen's "no suitable algorithm" does ([`Error::InjectedFault`]) |
+//! | `Conv3dCheckFailure` | the conv3d chain's device checks | the check fails ([`Error::InjectedFault`]): the output it was to check is not trusted |
 //!
 //! Which operations are hit is decided by each rule's [`When`], counting
 //! the operations a kind applies to; [`When::Random`] draws from a
@@ -64,10 +65,12 @@ pub enum FaultKind {
     Conv3dWritesNonFinite,
     /// The vendor library finds no algorithm for a conv3d.
     VendorNoAlgorithm,
+    /// The conv3d chain's device check ([`KernelOp::Conv3dCheck`]) fails.
+    Conv3dCheckFailure,
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 14] = [
+    const ALL: [FaultKind; 15] = [
         FaultKind::CopyLandsZeros,
         FaultKind::CopyLandsGarbage,
         FaultKind::CopyLandsStale,
@@ -82,6 +85,7 @@ impl FaultKind {
         FaultKind::Conv3dWritesGarbage,
         FaultKind::Conv3dWritesNonFinite,
         FaultKind::VendorNoAlgorithm,
+        FaultKind::Conv3dCheckFailure,
     ];
 
     fn index(self) -> usize {
@@ -106,6 +110,7 @@ impl std::fmt::Display for FaultKind {
             FaultKind::Conv3dWritesGarbage => "conv3d writes garbage",
             FaultKind::Conv3dWritesNonFinite => "conv3d writes a nan",
             FaultKind::VendorNoAlgorithm => "vendor library finds no algorithm",
+            FaultKind::Conv3dCheckFailure => "conv3d check failure",
         };
         f.write_str(s)
     }
@@ -505,6 +510,12 @@ unsafe impl<B: Backend> Backend for Faults<B> {
                 }
                 // SAFETY: as above.
                 return unsafe { self.conv3d_faults(name, args, s, || self.inner.run(op, s)) };
+            }
+            KernelOp::Conv3dCheck { .. } => {
+                self.launch(name)?;
+                if self.fires(FaultKind::Conv3dCheckFailure, name) {
+                    return Err(Self::injected(FaultKind::Conv3dCheckFailure, name));
+                }
             }
             _ => self.launch(name)?,
         }

@@ -416,6 +416,18 @@ unsafe impl<R: Runtime> Backend for Gpu<R> {
         let call = match *op {
             // SAFETY: the caller's guarantees (trait contract).
             KernelOp::Conv3dVendor { args } => return unsafe { self.vendor(args, s) },
+            KernelOp::Conv3dCheck { args } => {
+                for call in KernelCall::conv3d_check(args, self.mps())? {
+                    // SAFETY: the ranges are the caller's (trait contract):
+                    // the operands and output read, the results and the
+                    // locate slot written; the grids and arguments are the
+                    // kernels' (built by `KernelCall`). Both launches are on
+                    // `s`, so the check reads the slot after the locate.
+                    unsafe { self.launch(call, s)? };
+                }
+                return Ok(());
+            }
+            KernelOp::Conv3dLayout { args } => KernelCall::conv3d_layout(args, self.mps())?,
             // The caller arranged the weight in this (deterministic) layout.
             KernelOp::Conv3d { kernel, args } => {
                 match self.conv3d_weight_layout(kernel, args.dtype, &args.geometry) {

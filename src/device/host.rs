@@ -12,7 +12,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
-use super::conv3d::host_conv3d;
+use super::conv3d::{host_conv3d, host_conv3d_check, host_conv3d_layout};
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
@@ -314,6 +314,10 @@ unsafe impl Backend for HostBackend {
             // SAFETY: the caller's guarantees are host_conv3d's.
             KernelOp::Conv3d { kernel, args } => unsafe { host_conv3d(kernel, args) },
             KernelOp::Conv3dVendor { .. } => Err(no_vendor(BackendKind::Host)),
+            // SAFETY: the caller's guarantees are host_conv3d_check's.
+            KernelOp::Conv3dCheck { args } => unsafe { host_conv3d_check(args) },
+            // SAFETY: the caller's guarantees are host_conv3d_layout's.
+            KernelOp::Conv3dLayout { args } => unsafe { host_conv3d_layout(args) },
         }
     }
 

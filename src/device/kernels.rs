@@ -8,7 +8,7 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 use std::ffi::c_void;
 
 use super::backend::KernelOp;
-use super::conv3d::{Conv3dKernel, Conv3dLaunch};
+use super::conv3d::{Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch};
 use super::info::{ConvertOp, DevicePtr};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -69,13 +69,18 @@ pub(crate) enum Kernel {
     Conv3dTiledBf16,
     Conv3dBiasF32,
     Conv3dWidenBiasBf16,
+    Conv3dCheckF32,
+    Conv3dCheckBf16,
+    Conv3dLocateNonfiniteF32,
+    Conv3dLayoutU32,
+    Conv3dLayoutU16,
     /// Optional (CUDA sm_80+ only): not in [`Kernel::ALL`].
     Conv3dTiledBf16Mma,
 }
 
 #[allow(dead_code)]
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 16] = [
+    pub(crate) const ALL: [Kernel; 21] = [
         Kernel::ConvertBf16F32,
         Kernel::ConvertF16F32,
         Kernel::ConvertF32Bf16,
@@ -92,6 +97,11 @@ impl Kernel {
         Kernel::Conv3dTiledBf16,
         Kernel::Conv3dBiasF32,
         Kernel::Conv3dWidenBiasBf16,
+        Kernel::Conv3dCheckF32,
+        Kernel::Conv3dCheckBf16,
+        Kernel::Conv3dLocateNonfiniteF32,
+        Kernel::Conv3dLayoutU32,
+        Kernel::Conv3dLayoutU16,
     ];
 
     /// The CUDA module the kernel is built into.
@@ -113,6 +123,11 @@ impl Kernel {
             | Kernel::Conv3dTiledBf16
             | Kernel::Conv3dBiasF32
             | Kernel::Conv3dWidenBiasBf16
+            | Kernel::Conv3dCheckF32
+            | Kernel::Conv3dCheckBf16
+            | Kernel::Conv3dLocateNonfiniteF32
+            | Kernel::Conv3dLayoutU32
+            | Kernel::Conv3dLayoutU16
             | Kernel::Conv3dTiledBf16Mma => KernelModule::Conv3d,
         }
     }
@@ -136,6 +151,11 @@ impl Kernel {
             Kernel::Conv3dTiledBf16 => "conv3d_tiled_bf16",
             Kernel::Conv3dBiasF32 => "conv3d_bias_f32",
             Kernel::Conv3dWidenBiasBf16 => "conv3d_widen_bias_bf16",
+            Kernel::Conv3dCheckF32 => "conv3d_check_f32",
+            Kernel::Conv3dCheckBf16 => "conv3d_check_bf16",
+            Kernel::Conv3dLocateNonfiniteF32 => "conv3d_locate_nonfinite_f32",
+            Kernel::Conv3dLayoutU32 => "conv3d_layout_u32",
+            Kernel::Conv3dLayoutU16 => "conv3d_layout_u16",
             Kernel::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
@@ -379,7 +399,10 @@ impl KernelCall {
                     vec![U64(ptr.0), U64(n), U32(u32::from(clamp)), U64(counts.0)],
                 )
             }
-            KernelOp::Conv3d { .. } | KernelOp::Conv3dVendor { .. } => {
+            KernelOp::Conv3d { .. }
+            | KernelOp::Conv3dVendor { .. }
+            | KernelOp::Conv3dCheck { .. }
+            | KernelOp::Conv3dLayout { .. } => {
                 return Err(Error::BackendUnsupported {
                     backend: "gpu",
                     op: op.name(),
@@ -496,6 +519,123 @@ impl KernelCall {
                 KernelArg::U64(u64::from(a.bias.is_some())),
             ],
         )
+    }
+}
+
+impl KernelCall {
+    /// The device check, one or two launches:
+    /// `conv3d_locate_nonfinite_f32(const u32* y, u64 n, u64* slot)` first
+    /// when [`Conv3dCheckLaunch::locate`] is set, then
+    /// `conv3d_check_{f32,bf16}(const T* x, const T* w, const void* bias,
+    /// u64 bias_kind, const float* y, u64* res, rs_conv3d_args a, u64
+    /// nsamples, u64 seed, const u64* located)` with one 256-thread block
+    /// per sampled point (`bias_kind`: 0 none, 1 f32, 2 bf16; `located`: the
+    /// slot, or 0).
+    pub(crate) fn conv3d_check(a: &Conv3dCheckLaunch, mps: u32) -> Result<Vec<KernelCall>> {
+        let c = &a.conv;
+        let k = match c.dtype {
+            DType::F32 => Kernel::Conv3dCheckF32,
+            DType::BF16 => Kernel::Conv3dCheckBf16,
+            other => {
+                return Err(Error::Conv3dDType {
+                    tensor: "input",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let bias_kind = match (c.bias, a.bias_dtype) {
+            (None, _) => 0,
+            (Some(_), DType::F32) => 1,
+            (Some(_), DType::BF16) => 2,
+            (Some(_), other) => {
+                return Err(Error::Conv3dDType {
+                    tensor: "bias",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let samples = u32::try_from(a.samples)
+            .ok()
+            .filter(|&n| n > 0 && n as usize <= super::CHECK_MAX_SAMPLES)
+            .ok_or(Error::Conv3dTier {
+                tier: "check",
+                reason: "the sampled points must number 1 to CHECK_MAX_SAMPLES",
+            })?;
+        let total = c.geometry.output_len() as u64;
+        let mut calls = Vec::with_capacity(2);
+        if let Some(slot) = a.locate {
+            calls.push(Self::one_d(
+                Kernel::Conv3dLocateNonfiniteF32,
+                total,
+                mps,
+                vec![
+                    KernelArg::U64(c.output.0),
+                    KernelArg::U64(total),
+                    KernelArg::U64(slot.0),
+                ],
+            ));
+        }
+        calls.push(KernelCall {
+            kernel: k,
+            grid: [samples, 1, 1],
+            block: BLOCK,
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::U64(c.input.0),
+                KernelArg::U64(c.weight.0),
+                KernelArg::U64(c.bias.map_or(0, |b| b.0)),
+                KernelArg::U64(bias_kind),
+                KernelArg::U64(c.output.0),
+                KernelArg::U64(a.results.0),
+                KernelArg::Conv3d(Conv3dArgs::new(c)),
+                KernelArg::U64(u64::from(samples)),
+                KernelArg::U64(a.seed),
+                KernelArg::U64(a.locate.map_or(0, |s| s.0)),
+            ],
+        });
+        Ok(calls)
+    }
+
+    /// `conv3d_layout_{u32,u16}(const T* w, T* out, u64 total, u64 kg, u64
+    /// r, u64 rows, u64 cols, u64 packed)`, one output element per thread
+    /// (grid-stride).
+    pub(crate) fn conv3d_layout(a: &Conv3dLayoutLaunch, mps: u32) -> Result<KernelCall> {
+        let g = &a.geometry;
+        let k = match a.dtype {
+            DType::F32 => Kernel::Conv3dLayoutU32,
+            DType::BF16 => Kernel::Conv3dLayoutU16,
+            other => {
+                return Err(Error::Conv3dDType {
+                    tensor: "weight",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let kg = g.out_per_group() as u64;
+        let r = (g.in_per_group() * g.kernel.iter().product::<usize>()) as u64;
+        let (rows, cols, packed) = match a.layout {
+            super::Conv3dWeightLayout::TiledTransposed => (kg, r, 0),
+            super::Conv3dWeightLayout::TiledPacked { rows, cols } => (rows as u64, cols as u64, 1),
+            super::Conv3dWeightLayout::Standard => {
+                return Err(Error::BackendUnsupported {
+                    backend: "gpu",
+                    op: "conv3d_layout of the standard layout (a copy)",
+                })
+            }
+        };
+        let total = a.layout.len(g) as u64;
+        Ok(Self::one_d(
+            k,
+            total,
+            mps,
+            [a.src.0, a.dst.0, total, kg, r, rows, cols, packed]
+                .into_iter()
+                .map(KernelArg::U64)
+                .collect(),
+        ))
     }
 }
 

@@ -103,7 +103,10 @@ pub mod hip;
 
 pub use backend::{Backend, CopyOp, Driver, KernelOp};
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
-pub use conv3d::{tiled_weight_layout, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
+pub use conv3d::{
+    tiled_weight_layout, CheckBias, CheckedPoint, Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch,
+    Conv3dLayoutLaunch, Conv3dWeightLayout, CHECK_MAX_SAMPLES, CHECK_WORDS,
+};
 pub use handle::{open_backend, Device};
 pub use info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelCode, KernelSource, RawEvent,

@@ -164,6 +164,51 @@ impl Stream {
         )
     }
 
+    /// Queues counting NaN and Inf in `buf` (f32, bf16, f16), added to
+    /// `counts[0]` (NaN) and `counts[1]` (Inf), without waiting: read
+    /// `counts` back after it (the conv3d chain's scan, read back with its
+    /// other check results in one copy).
+    ///
+    /// Errors: [`Error::UnsupportedConversion`] for other dtypes;
+    /// [`Error::DeviceMismatch`]; [`Error::LengthMismatch`] for `counts`
+    /// not two elements.
+    pub fn count_nonfinite_into<T: Element>(
+        &self,
+        buf: &DeviceView<'_, T>,
+        counts: &mut DeviceViewMut<'_, u64>,
+    ) -> Result<()> {
+        const OP: &str = "count_nonfinite";
+        self.check_device(OP, buf.device())?;
+        self.check_device(OP, counts.device())?;
+        if !matches!(T::DTYPE, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(Error::UnsupportedConversion {
+                op: OP,
+                from: T::DTYPE,
+                to: T::DTYPE,
+            });
+        }
+        if counts.len() != 2 {
+            return Err(Error::LengthMismatch {
+                op: "nonfinite counts",
+                expected: 2,
+                actual: counts.len(),
+            });
+        }
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let op = KernelOp::CountNonFinite {
+            dtype: T::DTYPE,
+            ptr: buf.device_ptr(),
+            n: buf.len() as u64,
+            counts: counts.device_ptr(),
+        };
+        // SAFETY: `buf` is a live range of `len` elements on this device,
+        // only read; `counts` two aligned u64s of this device, borrowed
+        // mutably.
+        unsafe { self.backend().run(&op, self.raw()) }
+    }
+
     /// Counts NaN and Inf in `buf` (f32, bf16, f16) and rewrites NaN to 0
     /// and +-Inf to +-max finite, in place. Waits for the result; the
     /// counts are of the values before the rewrite.

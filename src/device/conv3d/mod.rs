@@ -1,16 +1,23 @@
 //! Conv3d on a device: the launch description the backends take
 //! ([`Conv3dLaunch`]), which GPU kernel ([`Conv3dKernel`]), the safe entry
 //! points [`Stream::conv3d`] and [`Stream::conv3d_vendor`], the weight
-//! layout the kernels read (`layout.rs`) and the host backend's emulation of
-//! the kernels (`host.rs`).
+//! layout the kernels read (`layout.rs`), the host backend's emulation of
+//! the kernels (`host.rs`), and the chain's device check and weight
+//! layouts made on the device (`check.rs`: [`Stream::conv3d_check`],
+//! [`Stream::conv3d_arrange_weight`]).
 //!
 //! Every backend computes the same thing: input `[N, C, D, H, W]` and weight
 //! `[K, C/G, KD, KH, KW]` in f32 or bf16 (widened exactly), an optional f32
 //! bias `[K]`, an f32 output `[N, K, OD, OH, OW]`, f32 accumulation.
 
+mod check;
 mod host;
 mod layout;
 
+pub(crate) use check::{host_conv3d_check, host_conv3d_layout};
+pub use check::{
+    CheckBias, CheckedPoint, Conv3dCheckLaunch, Conv3dLayoutLaunch, CHECK_MAX_SAMPLES, CHECK_WORDS,
+};
 pub(crate) use host::host_conv3d;
 use layout::check_len;
 pub use layout::{tiled_weight_layout, Conv3dWeightLayout};
