@@ -5,7 +5,8 @@
 //! gets a fresh one).
 //!
 //! [`library`] compiles `libamdhip64.so.{5,6,7}` (each with its soname,
-//! each alone in a folder of its own, and the three together in a fourth)
+//! each alone in a folder of its own, and the three together in a fourth;
+//! plus a HIP 7 one under a full version's name)
 //! into `$CARGO_TARGET_TMPDIR/hip-standin/<hash of the source>/`, so a
 //! second run reuses them. [`scenario`] runs a test body in a child: the
 //! test binary itself, asked for exactly that test, with
@@ -66,7 +67,17 @@ impl Built {
     pub fn all(&self) -> PathBuf {
         self.root.join("all")
     }
+
+    /// A HIP 7 stand-in under a full version's name, whose soname is that
+    /// name too (as a runtime a framework loads by path may be): no
+    /// soname the crate asks for matches it, only its mapped file does.
+    pub fn full_version_name(&self) -> PathBuf {
+        self.root.join("versioned").join(FULL_VERSION_NAME)
+    }
 }
+
+/// The file name of [`Built::full_version_name`].
+pub const FULL_VERSION_NAME: &str = "libamdhip64.so.7.1.25424";
 
 /// `libamdhip64.so.{major}`.
 pub fn soname(major: u32) -> String {
@@ -103,13 +114,17 @@ pub fn library() -> Result<Built, String> {
     for major in MAJORS {
         let out = built.file(major);
         if !out.exists() {
-            compile(&src, major, &out)?;
+            compile(&src, major, &soname(major), &out)?;
         }
         let in_all = built.all().join(soname(major));
         if !in_all.exists() {
             let bytes = std::fs::read(&out).map_err(|e| format!("{}: {e}", out.display()))?;
             write_atomically(&in_all, &bytes)?;
         }
+    }
+    let versioned = built.full_version_name();
+    if !versioned.exists() {
+        compile(&src, 7, FULL_VERSION_NAME, &versioned)?;
     }
     *slot = Some(built.clone());
     Ok(built)
@@ -123,7 +138,7 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
     std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn compile(src: &Path, major: u32, out: &Path) -> Result<(), String> {
+fn compile(src: &Path, major: u32, soname: &str, out: &Path) -> Result<(), String> {
     std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))
         .map_err(|e| format!("{}: {e}", out.display()))?;
     let tmp = out.with_extension(format!("tmp{}", std::process::id()));
@@ -131,7 +146,7 @@ fn compile(src: &Path, major: u32, out: &Path) -> Result<(), String> {
     let result = Command::new(&cc)
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror"])
         .arg(format!("-DSTANDIN_MAJOR={major}"))
-        .arg(format!("-Wl,-soname,{}", soname(major)))
+        .arg(format!("-Wl,-soname,{soname}"))
         .arg("-o")
         .arg(&tmp)
         .arg(src)
