@@ -934,7 +934,8 @@ KERNEL void conv3d_widen_bias_bf16(const rs_u16* src, float* y, const float* bia
 // writes res[4j..4j+4] = (index, value, reference, magnitude), the last three
 // as doubles. An index past the output (nothing located) is written as
 // ~0 with NaNs. bias_kind: 0 none, 1 f32, 2 bf16 (read as given: the check
-// does not trust the widening the tiers use).
+// does not trust the widening the tiers use); y_kind: 1 f32, 2 bf16 (an
+// output another library wrote; `located` is used with f32 outputs only).
 RS_DEVICE rs_u64 rs_check_mix64(rs_u64 z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -950,6 +951,11 @@ RS_DEVICE rs_u64 rs_conv3d_sample(rs_u64 total, rs_u64 seed, rs_u64 j) {
 
 RS_DEVICE double rs_abs_d(double v) { return v < 0.0 ? -v : v; }
 
+RS_DEVICE double rs_check_out(const void* y, rs_u64 y_kind, rs_u64 i) {
+    if (y_kind == 2) return (double)rs_ld((const rs_u16*)y, i);
+    return (double)((const float*)y)[i];
+}
+
 RS_DEVICE double rs_check_bias(const void* bias, rs_u64 bias_kind, rs_u64 k) {
     if (bias_kind == 1) return (double)((const float*)bias)[k];
     if (bias_kind == 2) return (double)rs_ld((const rs_u16*)bias, k);
@@ -960,7 +966,7 @@ template <typename T>
 static __device__ __forceinline__ void rs_conv3d_check(const T* __restrict__ x,
                                                        const T* __restrict__ wt,
                                                        const void* bias, rs_u64 bias_kind,
-                                                       const float* __restrict__ y, rs_u64* res,
+                                                       const void* y, rs_u64 y_kind, rs_u64* res,
                                                        const rs_conv3d_args& a, rs_u64 nsamples,
                                                        rs_u64 seed, const rs_u64* located) {
     __shared__ double pv[256];
@@ -1026,7 +1032,7 @@ static __device__ __forceinline__ void rs_conv3d_check(const T* __restrict__ x,
             if (ok) {
                 const double b = rs_check_bias(bias, bias_kind, k);
                 res[4 * j] = i;
-                out[1] = (double)y[i];
+                out[1] = rs_check_out(y, y_kind, i);
                 out[2] = b + pv[0];
                 out[3] = rs_abs_d(b) + pm[0];
             } else {
@@ -1042,15 +1048,15 @@ static __device__ __forceinline__ void rs_conv3d_check(const T* __restrict__ x,
 
 KERNEL void RS_HIP_BLOCK(256)
     conv3d_check_f32(const float* x, const float* w, const void* bias, rs_u64 bias_kind,
-                     const float* y, rs_u64* res, rs_conv3d_args a, rs_u64 nsamples,
-                     rs_u64 seed, const rs_u64* located) {
-    rs_conv3d_check<float>(x, w, bias, bias_kind, y, res, a, nsamples, seed, located);
+                     const void* y, rs_u64 y_kind, rs_u64* res, rs_conv3d_args a,
+                     rs_u64 nsamples, rs_u64 seed, const rs_u64* located) {
+    rs_conv3d_check<float>(x, w, bias, bias_kind, y, y_kind, res, a, nsamples, seed, located);
 }
 KERNEL void RS_HIP_BLOCK(256)
     conv3d_check_bf16(const rs_u16* x, const rs_u16* w, const void* bias, rs_u64 bias_kind,
-                      const float* y, rs_u64* res, rs_conv3d_args a, rs_u64 nsamples,
-                      rs_u64 seed, const rs_u64* located) {
-    rs_conv3d_check<rs_u16>(x, w, bias, bias_kind, y, res, a, nsamples, seed, located);
+                      const void* y, rs_u64 y_kind, rs_u64* res, rs_conv3d_args a,
+                      rs_u64 nsamples, rs_u64 seed, const rs_u64* located) {
+    rs_conv3d_check<rs_u16>(x, w, bias, bias_kind, y, y_kind, res, a, nsamples, seed, located);
 }
 
 // *slot = max over non-finite y[i] of (n - i): the first non-finite index is

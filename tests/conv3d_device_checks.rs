@@ -503,7 +503,7 @@ fn locate_without_a_non_finite_value_finds_nothing(dev: &Device) {
     let y = s.alloc_zeros::<f32>(g.output_len()).unwrap();
     let mut res = s.alloc_zeros::<u64>(CHECK_WORDS).unwrap();
     let mut slot = s.alloc_zeros::<u64>(1).unwrap();
-    s.conv3d_check::<f32, f32>(
+    s.conv3d_check::<f32, f32, f32>(
         &g,
         &x.view(),
         &w.view(),
@@ -519,7 +519,7 @@ fn locate_without_a_non_finite_value_finds_nothing(dev: &Device) {
     assert!(pt.reference.is_nan());
     // Misuse is refused before the device sees it.
     let e = s
-        .conv3d_check::<f32, f32>(
+        .conv3d_check::<f32, f32, f32>(
             &g,
             &x.view(),
             &w.view(),
@@ -541,7 +541,7 @@ fn locate_without_a_non_finite_value_finds_nothing(dev: &Device) {
         "{e}"
     );
     let e = s
-        .conv3d_check::<f32, f32>(
+        .conv3d_check::<f32, f32, f32>(
             &g,
             &x.view(),
             &w.view(),
@@ -614,6 +614,81 @@ fn layout_kernels_match_the_host_layouts(dev: &Device) {
     }
 }
 
+/// `verify_device` on an output something else computed: the reference
+/// rounded to f32 or bf16 passes; slightly wrong finite values (twice the
+/// tolerance off) and a NaN at a sampled point are mismatches.
+fn verify_device_catches_slightly_wrong_outputs(dev: &Device) {
+    let (case, data) = tiled_case();
+    let chain = chain(dev);
+    for bf16_in in [false, true] {
+        let p = data.problem(&case, bf16_in);
+        let g = p.geometry;
+        let s = dev.stream().unwrap();
+        let u = upload(&s, &p, false);
+        let exact: Vec<f32> = (0..g.output_len())
+            .map(|i| reference_point(&p, i).unwrap().value as f32)
+            .collect();
+        let verify = |y: DeviceConv3dData<'_>| {
+            chain
+                .verify_device(
+                    &s,
+                    g.params,
+                    u.x.data(),
+                    &g.input_shape(),
+                    u.w.data(),
+                    &g.weight_shape(),
+                    u.b.as_ref().map(DeviceData::data),
+                    y,
+                )
+                .unwrap()
+        };
+        let yd = s.clone_htod(&exact).unwrap();
+        let r = verify(DeviceConv3dData::F32(yd.view()));
+        assert!(r.is_ok(), "{r:?}");
+        let yb: Vec<bf16> = exact.iter().map(|&v| bf16::from_f32(v)).collect();
+        let ybd = s.clone_htod(&yb).unwrap();
+        if bf16_in {
+            let r = verify(DeviceConv3dData::BF16(ybd.view()));
+            assert!(r.is_ok(), "{r:?}");
+        }
+        // Off by twice the tolerance of the dtype (1e-4 or 1e-2 of each
+        // point's magnitude): finite, plausible, wrong.
+        let rel = if bf16_in { 2e-2 } else { 2e-4 };
+        let off: Vec<f32> = (0..g.output_len())
+            .map(|i| {
+                let r = reference_point(&p, i).unwrap();
+                (r.value + rel * r.magnitude) as f32
+            })
+            .collect();
+        let od = s.clone_htod(&off).unwrap();
+        assert!(
+            matches!(verify(DeviceConv3dData::F32(od.view())), Err(Failure::ValueMismatch { got, .. }) if got.is_finite()),
+            "bf16 {bf16_in}"
+        );
+        let mut nan = exact.clone();
+        nan[0] = f32::NAN; // sample 0 is always index 0
+        let nd = s.clone_htod(&nan).unwrap();
+        assert!(matches!(
+            verify(DeviceConv3dData::F32(nd.view())),
+            Err(Failure::ValueMismatch { index: 0, .. })
+        ));
+        // A wrong output length is an error, not a verdict.
+        let short = s.clone_htod(&exact[1..]).unwrap();
+        assert!(chain
+            .verify_device(
+                &s,
+                g.params,
+                u.x.data(),
+                &g.input_shape(),
+                u.w.data(),
+                &g.weight_shape(),
+                None,
+                DeviceConv3dData::F32(short.view()),
+            )
+            .is_err());
+    }
+}
+
 per_device!(
     device_chain_serves_every_dtype_and_bias,
     wrong_finite_values_fail_the_tier,
@@ -626,6 +701,7 @@ per_device!(
     check_kernel_matches_the_host_reference,
     locate_without_a_non_finite_value_finds_nothing,
     layout_kernels_match_the_host_layouts,
+    verify_device_catches_slightly_wrong_outputs,
 );
 
 /// A backend that counts host<->device copies and their bytes.

@@ -34,8 +34,8 @@ use super::chain::{compare, overflows_f32, sample_count, TierFail};
 use super::{Conv3dChain, Conv3dReport, Conv3dTier};
 use crate::conv3d::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem, ShapeDim};
 use crate::device::{
-    CheckedPoint, Device, DeviceBuffer, DeviceView, DeviceViewMut, Stream, CHECK_MAX_SAMPLES,
-    CHECK_WORDS,
+    CheckedPoint, Conv3dKernel, Device, DeviceBuffer, DeviceView, DeviceViewMut, Stream,
+    CHECK_MAX_SAMPLES, CHECK_WORDS,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -335,47 +335,15 @@ impl Conv3dChain {
         bias: Option<DeviceConv3dData<'_>>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<Conv3dReport> {
-        input.check_device(stream, "conv3d_device input")?;
-        weight.check_device(stream, "conv3d_device weight")?;
-        if let Some(b) = &bias {
-            b.check_device(stream, "conv3d_device bias")?;
-        }
-        if !stream.device().same(out.device()) {
-            return Err(Error::DeviceMismatch {
-                op: "conv3d_device output",
-            });
-        }
-        let g = Conv3dGeometry::new(params, input_shape, weight_shape)?;
-        if weight.dtype() != input.dtype() {
-            return Err(Error::Conv3dDType {
-                tensor: "weight",
-                dtype: weight.dtype(),
-                expected: input.dtype(),
-            });
-        }
+        let g = validate(
+            stream,
+            params,
+            (input, input_shape),
+            (weight, weight_shape),
+            bias,
+            (out.device(), out.len()),
+        )?;
         let k = g.out_channels;
-        for (op, expected, actual) in [
-            (
-                "conv3d input",
-                g.input_shape().iter().product(),
-                input.len(),
-            ),
-            (
-                "conv3d weight",
-                g.weight_shape().iter().product(),
-                weight.len(),
-            ),
-            ("conv3d bias", k, bias.map_or(k, |b| b.len())),
-            ("conv3d device output", g.output_len(), out.len()),
-        ] {
-            if expected != actual {
-                return Err(Error::LengthMismatch {
-                    op,
-                    expected,
-                    actual,
-                });
-            }
-        }
         let mut guard = self.scratch_for(stream.device())?;
         let scratch = guard.get()?;
         let DeviceScratch {
@@ -555,6 +523,153 @@ impl Conv3dChain {
     }
 }
 
+impl Conv3dChain {
+    /// Checks a conv3d output that something else computed (torch's own
+    /// conv3d, say: what `install_conv3d_fallback(mode="verify")` does)
+    /// at this chain's sampled points, on the device, on `stream`: the f64
+    /// recomputation from the operands against `output` (f32 or bf16,
+    /// `[N, K, OD, OH, OW]`) within the chain's tolerance for the inputs'
+    /// dtype, read back in one small copy. Operands as
+    /// [`Conv3dChain::run_device`].
+    ///
+    /// Returns `Ok(Ok(()))` when every sampled point agrees,
+    /// `Ok(Err(Failure::ValueMismatch { .. }))` at the first that does not
+    /// (a NaN or infinity at a sampled point whose reference is finite
+    /// included). There is no non-finite scan here (the caller has one:
+    /// `torch.isfinite`), and with [`Conv3dOptions::verify_samples`]
+    /// zero nothing is checked.
+    ///
+    /// Errors: those of [`Conv3dChain::run_device`]'s validation; the
+    /// check's launch or read-back error.
+    ///
+    /// [`Conv3dOptions::verify_samples`]: super::Conv3dOptions::verify_samples
+    #[allow(clippy::too_many_arguments)]
+    pub fn verify_device<D: ShapeDim>(
+        &self,
+        stream: &Stream,
+        params: Conv3dParams,
+        input: DeviceConv3dData<'_>,
+        input_shape: &[D],
+        weight: DeviceConv3dData<'_>,
+        weight_shape: &[D],
+        bias: Option<DeviceConv3dData<'_>>,
+        output: DeviceConv3dData<'_>,
+    ) -> Result<std::result::Result<(), Failure>> {
+        let g = validate(
+            stream,
+            params,
+            (input, input_shape),
+            (weight, weight_shape),
+            bias,
+            (output.device(), output.len()),
+        )?;
+        let samples =
+            sample_count(g.output_len(), self.options().verify_samples).min(CHECK_MAX_SAMPLES);
+        if samples == 0 || Conv3dKernel::Naive.unsupported(&g).is_some() {
+            return Ok(Ok(()));
+        }
+        let mut guard = self.scratch_for(stream.device())?;
+        let scratch = guard.get()?;
+        let words = CHECK_WORDS * samples;
+        let buf = DeviceScratch::ensure(&scratch.alloc_on, &mut scratch.check, words)?;
+        let queued = {
+            let mut results = buf.slice_mut(..words)?;
+            let r = &mut results;
+            let sampling = (samples, self.options().seed);
+            macro_rules! check_out {
+                ($x:expr, $w:expr, $y:expr) => {
+                    match bias {
+                        Some(DeviceConv3dData::F32(b)) => {
+                            stream.conv3d_check(&g, $x, $w, Some(&b), $y, sampling, None, r)
+                        }
+                        Some(DeviceConv3dData::BF16(b)) => {
+                            stream.conv3d_check(&g, $x, $w, Some(&b), $y, sampling, None, r)
+                        }
+                        None => stream
+                            .conv3d_check::<_, f32, _>(&g, $x, $w, None, $y, sampling, None, r),
+                    }
+                };
+            }
+            use DeviceConv3dData::{BF16, F32};
+            match (input, weight, output) {
+                (F32(x), F32(w), F32(y)) => check_out!(&x, &w, &y),
+                (F32(x), F32(w), BF16(y)) => check_out!(&x, &w, &y),
+                (BF16(x), BF16(w), F32(y)) => check_out!(&x, &w, &y),
+                (BF16(x), BF16(w), BF16(y)) => check_out!(&x, &w, &y),
+                (x, w, _) => Err(Error::Conv3dDType {
+                    tensor: "weight",
+                    dtype: w.dtype(),
+                    expected: x.dtype(),
+                }),
+            }
+        };
+        queued?;
+        let words = read_words(stream, buf, words)?;
+        let rel = self.rel_tol(input.dtype());
+        for p in CheckedPoint::decode(&words) {
+            let Some(index) = p.index else { continue };
+            if let Err(f) = compare(index, p.value, p.reference, p.magnitude, rel) {
+                return Ok(Err(f));
+            }
+        }
+        Ok(Ok(()))
+    }
+}
+
+/// The checks every device call starts with: devices, shapes, dtypes and
+/// lengths (the output's given as its device and length).
+fn validate<D: ShapeDim>(
+    stream: &Stream,
+    params: Conv3dParams,
+    (input, input_shape): (DeviceConv3dData<'_>, &[D]),
+    (weight, weight_shape): (DeviceConv3dData<'_>, &[D]),
+    bias: Option<DeviceConv3dData<'_>>,
+    (out_device, out_len): (&Device, usize),
+) -> Result<Conv3dGeometry> {
+    input.check_device(stream, "conv3d_device input")?;
+    weight.check_device(stream, "conv3d_device weight")?;
+    if let Some(b) = &bias {
+        b.check_device(stream, "conv3d_device bias")?;
+    }
+    if !stream.device().same(out_device) {
+        return Err(Error::DeviceMismatch {
+            op: "conv3d_device output",
+        });
+    }
+    let g = Conv3dGeometry::new(params, input_shape, weight_shape)?;
+    if weight.dtype() != input.dtype() {
+        return Err(Error::Conv3dDType {
+            tensor: "weight",
+            dtype: weight.dtype(),
+            expected: input.dtype(),
+        });
+    }
+    let k = g.out_channels;
+    for (op, expected, actual) in [
+        (
+            "conv3d input",
+            g.input_shape().iter().product(),
+            input.len(),
+        ),
+        (
+            "conv3d weight",
+            g.weight_shape().iter().product(),
+            weight.len(),
+        ),
+        ("conv3d bias", k, bias.map_or(k, |b| b.len())),
+        ("conv3d device output", g.output_len(), out_len),
+    ] {
+        if expected != actual {
+            return Err(Error::LengthMismatch {
+                op,
+                expected,
+                actual,
+            });
+        }
+    }
+    Ok(g)
+}
+
 fn located_nothing() -> Error {
     Error::Conv3dTier {
         tier: "check",
@@ -593,7 +708,7 @@ fn check_typed<T: crate::convert::Element>(
         Some(DeviceConv3dData::F32(b)) => {
             s.conv3d_check(g, x, w, Some(&b), out, sampling, locate, results)
         }
-        None => s.conv3d_check::<T, f32>(g, x, w, None, out, sampling, locate, results),
+        None => s.conv3d_check::<T, f32, f32>(g, x, w, None, out, sampling, locate, results),
     }
 }
 

@@ -527,10 +527,10 @@ impl KernelCall {
     /// `conv3d_locate_nonfinite_f32(const u32* y, u64 n, u64* slot)` first
     /// when [`Conv3dCheckLaunch::locate`] is set, then
     /// `conv3d_check_{f32,bf16}(const T* x, const T* w, const void* bias,
-    /// u64 bias_kind, const float* y, u64* res, rs_conv3d_args a, u64
-    /// nsamples, u64 seed, const u64* located)` with one 256-thread block
-    /// per sampled point (`bias_kind`: 0 none, 1 f32, 2 bf16; `located`: the
-    /// slot, or 0).
+    /// u64 bias_kind, const void* y, u64 y_kind, u64* res, rs_conv3d_args a,
+    /// u64 nsamples, u64 seed, const u64* located)` with one 256-thread
+    /// block per sampled point (`bias_kind`: 0 none, 1 f32, 2 bf16;
+    /// `y_kind`: 1 f32, 2 bf16; `located`: the slot, or 0).
     pub(crate) fn conv3d_check(a: &Conv3dCheckLaunch, mps: u32) -> Result<Vec<KernelCall>> {
         let c = &a.conv;
         let k = match c.dtype {
@@ -551,6 +551,17 @@ impl KernelCall {
             (Some(_), other) => {
                 return Err(Error::Conv3dDType {
                     tensor: "bias",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let y_kind = match (a.output_dtype, a.locate) {
+            (DType::F32, _) => 1,
+            (DType::BF16, None) => 2,
+            (other, _) => {
+                return Err(Error::Conv3dDType {
+                    tensor: "output",
                     dtype: other,
                     expected: DType::F32,
                 })
@@ -588,6 +599,7 @@ impl KernelCall {
                 KernelArg::U64(c.bias.map_or(0, |b| b.0)),
                 KernelArg::U64(bias_kind),
                 KernelArg::U64(c.output.0),
+                KernelArg::U64(y_kind),
                 KernelArg::U64(a.results.0),
                 KernelArg::Conv3d(Conv3dArgs::new(c)),
                 KernelArg::U64(u64::from(samples)),

@@ -38,11 +38,14 @@ pub const CHECK_MAX_SAMPLES: usize = 1 << 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Conv3dCheckLaunch {
     /// The convolution checked: input, weight in the standard layout,
-    /// output; `conv.bias` is the bias as the caller gave it, of
-    /// `bias_dtype`.
+    /// output (of `output_dtype`); `conv.bias` is the bias as the caller
+    /// gave it, of `bias_dtype`.
     pub conv: Conv3dLaunch,
     /// The bias's dtype (F32 or BF16; ignored without a bias).
     pub bias_dtype: DType,
+    /// The output's dtype: F32 (every tier's), or BF16 (another library's
+    /// bf16 result; not with `locate`).
+    pub output_dtype: DType,
     /// Sampled points (`1` with `locate`), at most [`CHECK_MAX_SAMPLES`].
     pub samples: usize,
     /// The seed of the sampled points.
@@ -112,31 +115,39 @@ impl Stream {
     /// synchronisation; read `results` back after it): `samples` points
     /// of [`sample_index`]`(output_len, seed, j)`, or with `locate` (one
     /// `u64`, zeroed here) the first non-finite output point. `weight` is
-    /// in the standard layout; `bias` (f32 or bf16) as given. `results`
+    /// in the standard layout; `bias` (f32 or bf16) as given; `output` f32,
+    /// or bf16 (an output another library computed; not with `locate`).
+    /// `results`
     /// holds [`CHECK_WORDS`] words per point (see [`Conv3dCheckLaunch`];
     /// decode with [`CheckedPoint::decode`]).
     ///
-    /// Errors: [`Error::Conv3dDType`] for operands other than f32 / bf16
-    /// or a bias other than f32 / bf16; [`Error::DeviceMismatch`];
+    /// Errors: [`Error::Conv3dDType`] for operands, a bias or an output
+    /// other than f32 / bf16, or a bf16 output with `locate`;
+    /// [`Error::DeviceMismatch`];
     /// [`Error::LengthMismatch`] for a view whose length is not its
     /// shape's, a `results` shorter than the points need, a `locate` slot
     /// that is not one element, or `samples` not 1 with `locate`;
     /// [`Error::Conv3dTier`] for zero-size calls or more than
     /// [`CHECK_MAX_SAMPLES`] points; the backend's launch error.
     #[allow(clippy::too_many_arguments)]
-    pub fn conv3d_check<T: Element, B: Element>(
+    pub fn conv3d_check<T: Element, B: Element, Y: Element>(
         &self,
         g: &Conv3dGeometry,
         input: &DeviceView<'_, T>,
         weight: &DeviceView<'_, T>,
         bias: CheckBias<'_, '_, B>,
-        output: &DeviceView<'_, f32>,
+        output: &DeviceView<'_, Y>,
         (samples, seed): (usize, u64),
         locate: Option<&mut DeviceViewMut<'_, u64>>,
         results: &mut DeviceViewMut<'_, u64>,
     ) -> Result<()> {
         const OP: &str = "conv3d_check";
-        for (tensor, dtype) in [("input", T::DTYPE), ("bias", B::DTYPE)] {
+        let checked = [
+            ("input", T::DTYPE),
+            ("bias", B::DTYPE),
+            ("output", Y::DTYPE),
+        ];
+        for (tensor, dtype) in checked {
             if !matches!(dtype, DType::F32 | DType::BF16) {
                 return Err(Error::Conv3dDType {
                     tensor,
@@ -174,6 +185,13 @@ impl Stream {
             });
         }
         let slot = match locate {
+            Some(_) if Y::DTYPE != DType::F32 => {
+                return Err(Error::Conv3dDType {
+                    tensor: "output",
+                    dtype: Y::DTYPE,
+                    expected: DType::F32,
+                })
+            }
             Some(slot) => {
                 self.check_device(OP, slot.device())?;
                 check_len("conv3d check locate slot", 1, slot.len())?;
@@ -203,6 +221,7 @@ impl Stream {
                 output: output.device_ptr(),
             },
             bias_dtype: B::DTYPE,
+            output_dtype: Y::DTYPE,
             samples,
             seed,
             locate: slot,
@@ -338,14 +357,14 @@ pub(crate) unsafe fn host_conv3d_check(a: &Conv3dCheckLaunch) -> Result<()> {
             c.bias
                 .map(|b| host_data(b, a.bias_dtype, g.out_channels))
                 .transpose()?,
-            host_slice::<f32>(c.output, total),
+            host_data(c.output, a.output_dtype, total)?,
             host_slice_mut::<u64>(a.results, a.samples * CHECK_WORDS),
         )
     };
     let p = Conv3dProblem::new(g.params, x, &g.input_shape(), w, &g.weight_shape(), bias)?;
     let located = match a.locate {
         Some(slot) => {
-            let first = y.iter().position(|v| !v.is_finite());
+            let first = (0..total).find(|&i| y.get_f32(i).is_some_and(|v| !v.is_finite()));
             // SAFETY: the caller guarantees one exclusive u64 at `slot`.
             let s = unsafe { host_slice_mut::<u64>(slot, 1) };
             s[0] = first.map_or(0, |i| (total - i) as u64);
@@ -358,7 +377,7 @@ pub(crate) unsafe fn host_conv3d_check(a: &Conv3dCheckLaunch) -> Result<()> {
             Some(first) => first,
             None => sample_index(total, a.seed, j),
         };
-        let point = index.and_then(|i| Some((i, reference_point(&p, i)?, *y.get(i)?)));
+        let point = index.and_then(|i| Some((i, reference_point(&p, i)?, y.get_f32(i)?)));
         match point {
             Some((i, r, v)) => {
                 out[0] = i as u64;
