@@ -64,6 +64,7 @@ pub mod error;
 pub mod fallback;
 pub mod safetensors;
 pub mod transfer;
+pub(crate) mod par;
 pub mod verify;
 
 pub use crate::dtype::DType;

@@ -8,7 +8,7 @@ mod example_bin;
 
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 

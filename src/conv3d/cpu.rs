@@ -174,6 +174,12 @@ pub fn conv3d_cpu(p: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
 /// Errors: those of [`conv3d_cpu`], and [`Error::Conv3dTier`] when this CPU
 /// lacks `kernel`'s instructions.
 pub fn conv3d_cpu_with(p: &Conv3dProblem<'_>, out: &mut [f32], kernel: CpuKernel) -> Result<()> {
+    // Every parallel loop below runs on a pool that works in this process
+    // (a fork()ed child included: crate::par).
+    crate::par::install(|| cpu_with(p, out, kernel))
+}
+
+fn cpu_with(p: &Conv3dProblem<'_>, out: &mut [f32], kernel: CpuKernel) -> Result<()> {
     let isa = Isa::for_kernel(kernel)
         .ok_or_else(|| internal("this cpu lacks the instructions of the requested kernel"))?;
     let g = p.geometry;

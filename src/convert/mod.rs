@@ -130,13 +130,15 @@ fn run_kernel(k: kernels::Kernel, src: &[u8], dst: &mut [u8]) {
         k.run
     };
     let n = src.len() / k.src_size;
-    if n < PAR_MIN_ELEMS || rayon::current_num_threads() < 2 {
+    if n < PAR_MIN_ELEMS || crate::par::threads() < 2 {
         run(src, dst);
         return;
     }
-    src.par_chunks(k.src_size * PAR_CHUNK_ELEMS)
-        .zip(dst.par_chunks_mut(k.dst_size * PAR_CHUNK_ELEMS))
-        .for_each(|(s, d)| run(s, d));
+    crate::par::install(|| {
+        src.par_chunks(k.src_size * PAR_CHUNK_ELEMS)
+            .zip(dst.par_chunks_mut(k.dst_size * PAR_CHUNK_ELEMS))
+            .for_each(|(s, d)| run(s, d))
+    });
 }
 
 /// Converts little-endian `src` bytes of dtype `from` into a typed slice.
@@ -179,14 +181,16 @@ pub fn expected_fingerprint(from: DType, src: &[u8], to: DType) -> Result<Finger
             to,
         });
     };
-    let sum = if n < PAR_MIN_ELEMS || rayon::current_num_threads() < 2 {
+    let sum = if n < PAR_MIN_ELEMS || crate::par::threads() < 2 {
         converted_sum(from, to, k, 0, src)
     } else {
         use rayon::prelude::*;
-        src.par_chunks(ss * PAR_CHUNK_ELEMS)
-            .enumerate()
-            .map(|(c, s)| converted_sum(from, to, k, c * PAR_CHUNK_ELEMS, s))
-            .reduce(|| 0, u64::wrapping_add)
+        crate::par::install(|| {
+            src.par_chunks(ss * PAR_CHUNK_ELEMS)
+                .enumerate()
+                .map(|(c, s)| converted_sum(from, to, k, c * PAR_CHUNK_ELEMS, s))
+                .reduce(|| 0, u64::wrapping_add)
+        })
     };
     Ok(fingerprint::finish(sum, (n * ds) as u64))
 }

@@ -99,17 +99,18 @@ pub(crate) fn sum_bytes(first_word: u64, bytes: &[u8]) -> u64 {
     const CHUNK: usize = 1 << 20; // bytes per rayon task (a multiple of 4)
     let full = bytes.len() / 4 * 4;
     let (body, rest) = bytes.split_at(full);
-    let mut s = body
-        .par_chunks(CHUNK)
-        .enumerate()
-        .map(|(c, chunk)| {
-            let base = first_word + (c * CHUNK / 4) as u64;
-            chunk.chunks_exact(4).enumerate().fold(0u64, |acc, (k, w)| {
-                let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-                acc.wrapping_add(term(base + k as u64, w))
+    let mut s = crate::par::install(|| {
+        body.par_chunks(CHUNK)
+            .enumerate()
+            .map(|(c, chunk)| {
+                let base = first_word + (c * CHUNK / 4) as u64;
+                chunk.chunks_exact(4).enumerate().fold(0u64, |acc, (k, w)| {
+                    let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    acc.wrapping_add(term(base + k as u64, w))
+                })
             })
-        })
-        .reduce(|| 0u64, u64::wrapping_add);
+            .reduce(|| 0u64, u64::wrapping_add)
+    });
     if !rest.is_empty() {
         let mut last = [0u8; 4];
         last[..rest.len()].copy_from_slice(rest);

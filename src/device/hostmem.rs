@@ -141,13 +141,15 @@ impl Mapping {
     fn fault_in(&self) {
         use rayon::prelude::*;
         let base = self.ptr as usize;
-        (0..self.len / HUGE_PAGE).into_par_iter().for_each(|i| {
-            for at in (i * HUGE_PAGE..(i + 1) * HUGE_PAGE).step_by(4096) {
-                // SAFETY: `at < self.len`, inside the mapping, which is
-                // writable and not yet shared; the tasks' ranges are
-                // disjoint. Volatile: the write exists for its page fault.
-                unsafe { std::ptr::write_volatile((base + at) as *mut u8, 0) };
-            }
+        crate::par::install(|| {
+            (0..self.len / HUGE_PAGE).into_par_iter().for_each(|i| {
+                for at in (i * HUGE_PAGE..(i + 1) * HUGE_PAGE).step_by(4096) {
+                    // SAFETY: `at < self.len`, inside the mapping, which is
+                    // writable and not yet shared; the tasks' ranges are
+                    // disjoint. Volatile: the write exists for its page fault.
+                    unsafe { std::ptr::write_volatile((base + at) as *mut u8, 0) };
+                }
+            })
         });
     }
 
@@ -177,13 +179,15 @@ pub(crate) fn zero_parallel(p: *mut u8, bytes: usize) {
     use rayon::prelude::*;
     const PIECE: usize = 4 << 20;
     let base = p as usize;
-    (0..bytes.div_ceil(PIECE)).into_par_iter().for_each(|i| {
-        let at = i * PIECE;
-        let len = PIECE.min(bytes - at);
-        // SAFETY: `base..base + bytes` is a fresh allocation of `bytes`
-        // bytes (the caller's), writable from the host and not shared yet;
-        // the pieces are disjoint and inside it.
-        unsafe { std::ptr::write_bytes((base + at) as *mut u8, 0, len) };
+    crate::par::install(|| {
+        (0..bytes.div_ceil(PIECE)).into_par_iter().for_each(|i| {
+            let at = i * PIECE;
+            let len = PIECE.min(bytes - at);
+            // SAFETY: `base..base + bytes` is a fresh allocation of `bytes`
+            // bytes (the caller's), writable from the host and not shared yet;
+            // the pieces are disjoint and inside it.
+            unsafe { std::ptr::write_bytes((base + at) as *mut u8, 0, len) };
+        })
     });
 }
 

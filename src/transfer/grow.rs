@@ -48,6 +48,9 @@ pub(super) struct Grower {
     bytes: usize,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// The process that started the thread: in a `fork()` child the thread
+    /// does not exist (see [`Grower::orphaned`]).
+    pid: u32,
 }
 
 impl Grower {
@@ -77,13 +80,30 @@ impl Grower {
             bytes,
             stop,
             thread,
+            pid: std::process::id(),
         }
+    }
+}
+
+impl Grower {
+    /// Whether this grower's thread belongs to another process: a loader
+    /// made before `fork()` and used in the child. Its thread was not
+    /// copied into the child, so nothing will ever come from it: the ring
+    /// treats it as stopped (and grows again at the next load, in this
+    /// process), and dropping it does not wait for it.
+    pub(super) fn orphaned(&self) -> bool {
+        self.pid != std::process::id()
     }
 }
 
 impl Drop for Grower {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        if self.orphaned() {
+            // Joining a thread of the parent process would wait for ever.
+            std::mem::forget(self.thread.take());
+            return;
+        }
         if let Some(t) = self.thread.take() {
             // A panic in the thread was caught there; nothing to report.
             let _ = t.join();
@@ -150,6 +170,9 @@ impl Ring {
             if g.owed.is_empty() {
                 self.grower = None;
                 return None;
+            }
+            if g.orphaned() {
+                break (g.owed.start, stopped(g.bytes));
             }
             let rx = g.rx.get_mut().unwrap_or_else(PoisonError::into_inner);
             let msg = if block {

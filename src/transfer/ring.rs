@@ -183,7 +183,8 @@ impl Loader {
         // Fills run as tasks on the rayon pool (each also split into
         // sub-pieces), several jobs at once, so no job's tail leaves the
         // pool idle; this thread only queues device work and checks.
-        rayon::in_place_scope(|scope| -> Result<()> {
+        // On a pool that works in this process (a fork()ed child too).
+        crate::par::in_place_scope(|scope| -> Result<()> {
             let spawn = |j: usize, s: usize, mut buf: PinnedBuffer<u8>| {
                 let tx = tx.clone();
                 scope.spawn(move |_| {
@@ -525,11 +526,15 @@ fn fill(
         at = p.slot_off + p.len;
         regions.push((p, region));
     }
-    regions
-        .into_par_iter()
-        .map(|(p, region)| match items.get(p.item) {
-            Some(item) => source::read_piece(sources, item, p.src_off, region, read_bytes, check),
-            None => Ok(Sums::default()),
-        })
-        .collect()
+    crate::par::install(|| {
+        regions
+            .into_par_iter()
+            .map(|(p, region)| match items.get(p.item) {
+                Some(item) => {
+                    source::read_piece(sources, item, p.src_off, region, read_bytes, check)
+                }
+                None => Ok(Sums::default()),
+            })
+            .collect()
+    })
 }

@@ -213,13 +213,15 @@ pub(crate) fn read_piece(
     if dst.len() <= sub {
         return work((0, dst));
     }
-    dst.par_chunks_mut(sub)
-        .enumerate()
-        .map(work)
-        .try_reduce(Sums::default, |mut a, b| {
-            a.add(b);
-            Ok(a)
-        })
+    crate::par::install(|| {
+        dst.par_chunks_mut(sub)
+            .enumerate()
+            .map(work)
+            .try_reduce(Sums::default, |mut a, b| {
+                a.add(b);
+                Ok(a)
+            })
+    })
 }
 
 /// The tensor's output computed on the CPU from `src` (its staged bytes,

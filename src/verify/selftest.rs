@@ -159,13 +159,15 @@ impl Reference {
     /// once a region's fingerprint differed.
     fn expected(&self, which: usize) -> Vec<u32> {
         let narrow = |f: fn(u32) -> u16| -> Vec<u32> {
-            self.inputs32()
-                .par_iter()
-                .map(|&x| u32::from(f(x)))
-                .collect()
+            crate::par::install(|| {
+                self.inputs32()
+                    .par_iter()
+                    .map(|&x| u32::from(f(x)))
+                    .collect()
+            })
         };
         let wide = |f: fn(u16) -> u32| -> Vec<u32> {
-            self.all16_u32.par_iter().map(|&h| f(h as u16)).collect()
+            crate::par::install(|| self.all16_u32.par_iter().map(|&h| f(h as u16)).collect())
         };
         match which {
             0 => wide(scalar::bf16_to_f32),
@@ -194,20 +196,22 @@ fn reference() -> &'static Reference {
             .extend((0..=u32::from(u16::MAX)).flat_map(|hi| TRICKY_LOW.map(|lo| (hi << 16) | lo)));
         let inputs32 = host_in.get(half..).unwrap_or(&[]);
         let bytes16: &[u8] = bytemuck::cast_slice(&all16);
-        let fp_cases = (0..8usize)
-            .flat_map(|start| {
-                [1usize, 3, 5, 17, 1000, 4097, bytes16.len() - start]
-                    .into_iter()
-                    .map(move |len| (start, len))
-            })
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .map(|(start, len)| {
-                let bytes = bytes16.get(start..start + len).unwrap_or(&[]);
-                let sum = crate::device::host::sum_bytes(0, bytes);
-                (start, len, finish(sum, len as u64))
-            })
-            .collect();
+        let fp_cases = crate::par::install(|| {
+            (0..8usize)
+                .flat_map(|start| {
+                    [1usize, 3, 5, 17, 1000, 4097, bytes16.len() - start]
+                        .into_iter()
+                        .map(move |len| (start, len))
+                })
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|(start, len)| {
+                    let bytes = bytes16.get(start..start + len).unwrap_or(&[]);
+                    let sum = crate::device::host::sum_bytes(0, bytes);
+                    (start, len, finish(sum, len as u64))
+                })
+                .collect()
+        });
         // Parallel, table-driven (the sequential reference fingerprint of
         // these 3.3 MB would dominate the first call).
         let in32: &[u8] = bytemuck::cast_slice(inputs32);

@@ -124,28 +124,32 @@ const PAR_MIN_BYTES: usize = 512 * 1024;
 /// [`sum_bytes`] split over the rayon pool for large inputs (same result).
 pub fn par_sum_bytes(start_word: u64, bytes: &[u8]) -> u64 {
     use rayon::prelude::*;
-    if bytes.len() < PAR_MIN_BYTES || rayon::current_num_threads() < 2 {
+    if bytes.len() < PAR_MIN_BYTES || crate::par::threads() < 2 {
         return sum_bytes(start_word, bytes);
     }
-    bytes
-        .par_chunks(PAR_CHUNK_BYTES)
-        .enumerate()
-        .map(|(k, c)| sum_bytes(start_word + (k * (PAR_CHUNK_BYTES / 4)) as u64, c))
-        .reduce(|| 0, u64::wrapping_add)
+    crate::par::install(|| {
+        bytes
+            .par_chunks(PAR_CHUNK_BYTES)
+            .enumerate()
+            .map(|(k, c)| sum_bytes(start_word + (k * (PAR_CHUNK_BYTES / 4)) as u64, c))
+            .reduce(|| 0, u64::wrapping_add)
+    })
 }
 
 /// [`sum_words`] split over the rayon pool for large inputs (same result).
 pub(crate) fn par_sum_words(start: u64, words: &[u32]) -> u64 {
     use rayon::prelude::*;
     const CHUNK: usize = PAR_CHUNK_BYTES / 4;
-    if words.len() < PAR_MIN_BYTES / 4 || rayon::current_num_threads() < 2 {
+    if words.len() < PAR_MIN_BYTES / 4 || crate::par::threads() < 2 {
         return sum_words(start, words);
     }
-    words
-        .par_chunks(CHUNK)
-        .enumerate()
-        .map(|(k, c)| sum_words(start + (k * CHUNK) as u64, c))
-        .reduce(|| 0, u64::wrapping_add)
+    crate::par::install(|| {
+        words
+            .par_chunks(CHUNK)
+            .enumerate()
+            .map(|(k, c)| sum_words(start + (k * CHUNK) as u64, c))
+            .reduce(|| 0, u64::wrapping_add)
+    })
 }
 
 /// The fingerprint of a byte buffer (any length, any alignment); parallel

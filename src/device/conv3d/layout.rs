@@ -145,13 +145,15 @@ pub fn tiled_weight_layout<T: Copy + Default + Send + Sync>(g: &Conv3dGeometry, 
         return out;
     }
     // Each output row (group, r) gathers one column of the group's block.
-    out.par_chunks_mut(kg).enumerate().for_each(|(row, dst)| {
-        let (grp, r) = (row / r_len, row % r_len);
-        for (m, d) in dst.iter_mut().enumerate() {
-            if let Some(v) = w.get((grp * kg + m) * r_len + r) {
-                *d = *v;
+    crate::par::install(|| {
+        out.par_chunks_mut(kg).enumerate().for_each(|(row, dst)| {
+            let (grp, r) = (row / r_len, row % r_len);
+            for (m, d) in dst.iter_mut().enumerate() {
+                if let Some(v) = w.get((grp * kg + m) * r_len + r) {
+                    *d = *v;
+                }
             }
-        }
+        })
     });
     out
 }
