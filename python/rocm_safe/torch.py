@@ -19,6 +19,7 @@ Imported only when used: ``import rocm_safe`` never imports torch.
 from __future__ import annotations
 
 import functools
+import warnings
 import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
@@ -382,13 +383,30 @@ def last_conv3d_report() -> Optional[str]:
 # torch.nn.functional.conv3d with the chain behind it
 
 _lock = threading.Lock()
-_installed: Dict[str, Any] = {"orig": None, "wrapper": None}
+_installed: Dict[str, Any] = {"orig": None, "wrapper": None, "mode": None}
 _counts: Dict[str, int] = {}
 _baseline: Dict[str, Tuple] = {}
+# Call signatures whose torch call failed (raised, non-finite, mismatched):
+# sent straight to the chain from then on.
+_failed_signatures: Set[Tuple] = set()
+_last_mismatch: List[Optional[str]] = [None]
+
+_MODES = ("fallback", "verify", "replace")
 
 
 def _zero_counts() -> None:
-    _counts.update(calls=0, fell_back=0, fell_back_on_error=0, fell_back_on_non_finite=0, chain_failed=0)
+    _counts.update(
+        calls=0,
+        fell_back=0,
+        fell_back_on_error=0,
+        fell_back_on_non_finite=0,
+        fell_back_on_mismatch=0,
+        verified=0,
+        mismatches=0,
+        direct=0,
+        chain_failed=0,
+    )
+    _last_mismatch[0] = None
 
 
 _zero_counts()
@@ -411,65 +429,187 @@ def _finite(*ts) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in ts if t is not None)
 
 
-def install_conv3d_fallback() -> None:
-    """Makes ``torch.nn.functional.conv3d`` (and so ``nn.Conv3d``) try
-    torch's own conv3d first and, when it raises or returns NaN/Inf from
-    finite inputs, serve the call through rocm-safe's chain
-    (:func:`conv3d`): the FramePack ``miopen_fallback`` pattern, with every
-    result of the chain checked. Calls the chain cannot take (other dtypes,
-    inputs that need gradients) keep torch's behaviour, its error included.
-    The output check costs one ``isfinite`` pass over each output.
+def _signature(input, weight, bias, stride, padding, dilation, groups) -> Tuple:
+    """What identifies a call for the memory of failed torch calls: shapes,
+    dtype, device and parameters (never the values)."""
+    return (
+        tuple(input.shape),
+        tuple(weight.shape),
+        None if bias is None else tuple(bias.shape),
+        str(input.dtype),
+        str(input.device),
+        repr(stride),
+        repr(padding),
+        repr(dilation),
+        repr(groups),
+    )
 
-    Idempotent; :func:`uninstall_conv3d_fallback` puts back exactly the
-    function that was there. :func:`conv3d_stats` counts calls, fallbacks
-    and tiers."""
+
+def _verify_output(out, input, weight, bias, stride, padding, dilation, groups) -> Optional[str]:
+    """torch's output checked on the device at the chain's sampled points
+    (f64 recomputation): ``None`` when they agree, else the mismatch. Calls
+    the check cannot take (shapes it refuses, ``padding="same"`` that needs
+    asymmetric padding) are not checked (``None``)."""
+    if out.dtype not in _CHAIN_DTYPES or out.device != input.device:
+        return None
+    try:
+        stride_t = _triple(stride, "stride")
+        dilation_t = _triple(dilation, "dilation")
+        padding_t = _padding(padding, weight, stride_t, dilation_t)
+    except (TypeError, ValueError):
+        return None
+    x, w = input, weight
+    y = out
+    if x.dim() == 4:
+        x, y = x.unsqueeze(0), y.unsqueeze(0)
+    x = x.detach().contiguous()
+    w = w.detach().contiguous()
+    b = None if bias is None else bias.detach().contiguous()
+    y = y.detach().contiguous()
+    if x.device.type == "cuda":
+        index = torch.cuda.current_device() if x.device.index is None else x.device.index
+        dev = f"cuda:{index}"
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+    else:
+        dev, stream = "cpu", 0
+    pack = torch.utils.dlpack.to_dlpack
+    try:
+        return _native.conv3d_verify(
+            dev,
+            int(stream),
+            pack(x),
+            pack(w),
+            None if b is None else pack(b),
+            pack(y),
+            list(stride_t),
+            list(padding_t),
+            list(dilation_t),
+            groups,
+            _backend(),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def install_conv3d_fallback(mode: str = "fallback") -> None:
+    """Puts rocm-safe's conv3d chain (:func:`conv3d`: vendor -> tiled ->
+    naive -> CPU, every result checked on the device) behind
+    ``torch.nn.functional.conv3d`` (and so ``nn.Conv3d``). ``mode``:
+
+    - ``"fallback"`` (the default): torch's own conv3d runs first; when it
+      raises, or returns NaN/Inf from finite inputs, the call is served by
+      the chain (the FramePack ``miopen_fallback`` pattern). Costs one
+      ``isfinite`` pass over each output. Use it where torch's path works
+      and you want a safety net against crashes and NaNs.
+    - ``"verify"``: as ``"fallback"``, and torch's finite output is also
+      spot-checked on the device at the chain's sampled points against an
+      f64 recomputation (one small read-back per call); a mismatch (a
+      silently wrong finite result, as vendor libraries have given in bf16)
+      sends the call to the chain, is counted (``mismatches``) and reported
+      (``last_mismatch`` in :func:`conv3d_stats`, and a ``RuntimeWarning``).
+      Use it where you cannot trust torch's results on this GPU stack.
+    - ``"replace"``: every call the chain can take goes to the chain,
+      without calling torch's conv3d (calls it cannot take still go to
+      torch). Use it where torch's path is broken or slow (a MIOpen search
+      that hangs or takes minutes, a generic fallback that is hours).
+
+    In every mode a call signature (shapes, dtype, device, stride, padding,
+    dilation, groups) whose torch call failed (raised, non-finite, or
+    mismatched) is remembered and sent straight to the chain afterwards, so
+    a failing search or kernel is not paid for on every call. Calls the
+    chain cannot take (other dtypes, inputs that need gradients) keep
+    torch's behaviour, its error included.
+
+    Idempotent; installing again with another mode switches the mode (the
+    remembered signatures stay). :func:`uninstall_conv3d_fallback` puts
+    back exactly the function that was there. :func:`conv3d_stats` reports
+    the mode and counts calls, fallbacks, mismatches and tiers.
+
+    Errors: ``ValueError`` for an unknown mode.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"install_conv3d_fallback: mode must be one of {_MODES}, not {mode!r}")
     F = torch.nn.functional
     with _lock:
         if _installed["wrapper"] is not None:
+            _installed["mode"] = mode
             return
         orig = F.conv3d
 
-        @functools.wraps(orig)
-        def conv3d_with_fallback(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-            _counts["calls"] += 1
+        def to_chain(args, error, reason):
             try:
-                out = orig(input, weight, bias, stride, padding, dilation, groups)
-            except Exception as e:  # noqa: BLE001 - any failure of torch's path
-                if not _chain_takes(input, weight, bias):
-                    raise
-                reason, error = "fell_back_on_error", e
-            else:
-                if (
-                    not isinstance(out, torch.Tensor)
-                    or not out.is_floating_point()
-                    or bool(torch.isfinite(out).all())
-                    or not _chain_takes(input, weight, bias)
-                    or not _finite(input, weight, bias)
-                ):
-                    return out
-                reason, error = "fell_back_on_non_finite", None
-            try:
-                result = conv3d(input, weight, bias, stride, padding, dilation, groups)
+                result = conv3d(*args)
             except Exception as chain_error:
                 _counts["chain_failed"] += 1
                 if error is not None:
                     raise error from chain_error
                 raise
-            _counts["fell_back"] += 1
-            _counts[reason] += 1
+            if reason is not None:
+                _counts["fell_back"] += 1
+                _counts[reason] += 1
             return result
+
+        @functools.wraps(orig)
+        def conv3d_with_fallback(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+            _counts["calls"] += 1
+            args = (input, weight, bias, stride, padding, dilation, groups)
+            takes = _chain_takes(input, weight, bias)
+            current = _installed["mode"]
+            sig = _signature(*args) if takes else None
+            if takes and (current == "replace" or sig in _failed_signatures):
+                try:
+                    result = conv3d(*args)
+                except (TypeError, ValueError):
+                    pass  # parameters the chain refuses: torch's path below
+                except Exception:
+                    _counts["chain_failed"] += 1
+                    raise
+                else:
+                    _counts["direct"] += 1
+                    return result
+            try:
+                out = orig(*args)
+            except Exception as e:  # noqa: BLE001 - any failure of torch's path
+                if not takes:
+                    raise
+                _failed_signatures.add(sig)
+                return to_chain(args, e, "fell_back_on_error")
+            if not takes or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+                return out
+            if not bool(torch.isfinite(out).all()):
+                if not _finite(input, weight, bias):
+                    return out  # NaN/Inf in, NaN/Inf out: no failure
+                _failed_signatures.add(sig)
+                return to_chain(args, None, "fell_back_on_non_finite")
+            if current == "verify":
+                _counts["verified"] += 1
+                mismatch = _verify_output(out, *args)
+                if mismatch is not None:
+                    _counts["mismatches"] += 1
+                    _last_mismatch[0] = mismatch
+                    _failed_signatures.add(sig)
+                    warnings.warn(
+                        f"rocm_safe: torch's conv3d returned wrong values ({mismatch});"
+                        " this call and later calls of its signature go to the chain",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    return to_chain(args, None, "fell_back_on_mismatch")
+            return out
 
         conv3d_with_fallback.__rocm_safe_fallback__ = True  # type: ignore[attr-defined]
         _installed["orig"] = orig
         _installed["wrapper"] = conv3d_with_fallback
+        _installed["mode"] = mode
         F.conv3d = conv3d_with_fallback
 
 
 def uninstall_conv3d_fallback() -> None:
     """Puts back the ``torch.nn.functional.conv3d`` that
-    :func:`install_conv3d_fallback` replaced (no-op when not installed).
-    Raises ``RuntimeError`` when someone replaced it again since: their
-    function is left in place."""
+    :func:`install_conv3d_fallback` replaced (no-op when not installed)
+    and forgets the remembered failing call signatures. Raises
+    ``RuntimeError`` when someone replaced it again since: their function
+    is left in place."""
     F = torch.nn.functional
     with _lock:
         wrapper = _installed["wrapper"]
@@ -482,6 +622,8 @@ def uninstall_conv3d_fallback() -> None:
         F.conv3d = _installed["orig"]
         _installed["orig"] = None
         _installed["wrapper"] = None
+        _installed["mode"] = None
+        _failed_signatures.clear()
 
 
 def conv3d_stats() -> Dict[str, Any]:
@@ -492,11 +634,18 @@ def conv3d_stats() -> Dict[str, Any]:
       ``non_finite`` + ``mismatches``), ``skipped``, ``attempts``,
       ``errors``, ``non_finite``, ``mismatches``, ``seconds``; over every
       :func:`conv3d` call, the fallback's included.
-    - the installed fallback's counts: ``calls`` (every
-      ``torch.nn.functional.conv3d`` call it saw), ``fell_back`` (calls
-      served by the chain), ``fell_back_on_error``,
-      ``fell_back_on_non_finite``, ``chain_failed`` (the chain failed too:
-      torch's error was raised).
+    - the installed fallback's: ``mode`` (``"fallback"``, ``"verify"``,
+      ``"replace"``, or ``None`` when not installed), ``calls`` (every
+      ``torch.nn.functional.conv3d`` call it saw), ``fell_back`` (torch
+      was called and the chain served instead), ``fell_back_on_error``,
+      ``fell_back_on_non_finite``, ``fell_back_on_mismatch``,
+      ``verified`` (torch outputs spot-checked, ``"verify"``),
+      ``mismatches`` (of those, wrong) and ``last_mismatch`` (its text),
+      ``direct`` (calls sent to the chain without calling torch: every
+      call in ``"replace"``, remembered signatures in the others),
+      ``remembered`` (signatures whose torch call failed),
+      ``chain_failed`` (the chain failed too: its or torch's error was
+      raised).
     """
     tiers = {}
     for row in _native.conv3d_stats():
@@ -515,8 +664,10 @@ def conv3d_stats() -> Dict[str, Any]:
             "mismatches": mismatches,
             "seconds": seconds,
         }
-    out: Dict[str, Any] = {"tiers": tiers}
+    out: Dict[str, Any] = {"tiers": tiers, "mode": _installed["mode"]}
     out.update(_counts)
+    out["last_mismatch"] = _last_mismatch[0]
+    out["remembered"] = len(_failed_signatures)
     return out
 
 

@@ -606,6 +606,74 @@ pub fn conv3d(
     }
 }
 
+/// `conv3d_verify(device, stream, input, weight, bias, out, stride,
+/// padding, dilation, groups, backend=None)`: checks `out` (float32 or
+/// bfloat16, computed by something else: torch's own conv3d) at the
+/// chain's sampled points on the device, on `stream` (the f64
+/// recomputation from the operands, one small read-back). Returns `None`
+/// when every sampled point agrees, else the mismatch as text. No NaN/Inf
+/// scan (the caller has `torch.isfinite`). Errors as `conv3d`.
+#[pyfunction]
+#[pyo3(signature = (device, stream, input, weight, bias, out, stride, padding, dilation, groups, backend=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv3d_verify(
+    py: Python<'_>,
+    device: &str,
+    stream: u64,
+    input: &Bound<'_, PyAny>,
+    weight: &Bound<'_, PyAny>,
+    bias: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    stride: [usize; 3],
+    padding: [usize; 3],
+    dilation: [usize; 3],
+    groups: usize,
+    backend: Option<&str>,
+) -> PyResult<Option<String>> {
+    let dev = device_of(device, backend)?;
+    let x = take_capsule(&dev, input, "conv3d input")?;
+    let w = take_capsule(&dev, weight, "conv3d weight")?;
+    let b = bias
+        .map(|b| take_capsule(&dev, b, "conv3d bias"))
+        .transpose()?;
+    let y = take_capsule(&dev, out, "conv3d output")?;
+    let s = if dev.kind() == BackendKind::Host {
+        dev.stream()
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+    } else {
+        // SAFETY: as in `conv3d`: torch's current stream of this device,
+        // alive for the call; the `Stream` is dropped before this returns.
+        unsafe { Stream::from_raw(&dev, RawStream(stream)) }
+    };
+    let params = Conv3dParams {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let chain = chain_of(&dev);
+    let xd = import_data(&x, "conv3d input")?;
+    let wd = import_data(&w, "conv3d weight")?;
+    let bd = b
+        .as_ref()
+        .map(|b| import_data(b, "conv3d bias"))
+        .transpose()?;
+    let yd = import_data(&y, "conv3d output")?;
+    let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+    let r = py.detach(|| chain.verify_device(&s, params, xd, &xs, wd, &ws, bd, yd));
+    match r {
+        Ok(Ok(())) => Ok(None),
+        Ok(Err(failure)) => Ok(Some(failure.to_string())),
+        Err(
+            e @ (rocm_safe::Error::Conv3dShape { .. }
+            | rocm_safe::Error::Conv3dParam { .. }
+            | rocm_safe::Error::Conv3dDType { .. }
+            | rocm_safe::Error::LengthMismatch { .. }),
+        ) => Err(PyValueError::new_err(format!("conv3d_verify: {e}"))),
+        Err(e) => Err(PyRuntimeError::new_err(format!("conv3d_verify: {e}"))),
+    }
+}
+
 /// `(name, attempts, successes, skips, errors, non_finite, mismatches,
 /// seconds)` of one tier.
 type StatsRow = (String, u64, u64, u64, u64, u64, u64, f64);

@@ -173,3 +173,145 @@ def test_fallback_serves_failing_torch_conv3d(device, failure, monkeypatch):
             F.conv3d(x.double(), w.double())
     rt.uninstall_conv3d_fallback()
     assert F.conv3d is broken
+
+
+# --------------------------------------------------------------------------
+# install_conv3d_fallback(mode=...): "fallback", "verify", "replace", and the
+# memory of call signatures whose torch call failed.
+
+
+def counting(real, failure):
+    """A stand-in for torch's conv3d that fails as asked ("raises", "nan",
+    "wrong": finite values a little off, beyond the chain's tolerance even
+    for bf16, or None: correct) and counts its calls."""
+    calls = [0]
+
+    def conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        calls[0] += 1
+        if failure == "raises":
+            raise RuntimeError("miopenStatusUnknownError (simulated)")
+        out = real(input, weight, bias, stride, padding, dilation, groups)
+        if failure == "nan":
+            return out.fill_(float("nan"))
+        if failure == "wrong":
+            return out * 1.02 + 0.3
+        return out
+
+    return conv, calls
+
+
+def test_modes_switch_and_unknown_modes_are_refused():
+    orig = F.conv3d
+    rt.install_conv3d_fallback(mode="verify")
+    wrapper = F.conv3d
+    assert rt.conv3d_stats()["mode"] == "verify"
+    rt.install_conv3d_fallback(mode="replace")
+    assert F.conv3d is wrapper and rt.conv3d_stats()["mode"] == "replace"
+    rt.install_conv3d_fallback()
+    assert F.conv3d is wrapper and rt.conv3d_stats()["mode"] == "fallback"
+    with pytest.raises(ValueError, match="mode"):
+        rt.install_conv3d_fallback(mode="sometimes")
+    assert rt.conv3d_stats()["mode"] == "fallback"
+    rt.uninstall_conv3d_fallback()
+    assert F.conv3d is orig and rt.conv3d_stats()["mode"] is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_verify_catches_slightly_wrong_torch_output(device, dtype, monkeypatch):
+    real = F.conv3d
+    broken, calls = counting(real, "wrong")
+    monkeypatch.setattr(F, "conv3d", broken)
+    rt.install_conv3d_fallback(mode="verify")
+    rt.reset_conv3d_stats()
+    x, w, b = operands(device, dtype)
+    ref = real(x.float(), w.float(), b.float(), padding=1)
+    with pytest.warns(RuntimeWarning, match="wrong values"):
+        out = F.conv3d(x, w, b, padding=1)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+    s = rt.conv3d_stats()
+    assert (s["calls"], s["verified"], s["mismatches"], s["fell_back_on_mismatch"]) == (1, 1, 1, 1)
+    assert "differs from the f64 reference" in s["last_mismatch"], s["last_mismatch"]
+    assert s["remembered"] == 1 and calls[0] == 1
+    # The same signature again: straight to the chain, torch not called.
+    out = F.conv3d(x, w, b, padding=1)
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+    s = rt.conv3d_stats()
+    assert (s["calls"], s["direct"], calls[0]) == (2, 1, 1)
+    # In "fallback" mode the same wrong (finite) output is not looked at.
+    rt.uninstall_conv3d_fallback()
+    rt.install_conv3d_fallback(mode="fallback")
+    rt.reset_conv3d_stats()
+    out = F.conv3d(x, w, b, padding=1)
+    assert calls[0] == 2
+    assert not torch.allclose(out.float(), ref, rtol=tol, atol=tol)
+    assert rt.conv3d_stats()["fell_back"] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_verify_passes_a_correct_torch_output(device):
+    rt.install_conv3d_fallback(mode="verify")
+    rt.reset_conv3d_stats()
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, b = operands(device, dtype)
+        out = F.conv3d(x, w, b, stride=2, padding=1)
+        assert out.dtype == dtype
+    s = rt.conv3d_stats()
+    assert (s["calls"], s["verified"], s["mismatches"], s["fell_back"]) == (2, 2, 0, 0)
+    assert s["last_mismatch"] is None and s["remembered"] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replace_never_calls_torch_for_what_the_chain_takes(device, monkeypatch):
+    real = F.conv3d
+    spy, calls = counting(real, None)
+    monkeypatch.setattr(F, "conv3d", spy)
+    rt.install_conv3d_fallback(mode="replace")
+    rt.reset_conv3d_stats()
+    x, w, b = operands(device, torch.float32)
+    out = F.conv3d(x, w, b, padding=1)
+    torch.testing.assert_close(out, real(x, w, b, padding=1), rtol=1e-4, atol=1e-4)
+    s = rt.conv3d_stats()
+    assert (s["calls"], s["direct"], s["fell_back"], calls[0]) == (1, 1, 0, 0)
+    assert sum(t["served"] for t in s["tiers"].values()) == 1
+    # What the chain cannot take goes to torch: other dtypes, and
+    # parameters it refuses (asymmetric "same" padding).
+    F.conv3d(x.double(), w.double())
+    F.conv3d(x, torch.randn(8, 8, 2, 2, 2, device=device), padding="same")
+    assert calls[0] == 2 and rt.conv3d_stats()["direct"] == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("failure", ["raises", "nan"])
+def test_a_failed_signature_goes_straight_to_the_chain(device, failure, monkeypatch):
+    real = F.conv3d
+    broken, calls = counting(real, failure)
+    monkeypatch.setattr(F, "conv3d", broken)
+    rt.install_conv3d_fallback()
+    rt.reset_conv3d_stats()
+    x, w, b = operands(device, torch.float32)
+    ref = real(x, w, b, padding=1)
+    for _ in range(3):
+        torch.testing.assert_close(F.conv3d(x, w, b, padding=1), ref, rtol=1e-4, atol=1e-4)
+    s = rt.conv3d_stats()
+    key = "fell_back_on_error" if failure == "raises" else "fell_back_on_non_finite"
+    assert (s["calls"], s[key], s["direct"], s["remembered"], calls[0]) == (3, 1, 2, 1, 1)
+    # Another signature (another padding) is torch's first again.
+    F.conv3d(x, w, b, padding=0)
+    assert calls[0] == 2 and rt.conv3d_stats()["remembered"] == 2
+    # Uninstalling forgets them.
+    rt.uninstall_conv3d_fallback()
+    rt.install_conv3d_fallback()
+    assert rt.conv3d_stats()["remembered"] == 0
+
+
+def test_non_finite_inputs_are_not_remembered_as_failures():
+    rt.install_conv3d_fallback(mode="verify")
+    rt.reset_conv3d_stats()
+    x, w, b = operands("cpu", torch.float32)
+    x[0, 0, 1, 1, 1] = float("nan")
+    out = F.conv3d(x, w, b, padding=1)
+    assert not bool(torch.isfinite(out).all())
+    s = rt.conv3d_stats()
+    assert (s["fell_back"], s["remembered"], s["direct"]) == (0, 0, 0)
