@@ -6,8 +6,10 @@ use std::io::Read;
 use std::ops::Range;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use super::file::SafeTensors;
+use super::handle;
 use super::header::{TensorInfo, MAX_HEADER_LEN};
 use super::json::Node;
 use super::open::{self, FileId, InFolder, Stamp};
@@ -179,8 +181,13 @@ impl Checkpoint {
         }
         names.sort_unstable();
         names.dedup();
+        // More shards than may stay open: each is kept in a bounded cache
+        // of descriptors once validated (`handle` module docs).
+        let room = handle::open_file_room();
+        let cache = (names.len() > room).then(|| handle::FdCache::new(room));
+        let dir_file = Arc::new(dir_file);
         let mut shards = Vec::with_capacity(names.len());
-        for name in &names {
+        for (key, name) in names.iter().enumerate() {
             let refused = |reason| {
                 let tensor = map
                     .iter()
@@ -196,7 +203,19 @@ impl Checkpoint {
             };
             match open::open_in_folder(&dir_file, &dir, &dir_canon, name)? {
                 InFolder::Yes(file, stamp) => {
-                    shards.push(SafeTensors::from_file(dir.join(name), file, stamp)?)
+                    let shard = SafeTensors::from_file(dir.join(name), file, stamp)?;
+                    shards.push(match &cache {
+                        None => shard,
+                        Some(cache) => shard.into_cached(handle::Reopen {
+                            cache: cache.clone(),
+                            key,
+                            dir: dir_file.clone(),
+                            dir_path: dir.clone(),
+                            dir_canon: dir_canon.clone(),
+                            name: (*name).to_owned(),
+                            stamp,
+                        }),
+                    })
                 }
                 InFolder::Outside => {
                     return Err(refused(

@@ -7,6 +7,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::handle::{FileHandle, Reopen};
 use super::header::{self, Header, TensorInfo, LFS_POINTER_PREFIX};
 use super::open::{self, FileId, Stamp};
 use crate::alloc::{self, AllocFailure};
@@ -56,7 +57,7 @@ fn with_staging<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
 #[derive(Debug)]
 pub struct SafeTensors {
     path: PathBuf,
-    file: File,
+    file: FileHandle,
     file_len: u64,
     header: Header,
     /// Identity, size and times at open; compared after every read.
@@ -112,7 +113,7 @@ impl SafeTensors {
         let header = header::parse_header(&path, &json, file_len - 8 - n)?;
         let st = SafeTensors {
             path,
-            file,
+            file: FileHandle::Held(file),
             file_len,
             header,
             stamp,
@@ -125,12 +126,17 @@ impl SafeTensors {
     /// never a new open by name, which a swapped symlink or a FIFO put in
     /// its place could redirect or block). For the transfer pipeline's
     /// positioned reads.
-    pub(crate) fn try_clone_file(&self) -> Result<File> {
-        self.file.try_clone().map_err(|e| Error::Io {
-            path: self.path.clone(),
-            op: "duplicate descriptor",
-            source: e,
-        })
+    pub(crate) fn try_clone_file(&self) -> Result<FileHandle> {
+        self.file.try_clone(&self.path)
+    }
+
+    /// From now on, reads go through `reopen`'s bounded cache of
+    /// descriptors (a checkpoint with more shards than may stay open:
+    /// [`handle`](super::handle)).
+    pub(crate) fn into_cached(mut self, reopen: Reopen) -> Self {
+        let held = std::mem::replace(&mut self.file, FileHandle::Reopened(reopen.clone()));
+        self.file = held.into_cached(reopen);
+        self
     }
 
     /// The file's identity (device, inode), taken from the open descriptor.
@@ -167,11 +173,15 @@ impl SafeTensors {
 
     /// [`check_unchanged`](Self::check_unchanged), naming `tensor`.
     fn verify(&self, tensor: Option<&str>) -> Result<()> {
-        let meta = self.file.metadata().map_err(|e| Error::Io {
-            path: self.path.clone(),
-            op: "stat",
-            source: e,
-        })?;
+        let meta = self
+            .file
+            .get(&self.path)?
+            .metadata()
+            .map_err(|e| Error::Io {
+                path: self.path.clone(),
+                op: "stat",
+                source: e,
+            })?;
         match self.stamp.differs(&Stamp::of(&meta)) {
             None => Ok(()),
             Some(what) => Err(Error::FileChanged {
@@ -553,7 +563,8 @@ impl SafeTensors {
     /// `pread` of exactly `dst.len()` bytes at file offset `off`; a short
     /// read (the file shrank since it was opened) is [`Error::FileShrunk`].
     fn pread(&self, info: &TensorInfo, dst: &mut [u8], off: u64) -> Result<()> {
-        pread_tensor(&self.file, &self.path, self.file_len, &info.name, dst, off)
+        let file = self.file.get(&self.path)?;
+        pread_tensor(&file, &self.path, self.file_len, &info.name, dst, off)
     }
 }
 

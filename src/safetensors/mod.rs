@@ -103,6 +103,7 @@
 
 mod checkpoint;
 pub(crate) mod file;
+pub(crate) mod handle;
 mod header;
 mod json;
 mod open;

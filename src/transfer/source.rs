@@ -3,7 +3,6 @@
 //! Which bytes of which file become which tensor (`Item`), the positioned
 //! reads, and the host's expected fingerprint sums.
 
-use std::fs::File;
 use std::path::PathBuf;
 
 use crate::convert::fingerprint::{self, sum_bytes};
@@ -19,7 +18,7 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 pub(crate) struct Source {
     pub path: PathBuf,
-    pub file: File,
+    pub file: crate::safetensors::handle::FileHandle,
     /// The length the checkpoint was opened with.
     pub len: u64,
 }
@@ -40,16 +39,19 @@ impl Source {
         let (Ok(o), Ok(l)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
             return;
         };
+        let Ok(file) = self.file.get(&self.path) else {
+            return; // only a hint: the read will report the error
+        };
         // SAFETY: `posix_fadvise` only reads its integer arguments; the
-        // descriptor is owned by `self.file` and open for this call.
-        let _ =
-            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), o, l, libc::POSIX_FADV_WILLNEED) };
+        // descriptor is owned by `file` and open for this call.
+        let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), o, l, libc::POSIX_FADV_WILLNEED) };
     }
 
     /// Reads exactly `dst.len()` bytes at `off`; a short read is
     /// [`Error::FileShrunk`] naming `tensor`.
     pub fn pread(&self, tensor: &str, dst: &mut [u8], off: u64) -> Result<()> {
-        crate::safetensors::file::pread_tensor(&self.file, &self.path, self.len, tensor, dst, off)
+        let file = self.file.get(&self.path)?;
+        crate::safetensors::file::pread_tensor(&file, &self.path, self.len, tensor, dst, off)
     }
 }
 
