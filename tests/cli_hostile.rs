@@ -209,7 +209,9 @@ fn convert_refuses_a_special_file_as_output() {
     let meta = std::fs::symlink_metadata(&socket).unwrap();
     assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
     if let Ok(meta) = std::fs::symlink_metadata(&null) {
-        assert!(std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type()));
+        assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+            &meta.file_type()
+        ));
     }
 }
 
@@ -243,7 +245,10 @@ fn convert_to_a_link_writes_through_it_as_convert_to_dev_stdout_does() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(std::fs::symlink_metadata(&stdout_link).unwrap().file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(&stdout_link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
     let f = SafeTensors::open(&out).unwrap();
     assert_eq!(f.read::<f32>("x").unwrap().len(), 8);
     assert_eq!(temporaries(d), Vec::<String>::new());
@@ -252,7 +257,10 @@ fn convert_to_a_link_writes_through_it_as_convert_to_dev_stdout_does() {
     let o = run("convert", &[&input, &stdout_link, &"--dtype", &"f32"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("fifo"), "{}", stderr(&o));
-    assert!(std::fs::symlink_metadata(&stdout_link).unwrap().file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(&stdout_link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
 }
 
 #[test]
@@ -490,4 +498,60 @@ fn conv3d_overflow_is_reported_as_such_not_as_failing_tiers() {
     assert_refused(&o, dir.path(), "overflows f32");
     assert!(!stderr(&o).contains("no tier served"), "{}", stderr(&o));
     assert!(!out.exists());
+}
+
+/// A file of F32 tensors `x` and `w` with these shapes (zeros).
+fn write_shapes(path: &Path, x: [u64; 5], w: [u64; 5]) {
+    let mut wr = SafeTensorsWriter::create(
+        path,
+        [
+            TensorSpec::new("x", DType::F32, x),
+            TensorSpec::new("w", DType::F32, w),
+        ],
+        None,
+    )
+    .unwrap();
+    wr.write_tensor("x", &vec![0u8; 4 * x.iter().product::<u64>() as usize])
+        .unwrap();
+    wr.write_tensor("w", &vec![0u8; 4 * w.iter().product::<u64>() as usize])
+        .unwrap();
+    wr.finish().unwrap();
+}
+
+#[test]
+fn conv3d_with_an_empty_batch_or_no_output_channels_writes_an_empty_output() {
+    let dir = tempfile::tempdir().unwrap();
+    for (x, w, out_shape) in [
+        (
+            [0u64, 1, 2, 2, 2],
+            [1u64, 1, 1, 1, 1],
+            vec![0u64, 1, 2, 2, 2],
+        ),
+        ([1, 1, 2, 2, 2], [0, 1, 1, 1, 1], vec![1, 0, 2, 2, 2]),
+    ] {
+        for device in ["auto", "host"] {
+            let input = dir.path().join("in.safetensors");
+            let out = dir.path().join("out.safetensors");
+            let _ = std::fs::remove_file(&out);
+            write_shapes(&input, x, w);
+            let o = run(
+                "conv3d",
+                &[
+                    &input,
+                    &out,
+                    &"--input",
+                    &"x",
+                    &"--weight",
+                    &"w",
+                    &"--device",
+                    &device,
+                ],
+            );
+            assert!(o.status.success(), "{x:?} {w:?} {device}: {}", stderr(&o));
+            let f = SafeTensors::open(&out).unwrap();
+            let info = f.info("output").unwrap();
+            assert_eq!(info.shape, out_shape);
+            assert!(f.read_bytes("output").unwrap().is_empty());
+        }
+    }
 }
