@@ -43,8 +43,9 @@ def doctor(json: bool = False) -> Any:
     chain (the library's ``diagnostics`` engine, as ``cargo run --example
     doctor``).
 
-    ``json=True``: returns the report as a JSON document (schema version 2,
-    the same as ``doctor --json``) and prints nothing. ``json=False``: prints
+    ``json=True``: returns the report as a JSON document (the same as
+    ``doctor --json``; its ``schema_version`` field names the schema, which
+    the crate's ``diagnostics`` docs describe) and prints nothing. ``json=False``: prints
     the report as a table and returns it as a dict.
     """
     text, all_passed, usable = _native.doctor_json()
