@@ -10,8 +10,14 @@
 //! Contract: exit 0 on success. On bad input: exit 1 with one line on stderr
 //! naming the file (and tensor), and OUTPUT is not created (the data goes to
 //! a temporary file that is renamed only when complete). Exit 2 on a usage
-//! error. Memory: two chunks of about 1 MiB, whatever the tensor sizes
-//! (tensors are streamed, never held whole).
+//! error. Memory: the data takes two chunks of about 1 MiB, whatever the
+//! tensor sizes (tensors are streamed, never held whole); the headers of
+//! the input and the output take memory in proportion to the number of
+//! tensors: while a header is parsed, its JSON text plus a tree of it
+//! (duplicate keys are kept to be refused), then about 300 bytes per
+//! tensor while the file is open. Measured: a file of 1,000,000 tensors
+//! (an 89 MB header) peaks at 1.29 GB of RSS to open from Python
+//! (`safetensors`: 1.0 GB), most of it the parse tree, freed once parsed.
 //!
 //! Refused with exit 1, nothing written (the library's checks): an OUTPUT
 //! that is the INPUT, one of its shards or its index (same file through
