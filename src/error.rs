@@ -498,6 +498,41 @@ pub enum Error {
         library: &'static str,
     },
 
+    /// The backend's runtime library is in none of the places looked in
+    /// (each place tried is listed, with why it did not load).
+    #[error("{backend}: runtime not available: {source}")]
+    RuntimeNotFound {
+        /// The backend.
+        backend: &'static str,
+        /// Every place tried, in order.
+        #[source]
+        source: crate::device::dynlib::NotFound,
+    },
+
+    /// The user may not open the device node the runtime needs
+    /// (`/dev/kfd` for HIP): a permission problem, not a missing device.
+    #[error("{backend}: no permission to open {path}: {reason}")]
+    DevicePermission {
+        /// The backend.
+        backend: &'static str,
+        /// The device node.
+        path: PathBuf,
+        /// Why, and what to do (the groups to join).
+        reason: String,
+    },
+
+    /// An environment variable the runtime reads holds a value it refuses
+    /// (for example `HSA_OVERRIDE_GFX_VERSION=11.0`).
+    #[error("{var}={value:?} is invalid: {reason}")]
+    InvalidEnvironment {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// The format expected.
+        reason: String,
+    },
+
     /// No device (or not the one asked for).
     #[error("{backend}: no device{}: {count} visible ({visible})", ordinal.map(|o| format!(" {o}")).unwrap_or_default())]
     NoDevice {

@@ -31,11 +31,18 @@
 //! 4. **Bad input never panics and loses nothing.** Malformed files, wrong
 //!    shapes, missing devices, driver errors: a typed [`Error`] naming the
 //!    file, tensor or operation. Output files are written under a temporary
-//!    name and renamed when complete.
+//!    name and renamed when complete. A GPU runtime's failure becomes that
+//!    value and nothing else: after every failed HIP call (an out-of-memory
+//!    the crate retries, a `hipHostRegister` it does without, any other)
+//!    the crate reads `hipGetLastError`, so HIP 7's sticky last error never
+//!    reaches the caller's own next check (PyTorch's launch check included).
 //! 5. **It builds everywhere.** Default features need no ROCm and no CUDA;
 //!    everything then runs on the CPU (and the `host` device backend).
-//!    `hip` links the HIP runtime and compiles the kernels with hipcc; `cuda`
-//!    runs the same kernel sources on NVIDIA GPUs.
+//!    `hip` compiles the kernels (clang >= 19 with lld, or ROCm's hipcc) and
+//!    links nothing of ROCm: the HIP runtime (`libamdhip64.so.7`, `.so.6` or
+//!    `.so.5`) is loaded at run time, the one already in the process first,
+//!    so a process holds one; `cuda` runs the same kernel sources on NVIDIA
+//!    GPUs.
 //! 6. **Memory-efficient.** Reading a checkpoint never holds more than a
 //!    bounded window of it in host memory (on an APU the page cache and the
 //!    GPU share RAM); staging buffers are few, pinned and reused.

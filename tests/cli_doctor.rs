@@ -168,9 +168,17 @@ fn json_report_has_the_documented_fields_and_exit_0() {
                 e.contains("no device") || e.contains("runtime not available"),
                 "{e}"
             );
-            // The runtime library is linked, so its version is known; the
+            // The runtime is loaded at run time: its version is known when
+            // one was found, else the reason lists the places tried; the
             // driver version needs a device and says why it is unknown.
-            assert!(p["hip_runtime_version"]["version"].is_string(), "{p}");
+            let rv = &p["hip_runtime_version"];
+            assert!(
+                rv["version"].is_string()
+                    || rv["unknown_reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("runtime not available")),
+                "{p}"
+            );
             let why = p["hip_driver_version"]["unknown_reason"].as_str().unwrap();
             assert!(
                 why.contains("no device") || why.contains("runtime not available"),

@@ -66,7 +66,7 @@ fn bf16_to_f32_past_2_pow_32_elements(dev: &Device) {
 }
 
 /// Without a GPU runtime the backends answer with typed errors, never a
-/// panic: `--features hip` here (libamdhip64 linked, no AMD GPU) and
+/// panic: `--features hip` here (no HIP runtime, or one without an AMD GPU) and
 /// `--features cuda` on a machine without libcuda.
 #[test]
 fn gpu_backends_without_hardware_give_typed_errors() {
@@ -82,7 +82,10 @@ fn gpu_backends_without_hardware_give_typed_errors() {
                     true
                 } && matches!(
                     e,
-                    rocm_safe::Error::NoDevice { .. } | rocm_safe::Error::NoRuntime { .. }
+                    rocm_safe::Error::NoDevice { .. }
+                        | rocm_safe::Error::NoRuntime { .. }
+                        | rocm_safe::Error::RuntimeNotFound { .. }
+                        | rocm_safe::Error::DevicePermission { .. }
                 ),
                 "{e}"
             ),
@@ -91,7 +94,10 @@ fn gpu_backends_without_hardware_give_typed_errors() {
             assert!(
                 matches!(
                     e,
-                    rocm_safe::Error::NoDevice { .. } | rocm_safe::Error::NoRuntime { .. }
+                    rocm_safe::Error::NoDevice { .. }
+                        | rocm_safe::Error::NoRuntime { .. }
+                        | rocm_safe::Error::RuntimeNotFound { .. }
+                        | rocm_safe::Error::DevicePermission { .. }
                 ),
                 "{e}"
             );
@@ -100,7 +106,10 @@ fn gpu_backends_without_hardware_give_typed_errors() {
         assert!(
             matches!(
                 e,
-                rocm_safe::Error::NoDevice { .. } | rocm_safe::Error::NoRuntime { .. }
+                rocm_safe::Error::NoDevice { .. }
+                    | rocm_safe::Error::NoRuntime { .. }
+                    | rocm_safe::Error::RuntimeNotFound { .. }
+                    | rocm_safe::Error::DevicePermission { .. }
             ),
             "{e}"
         );

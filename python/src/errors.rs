@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | [`Error::Io`] (and the I/O of a file that is not regular: a folder) | the `OSError` subclass of its errno (`FileNotFoundError`, `PermissionError`, `IsADirectoryError`, ...), `filename` set |
 //! | [`Error::AllocationFailed`] | `MemoryError` |
-//! | [`Error::BackendNotBuilt`], [`Error::NoRuntime`], [`Error::NoDevice`], ... (devices) | `RuntimeError` |
+//! | [`Error::BackendNotBuilt`], [`Error::NoRuntime`], [`Error::RuntimeNotFound`], [`Error::DevicePermission`], [`Error::NoDevice`], ... (devices) | `RuntimeError` |
 //! | everything else: malformed headers and indexes, our stricter checks (duplicate keys, LFS pointers, overlapping data), missing tensors, files changed while read, writer refusals | `rocm_safe.SafetensorError` |
 //!
 //! The message is always the library's: it names the file and, where there
@@ -42,6 +42,9 @@ pub fn to_py(e: Error) -> PyErr {
         Error::AllocationFailed { .. } => PyMemoryError::new_err(msg),
         Error::BackendNotBuilt { .. }
         | Error::NoRuntime { .. }
+        | Error::RuntimeNotFound { .. }
+        | Error::DevicePermission { .. }
+        | Error::InvalidEnvironment { .. }
         | Error::NoDevice { .. }
         | Error::NoSuchDevice { .. }
         | Error::BackendUnsupported { .. }

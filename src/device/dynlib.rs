@@ -22,7 +22,10 @@
 //! 4. the **folders** given by the caller (a ROCm prefix's `lib`, a pip
 //!    SDK's library folder, ...), each soname in turn, newest first;
 //! 5. the **loader path** (`LD_LIBRARY_PATH`, `ld.so.cache`), each soname
-//!    in turn.
+//!    in turn;
+//! 6. the caller's **fallback folders** (`Spec::later_folders`: places
+//!    that should not win over the loader path, such as `/opt/rocm/lib`
+//!    or a pip SDK's library folder).
 //!
 //! When none loads, [`NotFound`] lists every place tried with the loader's
 //! message. A library opened here is never closed: the runtimes keep
@@ -113,6 +116,8 @@ pub(crate) struct Spec {
     pub env_var: Option<&'static str>,
     /// Folders to look in before the loader path, with their labels.
     pub folders: Vec<(PathBuf, String)>,
+    /// Folders to look in after the loader path, with their labels.
+    pub later_folders: Vec<(PathBuf, String)>,
 }
 
 /// No place held a library that loads: every place tried, with why.
@@ -217,6 +222,13 @@ pub(crate) fn open(spec: &Spec) -> Result<Lib, NotFound> {
         match dlopen(soname.as_bytes(), LOAD) {
             Ok(h) => return Ok(lib(h, FoundBy::LoaderPath((*soname).to_owned()))),
             Err(e) => tried.push((format!("loader path {soname}"), e)),
+        }
+    }
+    // 6. The caller's fallback folders.
+    for (folder, label) in &spec.later_folders {
+        let found_by = FoundBy::Folder(label.clone());
+        if let Some(h) = open_in_folder(folder, &spec.sonames, &found_by, &mut tried) {
+            return Ok(lib(h, found_by));
         }
     }
     Err(NotFound {
@@ -425,6 +437,10 @@ mod tests {
                     "a missing folder".into(),
                 ),
             ],
+            later_folders: vec![(
+                PathBuf::from("/nonexistent/rocm-safe-later"),
+                "a fallback folder".into(),
+            )],
         };
         let e = open(&spec).err().map(|e| e.to_string()).unwrap_or_default();
         for part in [
@@ -435,8 +451,12 @@ mod tests {
             "a missing folder (/nonexistent/rocm-safe): no such folder",
             "loader path librocm_safe_missing.so.2: ",
             "loader path librocm_safe_missing.so.1: ",
+            "a fallback folder (/nonexistent/rocm-safe-later): no such folder",
         ] {
             assert!(e.contains(part), "{part:?} missing from {e}");
         }
+        // The fallback folders come after the loader path.
+        let (loader, later) = (e.find("loader path "), e.find("a fallback folder"));
+        assert!(loader.is_some() && later.is_some() && loader < later, "{e}");
     }
 }

@@ -1,26 +1,50 @@
-//! The HIP runtime: `hip-runtime-sys` (sys, raw bindings over libamdhip64)
-//! -> [`result`] (one runtime call each, returning [`HipError`]) -> this
+//! The HIP runtime, loaded at run time: [`loader`] finds and opens
+//! `libamdhip64` once per process -> `sys` binds the functions used
+//! (declared here, checked against the HIP 5.4 to 7.14 headers) ->
+//! [`result`] (one runtime call each, returning [`HipError`]) -> this
 //! module's [`HipRuntime`] (owning handles, implementing the crate's
 //! `Driver` and `Runtime` traits) under the generic GPU body (`gpu.rs`),
 //! which implements the kernel operations once for HIP and CUDA.
 //!
-//! Kernels are the code objects build.rs made with `hipcc --genco`, one per
-//! gfx arch, loaded with `hipModuleLoadData`. The device's arch is read from
-//! sysfs (`/sys/class/kfd/kfd/topology/nodes/*/properties`,
-//! `gfx_target_version`), matched to the HIP ordinal by PCI location, never
-//! from `hipDeviceProp_t` (whose layout changed in ROCm 6).
+//! **What the loader reads** (details in [`loader`]): a HIP runtime
+//! already in the process first (PyTorch's, say: one runtime per process);
+//! else `ROCM_SAFE_HIP_RUNTIME` (a `libamdhip64.so*` file, or a folder
+//! holding one), `$ROCM_PATH/lib`, `$HIP_PATH/lib`, the loader path,
+//! `/opt/rocm/lib`, the TheRock pip SDK's `_rocm_sdk_core/lib`; in each,
+//! `.so.7`, `.so.6`, `.so.5`, then `.so`. When none loads,
+//! [`Error::RuntimeNotFound`] lists every place tried. Nothing of HIP is
+//! needed to build or link: no binary records a `libamdhip64` soname.
+//! Inside the crate, `loader::runtime_library()` gives the loaded
+//! library (its path: MIOpen is taken from the same ROCm); publicly,
+//! [`runtime_file`].
 //!
-//! Note: `hip-runtime-sys` declares `hipError_t` as a Rust enum; a code the
-//! bindings do not list would be undefined behaviour on return. The codes of
-//! HIP 5.x and 6.x are all listed.
+//! **The device's arch** is read from sysfs
+//! (`/sys/class/kfd/kfd/topology/nodes/*/properties`,
+//! `gfx_target_version`), matched to the HIP ordinal by PCI location,
+//! never from `hipDeviceProp_t` (whose layout changed in ROCm 6); then
+//! `HSA_OVERRIDE_GFX_VERSION` (or `HSA_OVERRIDE_GFX_VERSION_<node>`), when
+//! set, replaces it, as it does in the runtime, which then loads only that
+//! arch's code object. With no KFD topology (a stand-in runtime in CI) the
+//! arch is the override's, or `unknown`. [`arch_choice`] reports both.
+//!
+//! **Errors are cleared where handled**: after every failed runtime call,
+//! `hipGetLastError` (see [`result`]), so HIP 7's sticky last error never
+//! reaches the caller's next check. A user who may not open `/dev/kfd` gets
+//! [`Error::DevicePermission`] (join the `render` and `video` groups), not
+//! "no device".
+//!
+//! Kernels are the code objects build.rs made, one per gfx arch, loaded
+//! with `hipModuleLoadData`.
 
 mod kfd;
+pub mod loader;
 pub mod result;
+pub(crate) mod sys;
 
 use std::ffi::{c_void, CString};
 
-use hip_runtime_sys as sys;
-
+pub use kfd::{parse_gfx_override, GfxOverride, GFX_OVERRIDE_VAR};
+pub use loader::{runtime_file, HipRuntimeFile, RUNTIME_VAR};
 pub use result::HipError;
 
 use super::backend::{CopyOp, Driver};
@@ -32,7 +56,11 @@ use super::kernels::{self, KernelCall, KernelModule};
 use super::vendor::miopen::Miopen;
 use super::VisibleDevices;
 use crate::error::{Error, Result};
-use kfd::{kfd_nodes, parse_pci_bus_id};
+use kfd::{kfd_nodes, parse_pci_bus_id, KfdAccess, KfdNode};
+use sys::Api;
+
+#[allow(unused_imports)]
+pub(crate) use loader::runtime_library;
 
 const VISIBLE_VAR: &str = "HIP_VISIBLE_DEVICES";
 
@@ -42,43 +70,137 @@ fn err(op: &'static str, e: HipError) -> Error {
 
 /// An allocation's error: [`Error::OutOfMemory`] for the runtime's
 /// out-of-memory code (the transfer ladder retries on it), else the
-/// runtime's error.
+/// runtime's error. The runtime's last error is already cleared.
 fn alloc_err(op: &'static str, bytes: usize, e: HipError) -> Error {
-    let oom = e.0 == sys::hipError_t::hipErrorOutOfMemory;
+    let oom = e == HipError::OUT_OF_MEMORY;
     Error::or_out_of_memory(oom, "hip", op, bytes, || err(op, e))
 }
 
-/// Number of HIP devices; "no device" and "no driver" as typed errors.
-fn device_count(ordinal: Option<usize>) -> Result<usize> {
-    match result::device::count() {
-        Ok(n) => Ok(usize::try_from(n).unwrap_or(0)),
-        Err(e) if e.0 == sys::hipError_t::hipErrorNoDevice => Err(Error::NoDevice {
-            backend: "hip",
-            ordinal,
-            count: 0,
-            visible: VisibleDevices::read(VISIBLE_VAR, ordinal),
-        }),
-        Err(e)
-            if matches!(
-                e.0,
-                sys::hipError_t::hipErrorInsufficientDriver
-                    | sys::hipError_t::hipErrorNotInitialized
-            ) =>
-        {
-            Err(Error::NoRuntime {
-                backend: "hip",
-                library: "the amdgpu kernel driver (/dev/kfd)",
-            })
-        }
-        Err(e) => Err(err("hipGetDeviceCount", e)),
+fn no_device(ordinal: Option<usize>, count: usize) -> Error {
+    Error::NoDevice {
+        backend: "hip",
+        ordinal,
+        count,
+        visible: VisibleDevices::read(VISIBLE_VAR, ordinal),
     }
 }
-fn describe(ordinal: usize) -> Result<DeviceInfo> {
-    let o = i32::try_from(ordinal).unwrap_or(i32::MAX);
-    let name = result::device::name(o).map_err(|e| err("hipDeviceGetName", e))?;
-    let total = result::device::total_mem(o).map_err(|e| err("hipDeviceTotalMem", e))?;
-    let nodes = kfd_nodes();
-    let by_pci = result::device::pci_bus_id(o)
+
+/// Why no device is seen, when the runtime sees none: `/dev/kfd` there but
+/// not usable by this user is a permission problem; an invalid
+/// `HSA_OVERRIDE_GFX_VERSION` makes the runtime refuse every GPU.
+fn explain_no_device(fallback: Error) -> Error {
+    explain_no_device_with(
+        kfd::kfd_access(std::path::Path::new(kfd::KFD_PATH)),
+        kfd::gfx_override_from(None, &kfd::process_env),
+        fallback,
+    )
+}
+
+fn explain_no_device_with(access: KfdAccess, over: Option<GfxOverride>, fallback: Error) -> Error {
+    if let KfdAccess::Denied { group } = access {
+        return Error::DevicePermission {
+            backend: "hip",
+            path: kfd::KFD_PATH.into(),
+            reason: kfd::permission_advice(group.as_deref()),
+        };
+    }
+    if let Some(GfxOverride {
+        var,
+        value,
+        arch: Err(reason),
+    }) = over
+    {
+        return Error::InvalidEnvironment { var, value, reason };
+    }
+    fallback
+}
+
+/// Number of HIP devices; "no device", "no permission" and "no driver" as
+/// typed errors.
+fn device_count(api: &Api, ordinal: Option<usize>) -> Result<usize> {
+    match result::device::count(api) {
+        Ok(n) if n > 0 => Ok(usize::try_from(n).unwrap_or(0)),
+        Ok(_) => Err(explain_no_device(no_device(ordinal, 0))),
+        Err(e) if e == HipError::NO_DEVICE => Err(explain_no_device(no_device(ordinal, 0))),
+        Err(e) if e == HipError::INSUFFICIENT_DRIVER || e == HipError::NOT_INITIALIZED => {
+            Err(explain_no_device(Error::NoRuntime {
+                backend: "hip",
+                library: "the amdgpu kernel driver (/dev/kfd)",
+            }))
+        }
+        Err(e) => Err(explain_no_device(err("hipGetDeviceCount", e))),
+    }
+}
+
+/// The gfx arch the runtime wants for a device: the override's when one is
+/// set (`HSA_OVERRIDE_GFX_VERSION_<node>`, else `HSA_OVERRIDE_GFX_VERSION`),
+/// else the KFD node's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchChoice {
+    /// The GPU's own arch from the KFD topology, when there is one.
+    pub device_arch: Option<String>,
+    /// The override in effect, if any.
+    pub gfx_override: Option<GfxOverride>,
+    /// The arch whose code object the runtime loads (`"unknown"` when
+    /// neither says).
+    pub arch: String,
+    /// The code object this build has for `arch`, or why there is none
+    /// (the archs built, and the override when it is the reason).
+    pub code_object: std::result::Result<&'static str, String>,
+}
+
+fn choose_arch(
+    node: Option<&KfdNode>,
+    env: &dyn Fn(&str) -> Option<String>,
+    built: &[&'static str],
+) -> Result<ArchChoice> {
+    let device_arch = node.map(|n| n.arch.clone());
+    let gfx_override = kfd::gfx_override_from(node.map(|n| n.node), env);
+    let arch = match &gfx_override {
+        Some(GfxOverride { arch: Ok(a), .. }) => a.clone(),
+        Some(GfxOverride {
+            var,
+            value,
+            arch: Err(reason),
+        }) => {
+            return Err(Error::InvalidEnvironment {
+                var: var.clone(),
+                value: value.clone(),
+                reason: reason.clone(),
+            })
+        }
+        None => device_arch.clone().unwrap_or_else(|| "unknown".into()),
+    };
+    let code_object = match built.iter().find(|a| **a == arch) {
+        Some(a) => Ok(*a),
+        None => {
+            let why = match (&gfx_override, &device_arch) {
+                (Some(o), Some(d)) => format!(
+                    "{}={} makes the runtime load a {arch} code object (the GPU is {d}), \
+                     and this build has none",
+                    o.var, o.value
+                ),
+                (Some(o), None) => format!(
+                    "{}={} makes the runtime load a {arch} code object, and this build has none",
+                    o.var, o.value
+                ),
+                (None, _) => format!("this build has no {arch} code object"),
+            };
+            Err(format!("{why} (built: {})", built.join(",")))
+        }
+    };
+    Ok(ArchChoice {
+        device_arch,
+        gfx_override,
+        arch,
+        code_object,
+    })
+}
+
+/// The KFD node of HIP device `ordinal` (by PCI location, else the
+/// ordinal-th GPU node).
+fn kfd_node(api: &Api, ordinal: i32, nodes: &[KfdNode]) -> Option<KfdNode> {
+    let by_pci = result::device::pci_bus_id(api, ordinal)
         .ok()
         .and_then(|id| parse_pci_bus_id(&id))
         .and_then(|(dom, loc)| {
@@ -88,38 +210,71 @@ fn describe(ordinal: usize) -> Result<DeviceInfo> {
         });
     // Fallback: the ordinal-th GPU node (exact when no visibility variable
     // reorders devices).
-    let node = by_pci.or_else(|| nodes.get(ordinal));
-    Ok(DeviceInfo {
+    by_pci
+        .or_else(|| usize::try_from(ordinal).ok().and_then(|o| nodes.get(o)))
+        .cloned()
+}
+
+/// Which arch HIP device `ordinal` runs kernels as, and which code object
+/// of this build serves it: the KFD arch, the `HSA_OVERRIDE_GFX_VERSION`
+/// in effect, and the result (for the doctor).
+///
+/// Errors: [`Error::RuntimeNotFound`], [`Error::NoDevice`], an invalid
+/// override ([`Error::InvalidEnvironment`]), or the runtime's error.
+pub fn arch_choice(ordinal: usize) -> Result<ArchChoice> {
+    let api = loader::api()?;
+    let count = device_count(api, Some(ordinal))?;
+    let o = match i32::try_from(ordinal) {
+        Ok(o) if ordinal < count => o,
+        _ => return Err(no_device(Some(ordinal), count)),
+    };
+    let node = kfd_node(api, o, &kfd_nodes());
+    choose_arch(node.as_ref(), &kfd::process_env, &built_archs())
+}
+
+/// The `HSA_OVERRIDE_GFX_VERSION` set for the whole process, if any, with
+/// the arch it names or why the runtime refuses it (per-node overrides are
+/// in [`arch_choice`]).
+pub fn gfx_override() -> Option<GfxOverride> {
+    kfd::gfx_override_from(None, &kfd::process_env)
+}
+
+fn describe(api: &Api, ordinal: usize) -> Result<(DeviceInfo, ArchChoice)> {
+    let o = i32::try_from(ordinal).unwrap_or(i32::MAX);
+    let name = result::device::name(api, o).map_err(|e| err("hipDeviceGetName", e))?;
+    let total = result::device::total_mem(api, o).map_err(|e| err("hipDeviceTotalMem", e))?;
+    let node = kfd_node(api, o, &kfd_nodes());
+    let choice = choose_arch(node.as_ref(), &kfd::process_env, &built_archs())?;
+    let info = DeviceInfo {
         kind: BackendKind::Hip,
         ordinal,
         name,
-        arch: node.map_or_else(|| "unknown".into(), |n| n.arch.clone()),
+        arch: choice.arch.clone(),
         total_memory: total as u64,
-        multiprocessors: node.map_or(64, |n| n.compute_units.max(1)),
+        multiprocessors: node.as_ref().map_or(64, |n| n.compute_units.max(1)),
         visible: VisibleDevices::read(VISIBLE_VAR, Some(ordinal)),
-    })
+    };
+    Ok((info, choice))
 }
 
 /// The HIP devices this process sees (after `HIP_VISIBLE_DEVICES`).
+///
+/// Errors: [`Error::RuntimeNotFound`] (no runtime), [`Error::NoDevice`],
+/// [`Error::DevicePermission`] (`/dev/kfd` not usable by this user), or
+/// the runtime's error.
 pub fn list() -> Result<Vec<DeviceInfo>> {
-    let n = device_count(None)?;
-    if n == 0 {
-        return Err(Error::NoDevice {
-            backend: "hip",
-            ordinal: None,
-            count: 0,
-            visible: VisibleDevices::read(VISIBLE_VAR, None),
-        });
-    }
-    (0..n).map(describe).collect()
+    let api = loader::api()?;
+    let n = device_count(api, None)?;
+    (0..n).map(|o| describe(api, o).map(|(i, _)| i)).collect()
 }
 
 /// The HIP runtime's version (`hipRuntimeGetVersion`) as `(raw, "major.minor.patch")`,
 /// `HIP_VERSION` = major * 10^7 + minor * 10^5 + patch. Needs no device.
 ///
-/// Errors: the runtime's error ([`Error::Hip`]).
+/// Errors: [`Error::RuntimeNotFound`], or the runtime's error ([`Error::Hip`]).
 pub fn runtime_version() -> Result<(i32, String)> {
-    let v = result::info::runtime_version().map_err(|e| err("hipRuntimeGetVersion", e))?;
+    let api = loader::api()?;
+    let v = result::info::runtime_version(api).map_err(|e| err("hipRuntimeGetVersion", e))?;
     Ok((v, decode_hip_version(v)))
 }
 
@@ -132,29 +287,24 @@ pub fn decode_hip_version(v: i32) -> String {
 /// platform build number * 100 + revision), asked only when a device is
 /// present (HIP 5.x reads device 0 unchecked).
 ///
-/// Errors: [`Error::NoDevice`] / [`Error::NoRuntime`] as [`list`], or the
+/// Errors: [`Error::RuntimeNotFound`], [`Error::NoDevice`] /
+/// [`Error::NoRuntime`] / [`Error::DevicePermission`] as [`list`], or the
 /// runtime's error.
 pub fn driver_version() -> Result<i32> {
-    let n = device_count(None)?;
-    if n == 0 {
-        return Err(Error::NoDevice {
-            backend: "hip",
-            ordinal: None,
-            count: 0,
-            visible: VisibleDevices::read(VISIBLE_VAR, None),
-        });
-    }
-    // SAFETY: a device is present (checked just above).
-    unsafe { result::info::driver_version() }.map_err(|e| err("hipDriverGetVersion", e))
+    let api = loader::api()?;
+    device_count(api, None)?;
+    // SAFETY: a device is present (device_count returned at least one).
+    unsafe { result::info::driver_version(api) }.map_err(|e| err("hipDriverGetVersion", e))
 }
 
 /// The PCI bus id (`"0000:c3:00.0"`) of HIP device `ordinal`, to match it
 /// with its sysfs entry.
 ///
-/// Errors: the runtime's error.
+/// Errors: [`Error::RuntimeNotFound`], or the runtime's error.
 pub fn pci_bus_id(ordinal: usize) -> Result<String> {
+    let api = loader::api()?;
     let o = i32::try_from(ordinal).unwrap_or(i32::MAX);
-    result::device::pci_bus_id(o).map_err(|e| err("hipDeviceGetPCIBusId", e))
+    result::device::pci_bus_id(api, o).map_err(|e| err("hipDeviceGetPCIBusId", e))
 }
 
 /// The gfx archs this build has code objects for.
@@ -165,19 +315,22 @@ pub fn built_archs() -> Vec<&'static str> {
 /// An opened HIP device: the HIP runtime under the generic GPU body.
 pub struct HipRuntime {
     info: DeviceInfo,
+    choice: ArchChoice,
     ordinal: i32,
+    api: &'static Api,
 }
 
 impl std::fmt::Debug for HipRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HipRuntime")
             .field("info", &self.info)
+            .field("arch", &self.choice)
             .finish()
     }
 }
 
 /// A loaded HIP module.
-pub(crate) struct Module(sys::hipModule_t);
+pub(crate) struct Module(sys::Module);
 // SAFETY: HIP module handles are identifiers valid on their device from any
 // thread; every use selects the device first.
 unsafe impl Send for Module {}
@@ -186,17 +339,17 @@ unsafe impl Sync for Module {}
 
 /// A kernel of a loaded module.
 #[derive(Clone, Copy)]
-pub(crate) struct Function(sys::hipFunction_t);
+pub(crate) struct Function(sys::Function);
 // SAFETY: as for `Module`.
 unsafe impl Send for Function {}
 // SAFETY: as for `Module`.
 unsafe impl Sync for Function {}
 
-fn stream(s: RawStream) -> sys::hipStream_t {
-    s.0 as usize as sys::hipStream_t
+fn stream(s: RawStream) -> sys::Stream {
+    s.0 as usize as sys::Stream
 }
-fn event(e: RawEvent) -> sys::hipEvent_t {
-    e.0 as usize as sys::hipEvent_t
+fn event(e: RawEvent) -> sys::Event {
+    e.0 as usize as sys::Event
 }
 fn dptr(p: DevicePtr) -> *mut c_void {
     p.0 as usize as *mut c_void
@@ -208,31 +361,38 @@ impl HipRuntime {
     fn on<T>(
         &self,
         op: &'static str,
-        f: impl FnOnce() -> std::result::Result<T, HipError>,
+        f: impl FnOnce(&Api) -> std::result::Result<T, HipError>,
     ) -> Result<T> {
         self.bind()?;
-        f().map_err(|e| err(op, e))
+        f(self.api).map_err(|e| err(op, e))
     }
 
     /// Opens device `ordinal` (after `HIP_VISIBLE_DEVICES`).
+    ///
+    /// Errors: [`Error::RuntimeNotFound`], [`Error::NoDevice`],
+    /// [`Error::DevicePermission`], [`Error::InvalidEnvironment`] (an
+    /// `HSA_OVERRIDE_GFX_VERSION` the runtime refuses), or the runtime's
+    /// error.
     pub fn open(ordinal: usize) -> Result<HipRuntime> {
-        let count = device_count(Some(ordinal))?;
+        let api = loader::api()?;
+        let count = device_count(api, Some(ordinal))?;
         let o = match i32::try_from(ordinal) {
             Ok(o) if ordinal < count => o,
-            _ => {
-                return Err(Error::NoDevice {
-                    backend: "hip",
-                    ordinal: Some(ordinal),
-                    count,
-                    visible: VisibleDevices::read(VISIBLE_VAR, Some(ordinal)),
-                })
-            }
+            _ => return Err(no_device(Some(ordinal), count)),
         };
-        result::device::set(o).map_err(|e| err("hipSetDevice", e))?;
+        result::device::set(api, o).map_err(|e| err("hipSetDevice", e))?;
+        let (info, choice) = describe(api, ordinal)?;
         Ok(HipRuntime {
-            info: describe(ordinal)?,
+            info,
+            choice,
             ordinal: o,
+            api,
         })
+    }
+
+    /// The arch this device's kernels are loaded for, and why.
+    pub fn arch_choice(&self) -> &ArchChoice {
+        &self.choice
     }
 }
 
@@ -247,18 +407,21 @@ unsafe impl Driver for HipRuntime {
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         self.bind()?;
-        let p = result::memory::malloc(bytes).map_err(|e| alloc_err("hipMalloc", bytes, e))?;
+        let p = result::memory::malloc(self.api, bytes)
+            .map_err(|e| alloc_err("hipMalloc", bytes, e))?;
         Ok(DevicePtr(p as usize as u64))
     }
 
     unsafe fn free(&self, ptr: DevicePtr, _bytes: usize) -> Result<()> {
         // SAFETY: the caller passes a live allocation of ours, freed once.
-        self.on("hipFree", || unsafe { result::memory::free(dptr(ptr)) })
+        self.on("hipFree", |api| unsafe {
+            result::memory::free(api, dptr(ptr))
+        })
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
         self.bind()?;
-        let p: *mut u8 = result::memory::host_malloc(bytes)
+        let p: *mut u8 = result::memory::host_malloc(self.api, bytes)
             .map_err(|e| alloc_err("hipHostMalloc", bytes, e))?
             .cast();
         crate::device::hostmem::zero_parallel(p, bytes);
@@ -267,8 +430,8 @@ unsafe impl Driver for HipRuntime {
 
     unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {
         // SAFETY: the caller passes a live pinned allocation of ours.
-        self.on("hipHostFree", || unsafe {
-            result::memory::host_free(ptr.cast())
+        self.on("hipHostFree", |api| unsafe {
+            result::memory::host_free(api, ptr.cast())
         })
     }
 
@@ -279,15 +442,15 @@ unsafe impl Driver for HipRuntime {
 
     unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
         // SAFETY: live stream of ours, destroyed once (caller).
-        self.on("hipStreamDestroy", || unsafe {
-            result::stream::destroy(stream(s))
+        self.on("hipStreamDestroy", |api| unsafe {
+            result::stream::destroy(api, stream(s))
         })
     }
 
     unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()> {
         // SAFETY: live stream (caller).
-        self.on("hipStreamSynchronize", || unsafe {
-            result::stream::synchronize(stream(s))
+        self.on("hipStreamSynchronize", |api| unsafe {
+            result::stream::synchronize(api, stream(s))
         })
     }
 
@@ -302,63 +465,64 @@ unsafe impl Driver for HipRuntime {
 
     unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
         // SAFETY: live event, destroyed once (caller).
-        self.on("hipEventDestroy", || unsafe {
-            result::event::destroy(event(e))
+        self.on("hipEventDestroy", |api| unsafe {
+            result::event::destroy(api, event(e))
         })
     }
 
     unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()> {
         // SAFETY: live handles (caller).
-        self.on("hipEventRecord", || unsafe {
-            result::event::record(event(e), stream(s))
+        self.on("hipEventRecord", |api| unsafe {
+            result::event::record(api, event(e), stream(s))
         })
     }
 
     unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
         // SAFETY: live event (caller).
-        self.on("hipEventSynchronize", || unsafe {
-            result::event::synchronize(event(e))
+        self.on("hipEventSynchronize", |api| unsafe {
+            result::event::synchronize(api, event(e))
         })
     }
 
     unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
         // SAFETY: live handles (caller).
-        self.on("hipStreamWaitEvent", || unsafe {
-            result::stream::wait_event(stream(s), event(e))
+        self.on("hipStreamWaitEvent", |api| unsafe {
+            result::stream::wait_event(api, stream(s), event(e))
         })
     }
 
     unsafe fn event_elapsed_ms(&self, a: RawEvent, b: RawEvent) -> Result<f32> {
         // SAFETY: live events (caller).
-        self.on("hipEventElapsedTime", || unsafe {
-            result::event::elapsed(event(a), event(b))
+        self.on("hipEventElapsedTime", |api| unsafe {
+            result::event::elapsed(api, event(a), event(b))
         })
     }
 
     unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> Result<()> {
-        use sys::hipMemcpyKind as K;
         let (dst, src, kind) = match op {
-            CopyOp::HtoD { dst, src } => (dptr(dst), src.cast(), K::hipMemcpyHostToDevice),
-            CopyOp::DtoH { dst, src } => {
-                (dst.cast(), dptr(src).cast_const(), K::hipMemcpyDeviceToHost)
-            }
+            CopyOp::HtoD { dst, src } => (dptr(dst), src.cast(), sys::MEMCPY_HOST_TO_DEVICE),
+            CopyOp::DtoH { dst, src } => (
+                dst.cast(),
+                dptr(src).cast_const(),
+                sys::MEMCPY_DEVICE_TO_HOST,
+            ),
             CopyOp::DtoD { dst, src } => (
                 dptr(dst),
                 dptr(src).cast_const(),
-                K::hipMemcpyDeviceToDevice,
+                sys::MEMCPY_DEVICE_TO_DEVICE,
             ),
         };
-        self.bind()?;
         // SAFETY: both ranges valid for `bytes` until the stream reaches the
         // copy (caller).
-        unsafe { result::memory::copy_async(dst, src, bytes, kind, stream(s)) }
-            .map_err(|e| err("hipMemcpyAsync", e))
+        self.on("hipMemcpyAsync", |api| unsafe {
+            result::memory::copy_async(api, dst, src, bytes, kind, stream(s))
+        })
     }
 
     unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
         // SAFETY: live device range (caller).
-        self.on("hipMemsetAsync", || unsafe {
-            result::memory::zero_async(dptr(dst), bytes, stream(s))
+        self.on("hipMemsetAsync", |api| unsafe {
+            result::memory::zero_async(api, dptr(dst), bytes, stream(s))
         })
     }
 
@@ -366,8 +530,7 @@ unsafe impl Driver for HipRuntime {
     /// `hipMemGetInfo` on this device. On an APU several ROCm releases
     /// report only the VRAM carve-out here.
     fn mem_info(&self) -> Result<(u64, u64)> {
-        self.bind()?;
-        let (free, total) = result::info::mem_get_info().map_err(|e| err("hipMemGetInfo", e))?;
+        let (free, total) = self.on("hipMemGetInfo", result::info::mem_get_info)?;
         Ok((free as u64, total as u64))
     }
 }
@@ -389,37 +552,47 @@ unsafe impl Runtime for HipRuntime {
     }
 
     fn bind(&self) -> Result<()> {
-        result::device::set(self.ordinal).map_err(|e| err("hipSetDevice", e))
+        result::device::set(self.api, self.ordinal).map_err(|e| err("hipSetDevice", e))
     }
 
     unsafe fn host_register(&self, p: *mut u8, bytes: usize) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller's range stays mapped until unregistered.
-        unsafe { result::memory::host_register(p.cast(), bytes) }
+        // SAFETY: the caller's range stays mapped until unregistered. A
+        // refusal is cleared from the runtime's last error (`check`): the
+        // caller falls back to unpinned staging.
+        unsafe { result::memory::host_register(self.api, p.cast(), bytes) }
             .map_err(|e| alloc_err("hipHostRegister", bytes, e))
     }
 
     unsafe fn host_unregister(&self, p: *mut u8) -> Result<()> {
         // SAFETY: registered by `host_register`, unregistered once (caller).
-        self.on("hipHostUnregister", || unsafe {
-            result::memory::host_unregister(p.cast())
+        self.on("hipHostUnregister", |api| unsafe {
+            result::memory::host_unregister(api, p.cast())
         })
     }
 
     fn load_module(&self, _which: KernelModule) -> Result<(Module, KernelSource)> {
-        let Some((_, image)) = kernels::HIP_CODE_OBJECTS
-            .iter()
-            .find(|(a, _)| *a == self.info.arch)
-        else {
+        let wanted = match &self.choice.code_object {
+            Ok(arch) => *arch,
+            Err(why) => {
+                return Err(Error::KernelUnavailable {
+                    backend: "hip",
+                    arch: format!("{} ({why})", self.info.arch),
+                    built: built_archs().join(","),
+                })
+            }
+        };
+        let Some((_, image)) = kernels::HIP_CODE_OBJECTS.iter().find(|(a, _)| *a == wanted) else {
             return Err(Error::KernelUnavailable {
                 backend: "hip",
-                arch: self.info.arch.clone(),
+                arch: wanted.to_owned(),
                 built: built_archs().join(","),
             });
         };
+        self.bind()?;
         // SAFETY: `image` is a complete code object embedded in the binary
         // ('static); the device is selected.
-        let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
+        let module = unsafe { result::module::load_data(self.api, image.as_ptr().cast()) }
             .map_err(|e| err("hipModuleLoadData", e))?;
         Ok((Module(module), KernelSource::Embedded))
     }
@@ -430,15 +603,16 @@ unsafe impl Runtime for HipRuntime {
             arch: self.info.arch.clone(),
             built: symbol.into(),
         })?;
-        // SAFETY: `module` is loaded on this device (selected).
-        unsafe { result::module::get_function(module.0, &name) }
+        // SAFETY: `module` is loaded on this device (selected by the caller
+        // through the GPU body).
+        unsafe { result::module::get_function(self.api, module.0, &name) }
             .map(Function)
             .map_err(|e| err("hipModuleGetFunction", e))
     }
 
     unsafe fn unload_module(&self, module: Module) -> Result<()> {
         // SAFETY: the caller's guarantees: loaded by us, unloaded once.
-        unsafe { result::module::unload(module.0) }.map_err(|e| err("hipModuleUnload", e))
+        unsafe { result::module::unload(self.api, module.0) }.map_err(|e| err("hipModuleUnload", e))
     }
 
     unsafe fn launch(&self, f: Function, call: &mut KernelCall, s: RawStream) -> Result<()> {
@@ -447,7 +621,7 @@ unsafe impl Runtime for HipRuntime {
         // SAFETY: `f` belongs to a loaded module (caller); `args` point into
         // `call`, alive until the launch returns (HIP copies the values);
         // the caller vouches for the memory they reference and for `s`.
-        unsafe { result::module::launch(f.0, grid, block, shared, stream(s), &mut args) }
+        unsafe { result::module::launch(self.api, f.0, grid, block, shared, stream(s), &mut args) }
             .map_err(|e| err("hipModuleLaunchKernel", e))
     }
 
@@ -465,19 +639,145 @@ mod tests {
     use super::*;
 
     #[test]
-    fn versions_decode_and_never_need_a_device() {
+    fn versions_decode() {
         assert_eq!(decode_hip_version(50221153), "5.2.21153");
         assert_eq!(decode_hip_version(60342134), "6.3.42134");
-        // The runtime version needs no device; the driver version is a
-        // typed "no device" where there is none (CI), never a crash.
-        let (raw, text) = runtime_version().unwrap();
-        assert!(raw > 0 && text.starts_with(&format!("{}.", raw / 10_000_000)));
-        match driver_version() {
-            Ok(v) => assert!(v > 0),
-            Err(e) => assert!(
-                matches!(e, Error::NoDevice { .. } | Error::NoRuntime { .. }),
-                "{e}"
-            ),
+        assert_eq!(decode_hip_version(71452802), "7.14.52802");
+    }
+
+    #[test]
+    fn without_a_runtime_every_entry_point_is_a_typed_error() {
+        // In a process with a HIP runtime (a GPU machine, the stand-in) the
+        // calls work or report the device; without one (CI without the
+        // stand-in) each is the "no runtime" error listing the places.
+        match runtime_version() {
+            Ok((raw, text)) => {
+                assert!(raw > 0 && text.starts_with(&format!("{}.", raw / 10_000_000)));
+                let f = runtime_file().unwrap();
+                assert!(!f.found_by.is_empty());
+            }
+            Err(e) => {
+                let text = e.to_string();
+                assert!(matches!(e, Error::RuntimeNotFound { .. }), "{text}");
+                assert!(text.contains("runtime not available"), "{text}");
+                assert!(text.contains("$ROCM_SAFE_HIP_RUNTIME"), "{text}");
+                assert!(text.contains("loader path libamdhip64.so.7"), "{text}");
+                assert!(text.contains("/opt/rocm/lib"), "{text}");
+                for r in [
+                    list().map(|_| ()),
+                    driver_version().map(|_| ()),
+                    pci_bus_id(0).map(|_| ()),
+                    HipRuntime::open(0).map(|_| ()),
+                    arch_choice(0).map(|_| ()),
+                    runtime_file().map(|_| ()),
+                ] {
+                    assert!(matches!(r, Err(Error::RuntimeNotFound { .. })), "{r:?}");
+                }
+                assert!(runtime_library().is_none());
+            }
         }
+    }
+
+    fn node(arch: &str, n: u64) -> KfdNode {
+        KfdNode {
+            node: n,
+            arch: arch.into(),
+            domain: 0,
+            location_id: 0,
+            compute_units: 40,
+        }
+    }
+
+    #[test]
+    fn the_override_chooses_the_code_object() {
+        let built = ["gfx1151", "gfx1100"];
+        let none = |_: &str| None;
+        let c = choose_arch(Some(&node("gfx1151", 1)), &none, &built).unwrap();
+        assert_eq!(
+            (c.arch.as_str(), c.code_object.clone()),
+            ("gfx1151", Ok("gfx1151"))
+        );
+        // The override names another arch: its code object is loaded.
+        let over = |v: &str| (v == GFX_OVERRIDE_VAR).then(|| "11.0.0".to_owned());
+        let c = choose_arch(Some(&node("gfx1151", 1)), &over, &built).unwrap();
+        assert_eq!(c.device_arch.as_deref(), Some("gfx1151"));
+        assert_eq!(
+            (c.arch.as_str(), c.code_object.clone()),
+            ("gfx1100", Ok("gfx1100"))
+        );
+        // No KFD topology (the stand-in): the override's arch.
+        let c = choose_arch(None, &over, &built).unwrap();
+        assert_eq!((c.device_arch.clone(), c.arch.as_str()), (None, "gfx1100"));
+        // No topology, no override: unknown, refused with the reason.
+        let c = choose_arch(None, &none, &built).unwrap();
+        assert_eq!(c.arch, "unknown");
+        assert!(c
+            .code_object
+            .unwrap_err()
+            .contains("no unknown code object"));
+        // An override to an arch this build lacks: refused, naming it.
+        let over = |v: &str| (v == GFX_OVERRIDE_VAR).then(|| "10.3.0".to_owned());
+        let c = choose_arch(Some(&node("gfx1151", 1)), &over, &built).unwrap();
+        let why = c.code_object.unwrap_err();
+        assert!(
+            why.contains("HSA_OVERRIDE_GFX_VERSION=10.3.0")
+                && why.contains("gfx1030")
+                && why.contains("the GPU is gfx1151")
+                && why.contains("built: gfx1151,gfx1100"),
+            "{why}"
+        );
+        // An invalid value: the runtime refuses it; so do we, saying why.
+        let bad = |v: &str| (v == GFX_OVERRIDE_VAR).then(|| "11.0".to_owned());
+        let e = choose_arch(Some(&node("gfx1151", 1)), &bad, &built).unwrap_err();
+        assert!(matches!(e, Error::InvalidEnvironment { .. }), "{e}");
+        assert!(e.to_string().contains("major.minor.stepping"), "{e}");
+    }
+
+    #[test]
+    fn no_device_is_explained_by_permission_or_override() {
+        let fallback = || no_device(None, 0);
+        let e = explain_no_device_with(
+            KfdAccess::Denied {
+                group: Some("render".into()),
+            },
+            None,
+            fallback(),
+        );
+        let text = e.to_string();
+        assert!(matches!(e, Error::DevicePermission { .. }), "{text}");
+        assert!(
+            text.contains("/dev/kfd") && text.contains("render") && text.contains("video"),
+            "{text}"
+        );
+        let bad = GfxOverride {
+            var: GFX_OVERRIDE_VAR.into(),
+            value: "x".into(),
+            arch: Err("expected major.minor.stepping".into()),
+        };
+        let e = explain_no_device_with(KfdAccess::Allowed, Some(bad), fallback());
+        assert!(matches!(e, Error::InvalidEnvironment { .. }), "{e}");
+        let e = explain_no_device_with(KfdAccess::Missing, None, fallback());
+        assert!(matches!(e, Error::NoDevice { .. }), "{e}");
+        let e = explain_no_device_with(KfdAccess::Allowed, None, fallback());
+        assert!(matches!(e, Error::NoDevice { .. }), "{e}");
+    }
+
+    #[test]
+    fn allocation_errors_are_typed() {
+        let e = alloc_err("hipMalloc", 1 << 20, HipError::OUT_OF_MEMORY);
+        assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
+        let e = alloc_err("hipHostRegister", 1 << 20, HipError::INVALID_VALUE);
+        assert!(
+            matches!(
+                e,
+                Error::Hip {
+                    op: "hipHostRegister",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = alloc_err("hipMalloc", 1, HipError(4242));
+        assert!(e.to_string().contains("unknown hipError_t 4242"), "{e}");
     }
 }

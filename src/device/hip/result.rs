@@ -1,60 +1,197 @@
-//! Thin `Result`-returning wrappers over the HIP runtime (`hip-runtime-sys`),
-//! grouped by topic, each a single runtime call (cudarc's `driver/result.rs`
-//! pattern). Raw handles in, raw handles out; the backend in `mod.rs` owns
-//! them.
+//! Thin `Result`-returning wrappers over the HIP runtime's functions
+//! (`sys::Api`), grouped by topic, each a single runtime call;
+//! raw handles in, raw handles out (the backend in `mod.rs` owns them).
+//!
+//! **Every failure is cleared.** HIP 7 keeps a failed call's code as the
+//! thread's "last error" until `hipGetLastError` reads it, so an error
+//! rocm-safe handles itself (an out-of-memory it retries after freeing, a
+//! `hipHostRegister` the pinned ring does without) would otherwise surface
+//! in the caller's next check (PyTorch's kernel-launch check reports it as
+//! its own failure). `check` calls `hipGetLastError` after every failed
+//! call, so the failure reaches the caller only as this crate's
+//! [`crate::Error`] value. A last error that was already pending before
+//! the call (someone else's) is left alone when the call succeeds.
 
 use std::ffi::{c_void, CStr};
-use std::mem::MaybeUninit;
 
-use hip_runtime_sys as sys;
+use super::sys::{self, Api, Event, Function, MemcpyKind, Module, Status, Stream};
 
-/// The HIP runtime's error code. Its `Display` carries the code and the
-/// runtime's own message (`hipGetErrorString`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct HipError(pub sys::hipError_t);
+/// A HIP runtime error code (`hipError_t`), kept as its number: a code this
+/// crate does not know (a newer runtime's) prints its number, and is never
+/// undefined behaviour. [`HipError::CODES`] names every code of HIP 5.4 to
+/// 7.14 (the constants below; checked against the headers by the tests).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HipError(pub u32);
+
+macro_rules! hip_error_codes {
+    ($($konst:ident = $value:literal, $name:literal $(, $note:literal)?;)*) => {
+        impl HipError {
+            $(
+                #[doc = concat!("`", $name, "` (", stringify!($value), ")" $(, ", ", $note)?, ".")]
+                pub const $konst: HipError = HipError($value);
+            )*
+
+            /// Every code's C name, deprecated aliases after their code's
+            /// name (so [`HipError::name`] finds the current one first).
+            pub const CODES: &'static [(u32, &'static str)] = &[$(($value, $name)),*];
+        }
+    };
+}
+
+hip_error_codes! {
+    SUCCESS = 0, "hipSuccess";
+    INVALID_VALUE = 1, "hipErrorInvalidValue";
+    OUT_OF_MEMORY = 2, "hipErrorOutOfMemory";
+    MEMORY_ALLOCATION = 2, "hipErrorMemoryAllocation", "a deprecated name for the same code";
+    NOT_INITIALIZED = 3, "hipErrorNotInitialized";
+    INITIALIZATION_ERROR = 3, "hipErrorInitializationError", "a deprecated name for the same code";
+    DEINITIALIZED = 4, "hipErrorDeinitialized";
+    PROFILER_DISABLED = 5, "hipErrorProfilerDisabled";
+    PROFILER_NOT_INITIALIZED = 6, "hipErrorProfilerNotInitialized";
+    PROFILER_ALREADY_STARTED = 7, "hipErrorProfilerAlreadyStarted";
+    PROFILER_ALREADY_STOPPED = 8, "hipErrorProfilerAlreadyStopped";
+    INVALID_CONFIGURATION = 9, "hipErrorInvalidConfiguration";
+    INVALID_PITCH_VALUE = 12, "hipErrorInvalidPitchValue";
+    INVALID_SYMBOL = 13, "hipErrorInvalidSymbol";
+    INVALID_DEVICE_POINTER = 17, "hipErrorInvalidDevicePointer";
+    INVALID_MEMCPY_DIRECTION = 21, "hipErrorInvalidMemcpyDirection";
+    INSUFFICIENT_DRIVER = 35, "hipErrorInsufficientDriver";
+    MISSING_CONFIGURATION = 52, "hipErrorMissingConfiguration";
+    PRIOR_LAUNCH_FAILURE = 53, "hipErrorPriorLaunchFailure";
+    INVALID_DEVICE_FUNCTION = 98, "hipErrorInvalidDeviceFunction";
+    NO_DEVICE = 100, "hipErrorNoDevice";
+    INVALID_DEVICE = 101, "hipErrorInvalidDevice";
+    INVALID_IMAGE = 200, "hipErrorInvalidImage";
+    INVALID_CONTEXT = 201, "hipErrorInvalidContext";
+    CONTEXT_ALREADY_CURRENT = 202, "hipErrorContextAlreadyCurrent";
+    MAP_FAILED = 205, "hipErrorMapFailed";
+    MAP_BUFFER_OBJECT_FAILED = 205, "hipErrorMapBufferObjectFailed", "a deprecated name for the same code";
+    UNMAP_FAILED = 206, "hipErrorUnmapFailed";
+    ARRAY_IS_MAPPED = 207, "hipErrorArrayIsMapped";
+    ALREADY_MAPPED = 208, "hipErrorAlreadyMapped";
+    NO_BINARY_FOR_GPU = 209, "hipErrorNoBinaryForGpu";
+    ALREADY_ACQUIRED = 210, "hipErrorAlreadyAcquired";
+    NOT_MAPPED = 211, "hipErrorNotMapped";
+    NOT_MAPPED_AS_ARRAY = 212, "hipErrorNotMappedAsArray";
+    NOT_MAPPED_AS_POINTER = 213, "hipErrorNotMappedAsPointer";
+    ECC_NOT_CORRECTABLE = 214, "hipErrorECCNotCorrectable";
+    UNSUPPORTED_LIMIT = 215, "hipErrorUnsupportedLimit";
+    CONTEXT_ALREADY_IN_USE = 216, "hipErrorContextAlreadyInUse";
+    PEER_ACCESS_UNSUPPORTED = 217, "hipErrorPeerAccessUnsupported";
+    INVALID_KERNEL_FILE = 218, "hipErrorInvalidKernelFile";
+    INVALID_GRAPHICS_CONTEXT = 219, "hipErrorInvalidGraphicsContext";
+    INVALID_SOURCE = 300, "hipErrorInvalidSource";
+    FILE_NOT_FOUND = 301, "hipErrorFileNotFound";
+    SHARED_OBJECT_SYMBOL_NOT_FOUND = 302, "hipErrorSharedObjectSymbolNotFound";
+    SHARED_OBJECT_INIT_FAILED = 303, "hipErrorSharedObjectInitFailed";
+    OPERATING_SYSTEM = 304, "hipErrorOperatingSystem";
+    INVALID_HANDLE = 400, "hipErrorInvalidHandle";
+    INVALID_RESOURCE_HANDLE = 400, "hipErrorInvalidResourceHandle", "a deprecated name for the same code";
+    ILLEGAL_STATE = 401, "hipErrorIllegalState";
+    NOT_FOUND = 500, "hipErrorNotFound";
+    NOT_READY = 600, "hipErrorNotReady";
+    ILLEGAL_ADDRESS = 700, "hipErrorIllegalAddress";
+    LAUNCH_OUT_OF_RESOURCES = 701, "hipErrorLaunchOutOfResources";
+    LAUNCH_TIME_OUT = 702, "hipErrorLaunchTimeOut";
+    PEER_ACCESS_ALREADY_ENABLED = 704, "hipErrorPeerAccessAlreadyEnabled";
+    PEER_ACCESS_NOT_ENABLED = 705, "hipErrorPeerAccessNotEnabled";
+    SET_ON_ACTIVE_PROCESS = 708, "hipErrorSetOnActiveProcess";
+    CONTEXT_IS_DESTROYED = 709, "hipErrorContextIsDestroyed";
+    ASSERT = 710, "hipErrorAssert";
+    HOST_MEMORY_ALREADY_REGISTERED = 712, "hipErrorHostMemoryAlreadyRegistered";
+    HOST_MEMORY_NOT_REGISTERED = 713, "hipErrorHostMemoryNotRegistered";
+    LAUNCH_FAILURE = 719, "hipErrorLaunchFailure";
+    COOPERATIVE_LAUNCH_TOO_LARGE = 720, "hipErrorCooperativeLaunchTooLarge";
+    NOT_SUPPORTED = 801, "hipErrorNotSupported";
+    STREAM_CAPTURE_UNSUPPORTED = 900, "hipErrorStreamCaptureUnsupported";
+    STREAM_CAPTURE_INVALIDATED = 901, "hipErrorStreamCaptureInvalidated";
+    STREAM_CAPTURE_MERGE = 902, "hipErrorStreamCaptureMerge";
+    STREAM_CAPTURE_UNMATCHED = 903, "hipErrorStreamCaptureUnmatched";
+    STREAM_CAPTURE_UNJOINED = 904, "hipErrorStreamCaptureUnjoined";
+    STREAM_CAPTURE_ISOLATION = 905, "hipErrorStreamCaptureIsolation";
+    STREAM_CAPTURE_IMPLICIT = 906, "hipErrorStreamCaptureImplicit";
+    CAPTURED_EVENT = 907, "hipErrorCapturedEvent";
+    STREAM_CAPTURE_WRONG_THREAD = 908, "hipErrorStreamCaptureWrongThread";
+    GRAPH_EXEC_UPDATE_FAILURE = 910, "hipErrorGraphExecUpdateFailure";
+    INVALID_CHANNEL_DESCRIPTOR = 911, "hipErrorInvalidChannelDescriptor";
+    INVALID_TEXTURE = 912, "hipErrorInvalidTexture";
+    INVALID_RESOURCE_TYPE = 914, "hipErrorInvalidResourceType";
+    INVALID_RESOURCE_CONFIGURATION = 915, "hipErrorInvalidResourceConfiguration";
+    STREAM_DETACHED = 916, "hipErrorStreamDetached";
+    UNKNOWN = 999, "hipErrorUnknown";
+    RUNTIME_MEMORY = 1052, "hipErrorRuntimeMemory";
+    RUNTIME_OTHER = 1053, "hipErrorRuntimeOther";
+    INVALID_CLUSTER_SIZE = 1054, "hipErrorInvalidClusterSize";
+    TBD = 1055, "hipErrorTbd";
+}
 
 impl HipError {
-    /// The runtime's message for this code.
-    pub fn message(&self) -> String {
-        // SAFETY: hipGetErrorString returns a pointer to a static,
-        // NUL-terminated string for any code (or null, handled below).
-        let p = unsafe { sys::hipGetErrorString(self.0) };
+    /// The code's C name (`"hipErrorOutOfMemory"`), `None` for a code no
+    /// header up to HIP 7.14 defines. 1054 is `hipErrorInvalidClusterSize`
+    /// (HIP 7.14; before, the `hipErrorTbd` end marker, never returned).
+    pub fn name(&self) -> Option<&'static str> {
+        Self::CODES
+            .iter()
+            .find(|(v, _)| *v == self.0)
+            .map(|(_, n)| *n)
+    }
+
+    /// The runtime's own message (`hipGetErrorString`), when a runtime is
+    /// loaded and has one.
+    pub fn message(&self) -> Option<String> {
+        let api = super::loader::api().ok()?;
+        // SAFETY: hipGetErrorString takes any code (an unknown one gives
+        // its "unknown" string) and returns null or a static NUL-terminated
+        // string.
+        let p = unsafe { (api.hipGetErrorString)(self.0) };
         if p.is_null() {
-            return "unknown error".into();
+            return None;
         }
-        // SAFETY: non-null, NUL-terminated, static (see above).
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        // SAFETY: non-null, NUL-terminated and static (above).
+        let text = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+        (!text.is_empty()).then_some(text)
     }
 }
 
 impl std::fmt::Debug for HipError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HipError({:?}: {})", self.0, self.message())
+        match self.name() {
+            Some(n) => write!(f, "HipError({n} = {})", self.0),
+            None => write!(f, "HipError({})", self.0),
+        }
     }
 }
 
 impl std::fmt::Display for HipError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?} ({}): {}", self.0, self.0 as u32, self.message())
+        match self.name() {
+            Some(n) => write!(f, "{n} ({})", self.0)?,
+            None => write!(f, "unknown hipError_t {}", self.0)?,
+        }
+        match self.message() {
+            Some(m) => write!(f, ": {m}"),
+            None => Ok(()),
+        }
     }
 }
 
 impl std::error::Error for HipError {}
 
-/// `.result()` on a raw code.
-pub trait HipResultExt {
-    /// `Ok(())` for `hipSuccess`, else the error.
-    fn result(self) -> Result<(), HipError>;
+/// `Ok(())` for `hipSuccess`; otherwise the error, after clearing it from
+/// the runtime's per-thread last error (`hipGetLastError`, module docs).
+pub(crate) fn check(api: &Api, status: Status) -> Result<(), HipError> {
+    if status == HipError::SUCCESS.0 {
+        return Ok(());
+    }
+    clear_last_error(api);
+    Err(HipError(status))
 }
 
-impl HipResultExt for sys::hipError_t {
-    fn result(self) -> Result<(), HipError> {
-        if self == sys::hipError_t::hipSuccess {
-            Ok(())
-        } else {
-            Err(HipError(self))
-        }
-    }
+/// Reads (and so resets) the calling thread's last HIP error.
+pub(crate) fn clear_last_error(api: &Api) {
+    // SAFETY: hipGetLastError takes no arguments and only reads and resets
+    // the thread's last error. Its value is the failure just handled.
+    let _ = unsafe { (api.hipGetLastError)() };
 }
 
 /// Devices.
@@ -62,52 +199,57 @@ pub mod device {
     use super::*;
 
     /// `hipGetDeviceCount`.
-    pub fn count() -> Result<i32, HipError> {
+    pub(crate) fn count(api: &Api) -> Result<i32, HipError> {
         let mut n = 0i32;
         // SAFETY: writes one int.
-        unsafe { sys::hipGetDeviceCount(&mut n) }.result()?;
+        check(api, unsafe { (api.hipGetDeviceCount)(&mut n) })?;
         Ok(n)
     }
 
     /// `hipSetDevice` (the calling thread's current device).
-    pub fn set(ordinal: i32) -> Result<(), HipError> {
+    pub(crate) fn set(api: &Api, ordinal: i32) -> Result<(), HipError> {
         // SAFETY: plain call; an invalid ordinal is an error code.
-        unsafe { sys::hipSetDevice(ordinal) }.result()
+        check(api, unsafe { (api.hipSetDevice)(ordinal) })
     }
 
     /// `hipDeviceSynchronize` on the current device.
-    pub fn synchronize() -> Result<(), HipError> {
+    pub(crate) fn synchronize(api: &Api) -> Result<(), HipError> {
         // SAFETY: plain call.
-        unsafe { sys::hipDeviceSynchronize() }.result()
+        check(api, unsafe { (api.hipDeviceSynchronize)() })
     }
 
     /// `hipDeviceGetName`.
-    pub fn name(ordinal: i32) -> Result<String, HipError> {
+    pub(crate) fn name(api: &Api, ordinal: i32) -> Result<String, HipError> {
         let mut buf = [0 as std::ffi::c_char; 256];
-        // SAFETY: the runtime writes at most `len` bytes, NUL-terminated.
-        unsafe { sys::hipDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, ordinal) }.result()?;
-        // SAFETY: NUL-terminated within the buffer (zeroed, and the
-        // runtime terminates what it writes).
+        // The last byte stays 0 whatever the runtime writes.
+        let len = (buf.len() - 1) as i32;
+        // SAFETY: the runtime writes at most `len` bytes.
+        check(api, unsafe {
+            (api.hipDeviceGetName)(buf.as_mut_ptr(), len, ordinal)
+        })?;
+        // SAFETY: NUL-terminated within the buffer (its last byte is 0).
         Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
             .to_string_lossy()
             .into_owned())
     }
 
     /// `hipDeviceTotalMem`.
-    pub fn total_mem(ordinal: i32) -> Result<usize, HipError> {
+    pub(crate) fn total_mem(api: &Api, ordinal: i32) -> Result<usize, HipError> {
         let mut b = 0usize;
         // SAFETY: writes one size_t.
-        unsafe { sys::hipDeviceTotalMem(&mut b, ordinal) }.result()?;
+        check(api, unsafe { (api.hipDeviceTotalMem)(&mut b, ordinal) })?;
         Ok(b)
     }
 
     /// `hipDeviceGetPCIBusId`: `"dddd:bb:dd.f"`.
-    pub fn pci_bus_id(ordinal: i32) -> Result<String, HipError> {
+    pub(crate) fn pci_bus_id(api: &Api, ordinal: i32) -> Result<String, HipError> {
         let mut buf = [0 as std::ffi::c_char; 64];
-        // SAFETY: writes at most `len` bytes, NUL-terminated.
-        unsafe { sys::hipDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, ordinal) }
-            .result()?;
-        // SAFETY: NUL-terminated within the zeroed buffer.
+        let len = (buf.len() - 1) as i32;
+        // SAFETY: writes at most `len` bytes.
+        check(api, unsafe {
+            (api.hipDeviceGetPCIBusId)(buf.as_mut_ptr(), len, ordinal)
+        })?;
+        // SAFETY: NUL-terminated within the buffer (its last byte is 0).
         Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
             .to_string_lossy()
             .into_owned())
@@ -119,10 +261,10 @@ pub mod memory {
     use super::*;
 
     /// `hipMalloc`.
-    pub fn malloc(bytes: usize) -> Result<*mut c_void, HipError> {
+    pub(crate) fn malloc(api: &Api, bytes: usize) -> Result<*mut c_void, HipError> {
         let mut p = std::ptr::null_mut();
         // SAFETY: writes one pointer.
-        unsafe { sys::hipMalloc(&mut p, bytes) }.result()?;
+        check(api, unsafe { (api.hipMalloc)(&mut p, bytes) })?;
         Ok(p)
     }
 
@@ -130,16 +272,16 @@ pub mod memory {
     ///
     /// # Safety
     /// `p` came from `malloc` and is freed once.
-    pub unsafe fn free(p: *mut c_void) -> Result<(), HipError> {
+    pub(crate) unsafe fn free(api: &Api, p: *mut c_void) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipFree(p) }.result()
+        check(api, unsafe { (api.hipFree)(p) })
     }
 
     /// `hipHostMalloc` (pinned, default flags).
-    pub fn host_malloc(bytes: usize) -> Result<*mut c_void, HipError> {
+    pub(crate) fn host_malloc(api: &Api, bytes: usize) -> Result<*mut c_void, HipError> {
         let mut p = std::ptr::null_mut();
         // SAFETY: writes one pointer.
-        unsafe { sys::hipHostMalloc(&mut p, bytes, 0) }.result()?;
+        check(api, unsafe { (api.hipHostMalloc)(&mut p, bytes, 0) })?;
         Ok(p)
     }
 
@@ -147,55 +289,63 @@ pub mod memory {
     ///
     /// # Safety
     /// `p..p + bytes` stays mapped until `host_unregister`.
-    pub unsafe fn host_register(p: *mut c_void, bytes: usize) -> Result<(), HipError> {
+    pub(crate) unsafe fn host_register(
+        api: &Api,
+        p: *mut c_void,
+        bytes: usize,
+    ) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipHostRegister(p, bytes, 0) }.result()
+        check(api, unsafe { (api.hipHostRegister)(p, bytes, 0) })
     }
 
     /// `hipHostUnregister`.
     ///
     /// # Safety
     /// `p` came from `host_register` and is unregistered once.
-    pub unsafe fn host_unregister(p: *mut c_void) -> Result<(), HipError> {
+    pub(crate) unsafe fn host_unregister(api: &Api, p: *mut c_void) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipHostUnregister(p) }.result()
+        check(api, unsafe { (api.hipHostUnregister)(p) })
     }
 
     /// `hipHostFree`.
     ///
     /// # Safety
     /// `p` came from `host_malloc` and is freed once.
-    pub unsafe fn host_free(p: *mut c_void) -> Result<(), HipError> {
+    pub(crate) unsafe fn host_free(api: &Api, p: *mut c_void) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipHostFree(p) }.result()
+        check(api, unsafe { (api.hipHostFree)(p) })
     }
 
     /// `hipMemcpyAsync`.
     ///
     /// # Safety
     /// Both ranges are valid for `bytes` until the stream reaches the copy.
-    pub unsafe fn copy_async(
+    pub(crate) unsafe fn copy_async(
+        api: &Api,
         dst: *mut c_void,
         src: *const c_void,
         bytes: usize,
-        kind: sys::hipMemcpyKind,
-        stream: sys::hipStream_t,
+        kind: MemcpyKind,
+        stream: Stream,
     ) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipMemcpyAsync(dst, src, bytes, kind, stream) }.result()
+        check(api, unsafe {
+            (api.hipMemcpyAsync)(dst, src, bytes, kind, stream)
+        })
     }
 
     /// `hipMemsetAsync` to zero.
     ///
     /// # Safety
     /// `dst` is valid device memory for `bytes`.
-    pub unsafe fn zero_async(
+    pub(crate) unsafe fn zero_async(
+        api: &Api,
         dst: *mut c_void,
         bytes: usize,
-        stream: sys::hipStream_t,
+        stream: Stream,
     ) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipMemsetAsync(dst, 0, bytes, stream) }.result()
+        check(api, unsafe { (api.hipMemsetAsync)(dst, 0, bytes, stream) })
     }
 }
 
@@ -204,19 +354,19 @@ pub mod info {
     use super::*;
 
     /// `hipMemGetInfo` on the current device: `(free, total)` bytes.
-    pub fn mem_get_info() -> Result<(usize, usize), HipError> {
+    pub(crate) fn mem_get_info(api: &Api) -> Result<(usize, usize), HipError> {
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: writes two size_t.
-        unsafe { sys::hipMemGetInfo(&mut free, &mut total) }.result()?;
+        check(api, unsafe { (api.hipMemGetInfo)(&mut free, &mut total) })?;
         Ok((free, total))
     }
 
     /// `hipRuntimeGetVersion` (`HIP_VERSION`: major * 10^7 + minor * 10^5 +
     /// patch). Touches no device.
-    pub fn runtime_version() -> Result<i32, HipError> {
+    pub(crate) fn runtime_version(api: &Api) -> Result<i32, HipError> {
         let mut v = 0i32;
         // SAFETY: writes one int.
-        unsafe { sys::hipRuntimeGetVersion(&mut v) }.result()?;
+        check(api, unsafe { (api.hipRuntimeGetVersion)(&mut v) })?;
         Ok(v)
     }
 
@@ -225,10 +375,10 @@ pub mod info {
     /// # Safety
     /// At least one device must be present: HIP 5.x reads the first device
     /// without checking that there is one.
-    pub unsafe fn driver_version() -> Result<i32, HipError> {
+    pub(crate) unsafe fn driver_version(api: &Api) -> Result<i32, HipError> {
         let mut v = 0i32;
         // SAFETY: writes one int; the caller guarantees a device.
-        unsafe { sys::hipDriverGetVersion(&mut v) }.result()?;
+        check(api, unsafe { (api.hipDriverGetVersion)(&mut v) })?;
         Ok(v)
     }
 }
@@ -238,39 +388,40 @@ pub mod stream {
     use super::*;
 
     /// `hipStreamCreateWithFlags(hipStreamNonBlocking)`.
-    pub fn create() -> Result<sys::hipStream_t, HipError> {
-        let mut s = MaybeUninit::uninit();
-        // SAFETY: writes one handle; 1 = hipStreamNonBlocking.
-        unsafe { sys::hipStreamCreateWithFlags(s.as_mut_ptr(), 1) }.result()?;
-        // SAFETY: initialised by the successful call.
-        Ok(unsafe { s.assume_init() })
+    pub(crate) fn create(api: &Api) -> Result<Stream, HipError> {
+        let mut s: Stream = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        check(api, unsafe {
+            (api.hipStreamCreateWithFlags)(&mut s, sys::STREAM_NON_BLOCKING)
+        })?;
+        Ok(s)
     }
 
     /// `hipStreamDestroy`.
     ///
     /// # Safety
     /// `s` is live and destroyed once.
-    pub unsafe fn destroy(s: sys::hipStream_t) -> Result<(), HipError> {
+    pub(crate) unsafe fn destroy(api: &Api, s: Stream) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipStreamDestroy(s) }.result()
+        check(api, unsafe { (api.hipStreamDestroy)(s) })
     }
 
     /// `hipStreamSynchronize`.
     ///
     /// # Safety
     /// `s` is live.
-    pub unsafe fn synchronize(s: sys::hipStream_t) -> Result<(), HipError> {
+    pub(crate) unsafe fn synchronize(api: &Api, s: Stream) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipStreamSynchronize(s) }.result()
+        check(api, unsafe { (api.hipStreamSynchronize)(s) })
     }
 
     /// `hipStreamWaitEvent`.
     ///
     /// # Safety
     /// Both handles are live.
-    pub unsafe fn wait_event(s: sys::hipStream_t, e: sys::hipEvent_t) -> Result<(), HipError> {
+    pub(crate) unsafe fn wait_event(api: &Api, s: Stream, e: Event) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipStreamWaitEvent(s, e, 0) }.result()
+        check(api, unsafe { (api.hipStreamWaitEvent)(s, e, 0) })
     }
 }
 
@@ -279,49 +430,50 @@ pub mod event {
     use super::*;
 
     /// `hipEventCreateWithFlags(hipEventDefault)`.
-    pub fn create() -> Result<sys::hipEvent_t, HipError> {
-        let mut e = MaybeUninit::uninit();
+    pub(crate) fn create(api: &Api) -> Result<Event, HipError> {
+        let mut e: Event = std::ptr::null_mut();
         // SAFETY: writes one handle.
-        unsafe { sys::hipEventCreateWithFlags(e.as_mut_ptr(), 0) }.result()?;
-        // SAFETY: initialised by the successful call.
-        Ok(unsafe { e.assume_init() })
+        check(api, unsafe {
+            (api.hipEventCreateWithFlags)(&mut e, sys::EVENT_DEFAULT)
+        })?;
+        Ok(e)
     }
 
     /// `hipEventDestroy`.
     ///
     /// # Safety
     /// `e` is live and destroyed once.
-    pub unsafe fn destroy(e: sys::hipEvent_t) -> Result<(), HipError> {
+    pub(crate) unsafe fn destroy(api: &Api, e: Event) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipEventDestroy(e) }.result()
+        check(api, unsafe { (api.hipEventDestroy)(e) })
     }
 
     /// `hipEventRecord`.
     ///
     /// # Safety
     /// Both handles are live.
-    pub unsafe fn record(e: sys::hipEvent_t, s: sys::hipStream_t) -> Result<(), HipError> {
+    pub(crate) unsafe fn record(api: &Api, e: Event, s: Stream) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipEventRecord(e, s) }.result()
+        check(api, unsafe { (api.hipEventRecord)(e, s) })
     }
 
     /// `hipEventSynchronize`.
     ///
     /// # Safety
     /// `e` is live.
-    pub unsafe fn synchronize(e: sys::hipEvent_t) -> Result<(), HipError> {
+    pub(crate) unsafe fn synchronize(api: &Api, e: Event) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipEventSynchronize(e) }.result()
+        check(api, unsafe { (api.hipEventSynchronize)(e) })
     }
 
     /// `hipEventElapsedTime`.
     ///
     /// # Safety
     /// Both handles are live.
-    pub unsafe fn elapsed(a: sys::hipEvent_t, b: sys::hipEvent_t) -> Result<f32, HipError> {
+    pub(crate) unsafe fn elapsed(api: &Api, a: Event, b: Event) -> Result<f32, HipError> {
         let mut ms = 0f32;
         // SAFETY: caller; writes one float.
-        unsafe { sys::hipEventElapsedTime(&mut ms, a, b) }.result()?;
+        check(api, unsafe { (api.hipEventElapsedTime)(&mut ms, a, b) })?;
         Ok(ms)
     }
 }
@@ -334,36 +486,37 @@ pub mod module {
     ///
     /// # Safety
     /// `image` points to a complete code object that outlives the call.
-    pub unsafe fn load_data(image: *const c_void) -> Result<sys::hipModule_t, HipError> {
-        let mut m = MaybeUninit::uninit();
+    pub(crate) unsafe fn load_data(api: &Api, image: *const c_void) -> Result<Module, HipError> {
+        let mut m: Module = std::ptr::null_mut();
         // SAFETY: caller; writes one handle.
-        unsafe { sys::hipModuleLoadData(m.as_mut_ptr(), image) }.result()?;
-        // SAFETY: initialised by the successful call.
-        Ok(unsafe { m.assume_init() })
+        check(api, unsafe { (api.hipModuleLoadData)(&mut m, image) })?;
+        Ok(m)
     }
 
     /// `hipModuleUnload`.
     ///
     /// # Safety
     /// `m` is loaded and unloaded once; no function of it is used after.
-    pub unsafe fn unload(m: sys::hipModule_t) -> Result<(), HipError> {
+    pub(crate) unsafe fn unload(api: &Api, m: Module) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe { sys::hipModuleUnload(m) }.result()
+        check(api, unsafe { (api.hipModuleUnload)(m) })
     }
 
     /// `hipModuleGetFunction`.
     ///
     /// # Safety
     /// `m` is loaded.
-    pub unsafe fn get_function(
-        m: sys::hipModule_t,
+    pub(crate) unsafe fn get_function(
+        api: &Api,
+        m: Module,
         name: &CStr,
-    ) -> Result<sys::hipFunction_t, HipError> {
-        let mut f = MaybeUninit::uninit();
+    ) -> Result<Function, HipError> {
+        let mut f: Function = std::ptr::null_mut();
         // SAFETY: caller; `name` is NUL-terminated; writes one handle.
-        unsafe { sys::hipModuleGetFunction(f.as_mut_ptr(), m, name.as_ptr()) }.result()?;
-        // SAFETY: initialised by the successful call.
-        Ok(unsafe { f.assume_init() })
+        check(api, unsafe {
+            (api.hipModuleGetFunction)(&mut f, m, name.as_ptr())
+        })?;
+        Ok(f)
     }
 
     /// `hipModuleLaunchKernel` with a 3-D grid of 1-D blocks.
@@ -373,17 +526,18 @@ pub mod module {
     /// of its parameter types; the memory they reference is valid for the
     /// kernel's accesses until the stream reaches it; `shared_bytes` is what
     /// the kernel needs beyond its static shared memory.
-    pub unsafe fn launch(
-        f: sys::hipFunction_t,
+    pub(crate) unsafe fn launch(
+        api: &Api,
+        f: Function,
         grid: [u32; 3],
         block: u32,
         shared_bytes: u32,
-        stream: sys::hipStream_t,
+        stream: Stream,
         params: &mut [*mut c_void],
     ) -> Result<(), HipError> {
         // SAFETY: caller.
-        unsafe {
-            sys::hipModuleLaunchKernel(
+        check(api, unsafe {
+            (api.hipModuleLaunchKernel)(
                 f,
                 grid[0],
                 grid[1],
@@ -396,7 +550,40 @@ pub mod module {
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_print_their_names_and_unknown_codes_their_numbers() {
+        assert_eq!(HipError::OUT_OF_MEMORY.name(), Some("hipErrorOutOfMemory"));
+        // An alias shares its code; the current name wins.
+        assert_eq!(HipError::MEMORY_ALLOCATION, HipError::OUT_OF_MEMORY);
+        assert_eq!(HipError(2).name(), Some("hipErrorOutOfMemory"));
+        assert_eq!(HipError(400).name(), Some("hipErrorInvalidHandle"));
+        let text = HipError(2).to_string();
+        assert!(text.starts_with("hipErrorOutOfMemory (2)"), "{text}");
+        // A code no header defines is a number, never undefined behaviour.
+        for code in [10u32, 913, 1056, 4242, u32::MAX] {
+            let e = HipError(code);
+            assert_eq!(e.name(), None);
+            let text = e.to_string();
+            assert!(
+                text.starts_with(&format!("unknown hipError_t {code}")),
+                "{text}"
+            );
+            assert!(format!("{e:?}").contains(&code.to_string()));
         }
-        .result()
+        // Every constant is in the table once with its value.
+        let mut seen = std::collections::HashSet::new();
+        for (v, n) in HipError::CODES {
+            assert!(seen.insert(*n), "{n} twice");
+            assert!(n.starts_with("hip"), "{n}");
+            assert!(HipError(*v).name().is_some());
+        }
     }
 }
