@@ -89,16 +89,33 @@ fn print_table(r: &Report) {
     for (k, v) in rows {
         println!("  {k:<12} {v}");
     }
+    print_runtime_files(r);
     for m in &r.amdgpu_memory {
+        let used = |u: Option<u64>| {
+            u.map(|u| format!(" ({} used)", gib(Some(u))))
+                .unwrap_or_default()
+        };
         println!(
-            "  {:<12} VRAM {}, GTT {}{}",
+            "  {:<12} VRAM {}{}, GTT {}{}{}",
             format!("amdgpu {}", m.card),
             gib(m.vram_total_bytes),
+            used(m.vram_used_bytes),
             gib(m.gtt_total_bytes),
+            used(m.gtt_used_bytes),
             m.pci
                 .as_ref()
                 .map(|p| format!(" ({p})"))
                 .unwrap_or_default()
+        );
+        println!(
+            "  {:<12} TTM limit {}, amdgpu.gttsize {}",
+            "",
+            gib(m.ttm_limit_bytes),
+            match m.amdgpu_gttsize_mib {
+                Some(-1) => "default".to_owned(),
+                Some(g) => format!("{g} MiB"),
+                None => "unknown".to_owned(),
+            }
         );
         if let (Some(o), Some(t)) = (m.hip_ordinal, m.runtime_total_bytes) {
             println!(
@@ -108,9 +125,25 @@ fn print_table(r: &Report) {
                 gib(m.runtime_free_bytes)
             );
         }
+        println!("  {:<12} assessment: {:?}", "", m.assessment);
         if let Some(w) = &m.warning {
             println!("  {:<12} WARNING: {w}", "");
         }
+    }
+    if let Some(o) = &r.gfx_override {
+        let what = match (&o.arch, &o.error) {
+            (Some(a), _) => format!(
+                "the HIP runtime loads the {a} code object for every GPU ({})",
+                match o.built_in {
+                    Some(true) => "built in",
+                    Some(false) => "NOT built in: rebuild with it",
+                    None => "unknown whether built in",
+                }
+            ),
+            (None, Some(e)) => e.clone(),
+            (None, None) => "unknown".to_owned(),
+        };
+        println!("  {:<12} {}={}: {what}", "gfx override", o.var, o.value);
     }
     print_hip_build(r);
     println!();
@@ -215,6 +248,39 @@ fn print_table(r: &Report) {
     }
 }
 
+fn print_runtime_files(r: &Report) {
+    println!();
+    println!("Libraries in use (this process)");
+    for f in &r.runtime_files {
+        if f.loaded {
+            println!(
+                "  {:<12} {}{}",
+                f.library,
+                f.real_path
+                    .as_ref()
+                    .or(f.path.as_ref())
+                    .map_or("(path unknown)", |p| p.as_str()),
+                f.version
+                    .as_ref()
+                    .map(|v| format!(", version {v}"))
+                    .unwrap_or_default()
+            );
+            if let Some(how) = &f.found_by {
+                println!("  {:<12}   found: {how}", "");
+            }
+        } else {
+            println!(
+                "  {:<12} not loaded: {}",
+                f.library,
+                f.error.as_deref().unwrap_or("unknown")
+            );
+        }
+    }
+    for d in &r.duplicate_libraries {
+        println!("  WARNING: {} ({})", d.warning, d.files.join(", "));
+    }
+}
+
 fn print_hip_build(r: &Report) {
     let h = &r.hip_build;
     println!();
@@ -265,7 +331,7 @@ fn print_hip_build(r: &Report) {
 
 const USAGE: &str = "\
 usage: doctor [--json] [--device N | --device BACKEND:N] [--arch GFX]
-  --json              print the report as one JSON document (schema_version 3)
+  --json              print the report as one JSON document (schema_version 4)
   --device N          self-test and run the matrix only on ordinal N of each
                       backend that has one (hip:N, cuda:N; the host device is 0)
   --device BACKEND:N  only on that device (host:0, hip:1, cuda:0)

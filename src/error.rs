@@ -421,16 +421,16 @@ pub enum Error {
         kind: &'static str,
     },
 
-    /// A file changed while it was being read: its identity, size,
-    /// modification time or change time (nanoseconds) differs from when it
-    /// was opened, so the bytes read may mix old and new contents.
+    /// A file changed while it was being read: its identity, size or
+    /// modification time (nanoseconds) differs from when it was opened, so
+    /// the bytes read may mix old and new contents.
     #[error("{path}: changed while being read{}: {what} differs from when it was opened", tensor.as_ref().map(|t| format!(" (tensor {t:?})")).unwrap_or_default())]
     FileChanged {
         /// The file.
         path: PathBuf,
         /// The tensor being read when the change was seen, if any.
         tensor: Option<String>,
-        /// What differs (`"size"`, `"change time"`, ...).
+        /// What differs (`"size"`, `"modification time"`, ...).
         what: &'static str,
     },
 
@@ -649,14 +649,19 @@ pub enum Error {
     },
 
     /// NVRTC could not compile the kernels.
-    #[cfg(feature = "cuda")]
-    #[error("cuda: nvrtc compile for {arch}: {source}")]
+    #[error("cuda: nvrtc compile for {arch}: {op}: {status} (status {code}){}", if log.is_empty() { String::new() } else { format!("\n{log}") })]
     Nvrtc {
         /// The target (`compute_90`).
         arch: String,
-        /// NVRTC's error with its log.
-        #[source]
-        source: cudarc::nvrtc::CompileError,
+        /// The NVRTC call that failed (`nvrtcCompileProgram`).
+        op: &'static str,
+        /// The `nvrtcResult` code (-1: a NUL byte in the source or an
+        /// option, NVRTC not called).
+        code: i32,
+        /// Its name (`"NVRTC_ERROR_COMPILATION"`, ...).
+        status: &'static str,
+        /// NVRTC's log when the compile failed (empty otherwise).
+        log: String,
     },
 
     /// A HIP runtime call failed.
@@ -796,14 +801,14 @@ pub enum Error {
 
     /// A cuDNN call of the conv3d vendor tier failed (no algorithm for the
     /// parameters, bad descriptor, ...).
-    #[cfg(feature = "cuda")]
-    #[error("conv3d: cudnn: {op}: {source}")]
+    #[error("conv3d: cudnn: {op}: {status} (status {code})")]
     Conv3dCudnn {
         /// The cuDNN call.
         op: &'static str,
-        /// cuDNN's status.
-        #[source]
-        source: cudarc::cudnn::CudnnError,
+        /// The `cudnnStatus_t` code (cuDNN 9's numbering).
+        code: i32,
+        /// Its name (`"CUDNN_STATUS_NOT_SUPPORTED"`, ...).
+        status: &'static str,
     },
 
     /// A backend's vendor convolution library cannot be used here: not

@@ -69,9 +69,9 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod fallback;
+pub(crate) mod par;
 pub mod safetensors;
 pub mod transfer;
-pub(crate) mod par;
 pub mod verify;
 
 pub use crate::dtype::DType;

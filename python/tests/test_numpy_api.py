@@ -223,9 +223,14 @@ def test_doctor():
 
     text = rocm_safe.doctor(json=True)
     report = json.loads(text)
-    assert report["schema_version"] == 3 and report["self_tests"] and report["matrix"]
+    assert report["schema_version"] == 4 and report["self_tests"] and report["matrix"]
     # Schema 3: what this build compiled for AMD GPUs, and how to rebuild.
     assert "built" in report["hip_build"] and report["hip_build"]["rebuild_command"]
+    # Schema 4: the library files in use, and none mapped twice.
+    assert [f["library"] for f in report["runtime_files"]] == [
+        "hip_runtime", "cuda_driver", "cudnn", "nvrtc", "miopen"
+    ]
+    assert report["duplicate_libraries"] == []
     assert all(m["status"] in ("verified", "falls_back", "skipped", "fails") for m in report["matrix"])
 
 
@@ -233,4 +238,4 @@ def test_doctor_table(capsys):
     report = rocm_safe.doctor()
     out = capsys.readouterr().out
     assert "Self-tests" in out and "Compatibility" in out
-    assert isinstance(report, dict) and report["schema_version"] == 3
+    assert isinstance(report, dict) and report["schema_version"] == 4

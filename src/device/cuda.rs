@@ -2,12 +2,16 @@
 //! loaded at run time, so building needs no CUDA) and NVRTC, under the
 //! generic GPU body (`gpu.rs`), which does everything else.
 //!
-//! cudarc panics when it cannot find libcuda or libnvrtc, so both are probed
-//! with `is_culib_present()` first: a machine without CUDA gets
-//! [`Error::NoRuntime`]. The kernels come from `hip-kernels/` (through
-//! `prelude.h`'s CUDA branch): PTX built by nvcc at build time when it was
-//! found, else the embedded source compiled by NVRTC on first use, cached per
-//! compute capability for the process and on disk ([`super::kernel_cache`]).
+//! cudarc panics when it cannot find libcuda, so it is probed with
+//! `is_culib_present()` first: a machine without CUDA gets
+//! [`Error::NoRuntime`] (`libcuda.so.1` is one file per system, so
+//! cudarc's own choice of it is safe). NVRTC and cuDNN are bound by the
+//! crate (`vendor/nvrtc.rs`, `vendor/cudnn.rs`) and opened so that a copy
+//! already in the process (PyTorch's) is the one used. The kernels come
+//! from `hip-kernels/` (through `prelude.h`'s CUDA branch): PTX built by
+//! nvcc at build time when it was found, else the embedded source compiled
+//! by NVRTC on first use, cached per compute capability for the process and
+//! on disk ([`super::kernel_cache`]).
 
 use std::ffi::CString;
 
@@ -204,23 +208,7 @@ fn ptx_for(arch: &str, which: KernelModule, cached: bool) -> Result<(Vec<u8>, Ke
     };
     let dir = kernel_cache::dir();
     kernel_cache::get_or_compile(&req, dir.as_deref(), cached, || {
-        // SAFETY: only tries to dlopen the candidate library names.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(Error::NoRuntime {
-                backend: "cuda",
-                library: "libnvrtc",
-            });
-        }
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: options.clone(),
-            name: Some("rocm_safe_kernels.cu".into()),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| Error::Nvrtc {
-            arch: arch.to_owned(),
-            source: e,
-        })?;
-        Ok(ptx.to_src().into_bytes())
+        super::vendor::nvrtc::library()?.compile_ptx(source, "rocm_safe_kernels.cu", &options, arch)
     })
 }
 

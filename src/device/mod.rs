@@ -93,7 +93,7 @@ pub(crate) mod kernels;
 mod ops;
 mod pinned;
 mod stream;
-mod vendor;
+pub(crate) mod vendor;
 mod visible;
 
 #[cfg(feature = "cuda")]

@@ -22,6 +22,54 @@ pub const WATCHED: &[&str] = &[
     "ROCM_SAFE_PINNED",
 ];
 
+/// `HSA_OVERRIDE_GFX_VERSION` as the HIP runtime reads it: the arch whose
+/// code object it loads instead of the GPU's own.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GfxOverrideReport {
+    /// The variable.
+    pub var: String,
+    /// Its value.
+    pub value: String,
+    /// The arch it names (`"gfx1100"` for `11.0.0`), when the value is
+    /// valid and the `hip` feature is built.
+    pub arch: Option<String>,
+    /// Why no arch: the runtime refuses the value (the format expected), or
+    /// the `hip` feature is off.
+    pub error: Option<String>,
+    /// Whether this build has a code object for `arch`.
+    pub built_in: Option<bool>,
+}
+
+/// The `HSA_OVERRIDE_GFX_VERSION` in effect, if set.
+#[cfg(feature = "hip")]
+pub fn gfx_override() -> Option<GfxOverrideReport> {
+    let o = crate::device::hip::gfx_override()?;
+    let built = crate::device::hip::built_archs();
+    Some(GfxOverrideReport {
+        built_in: o.arch.as_ref().ok().map(|a| built.contains(&a.as_str())),
+        arch: o.arch.as_ref().ok().cloned(),
+        error: o.arch.err(),
+        var: o.var,
+        value: o.value,
+    })
+}
+
+/// The `HSA_OVERRIDE_GFX_VERSION` in effect, if set (not interpreted: the
+/// HIP backend is not built).
+#[cfg(not(feature = "hip"))]
+pub fn gfx_override() -> Option<GfxOverrideReport> {
+    let value = std::env::var("HSA_OVERRIDE_GFX_VERSION")
+        .ok()
+        .filter(|v| !v.is_empty())?;
+    Some(GfxOverrideReport {
+        var: "HSA_OVERRIDE_GFX_VERSION".into(),
+        value,
+        arch: None,
+        error: Some("not interpreted: cargo feature `hip` is off".into()),
+        built_in: None,
+    })
+}
+
 /// One variable and its value in this process.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EnvVar {

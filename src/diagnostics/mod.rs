@@ -13,19 +13,24 @@ pub mod build_info;
 pub mod code_object;
 pub mod devices;
 pub mod env;
+pub mod libraries;
 pub mod matrix;
 pub mod platform;
 pub mod selftest;
 
 pub use amdgpu::{
-    amdgpu_memory, assess_memory, attach_runtime, AmdgpuMemory, MemoryAssessment, RuntimeMemory,
+    amdgpu_memory, assess_memory, attach_runtime, AmdgpuMemory, MemoryAssessment, MemoryFigures,
+    RuntimeMemory,
 };
 pub use build_info::{compiler_needed, HipBuild, HipDeviceBuild, HIP_DOCTOR_COMMAND};
 pub use code_object::{
     read_code_object, CodeObjectError, CodeObjectInfo, KernelArgInfo, KernelResources,
 };
 pub use devices::{kernel_self_test, list_backends, probe_backends, BackendReport, DeviceReport};
-pub use env::{advise, read_env, Advice, EnvVar};
+pub use env::{advise, gfx_override, read_env, Advice, EnvVar, GfxOverrideReport};
+pub use libraries::{
+    duplicate_libraries, duplicates_in, runtime_files, DuplicateLibrary, RuntimeFile,
+};
 pub use matrix::{Compat, MatrixEntry};
 pub use platform::{Library, Platform, RuntimeVersion};
 
@@ -38,7 +43,13 @@ pub use selftest::{cpu_self_tests, SelfTest, Verdict};
 /// device and per amdgpu card, `--device` selection, per-tier conv3d cells
 /// and the `skipped` state. 3: `hip_build` (the gfx archs compiled in, the
 /// compiler, each HIP device's arch against them, the rebuild command).
-pub const SCHEMA_VERSION: u32 = 3;
+/// 4: `runtime_files` (each runtime and vendor library in use: path,
+/// version, how it was found), `duplicate_libraries`, `gfx_override`;
+/// `amdgpu_memory` gains the used figures, the TTM limit and
+/// `amdgpu.gttsize`, and its assessment the states `free_above_total`,
+/// `below_gtt` and `ttm_capped` (figures once called `carve_out_only` or
+/// `shared_reported` may now be these).
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// The complete doctor report. Serialised (serde) with these field names,
 /// which are stable within a [`SCHEMA_VERSION`].
@@ -59,6 +70,16 @@ pub struct Report {
     /// amdgpu memory pools from sysfs (VRAM carve-out and GTT), one per
     /// card, compared with what the HIP runtime reports for it.
     pub amdgpu_memory: Vec<AmdgpuMemory>,
+    /// Each runtime and vendor library (HIP runtime, CUDA driver, cuDNN,
+    /// NVRTC, MIOpen): the file in use, its version and how it was found,
+    /// or why none is.
+    pub runtime_files: Vec<RuntimeFile>,
+    /// The libraries this process maps from more than one file (checked
+    /// after every other step), each with what it means.
+    pub duplicate_libraries: Vec<DuplicateLibrary>,
+    /// `HSA_OVERRIDE_GFX_VERSION`, when set: the arch the HIP runtime loads
+    /// code objects for instead of the GPU's own.
+    pub gfx_override: Option<GfxOverrideReport>,
     /// The environment variables that matter, with their values.
     pub environment: Vec<EnvVar>,
     /// Advice for each HIP device's architecture (empty without one).
@@ -200,6 +221,9 @@ impl Report {
             platform: Platform::detect(),
             hip_build: HipBuild::for_devices(&hip_devices),
             amdgpu_memory: amdgpu,
+            runtime_files: runtime_files(),
+            duplicate_libraries: duplicate_libraries(),
+            gfx_override: gfx_override(),
             environment,
             advice,
             self_tests: Vec::new(),
@@ -273,6 +297,8 @@ impl Report {
             let cells = matrix::conv3d_cells(kind, ordinal, &mut |name| step(name, progress));
             report.matrix.extend(cells);
         }
+        // After every step has loaded what it uses.
+        report.duplicate_libraries = duplicate_libraries();
         progress(&Progress {
             done: total,
             total,

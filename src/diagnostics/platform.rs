@@ -5,8 +5,6 @@
 //! `cuda` feature and are "unknown (reason)" otherwise. Nothing here needs
 //! a GPU, and nothing fails: what cannot be read is `None` or unknown.
 
-use std::ffi::CString;
-
 /// What the machine is, as far as rocm-safe cares.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Platform {
@@ -22,7 +20,8 @@ pub struct Platform {
     pub memory_total_bytes: Option<u64>,
     /// Available memory in bytes (`MemAvailable`), if readable.
     pub memory_available_bytes: Option<u64>,
-    /// The HIP runtime library (libamdhip64), if the loader finds it.
+    /// The HIP runtime library (libamdhip64: `.so.7`, `.so.6`, `.so.5`, `.so`),
+    /// the one in the process if any, else the loader's.
     pub hip_runtime: Option<Library>,
     /// The CUDA driver library (libcuda), if the loader finds it.
     pub cuda_driver: Option<Library>,
@@ -149,6 +148,13 @@ pub fn so_version(file_name: &str) -> Option<String> {
 impl Platform {
     /// Reads the platform facts. Never fails: what cannot be read is `None`.
     pub fn detect() -> Platform {
+        // The backends choose their runtime files first (a copy already in
+        // the process, their folders), so that the loader-path lookups
+        // below find those and never load another.
+        #[cfg(feature = "hip")]
+        let _ = crate::device::hip::runtime_library();
+        #[cfg(feature = "cuda")]
+        let _ = crate::device::vendor::nvrtc::library();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let (hip_runtime_version, hip_driver_version) = hip_versions();
         Platform {
@@ -158,14 +164,20 @@ impl Platform {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory_total_bytes: meminfo_field(&meminfo, "MemTotal:"),
             memory_available_bytes: meminfo_field(&meminfo, "MemAvailable:"),
-            hip_runtime: find_library(&["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"]),
-            cuda_driver: find_library(&["libcuda.so", "libcuda.so.1"]),
-            nvrtc: find_library(&[
+            hip_runtime: find_library(
+                "libamdhip64.so",
+                &[
+                    "libamdhip64.so.7",
+                    "libamdhip64.so.6",
+                    "libamdhip64.so.5",
+                    "libamdhip64.so",
+                ],
+            ),
+            cuda_driver: find_library("libcuda.so", &["libcuda.so.1", "libcuda.so"]),
+            nvrtc: find_library(
                 "libnvrtc.so",
-                "libnvrtc.so.13",
-                "libnvrtc.so.12",
-                "libnvrtc.so.11.2",
-            ]),
+                &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"],
+            ),
             hip_runtime_version,
             hip_driver_version,
             cuda_driver_version: cuda_version(),
@@ -201,87 +213,48 @@ fn cpu_model() -> Option<String> {
 
 pub(crate) use crate::device::host::meminfo_field;
 
-/// Opens the first of `sonames` the dynamic loader can find and reports
-/// where it resolved. A library this process has loaded already is looked
-/// up without loading it again (`RTLD_NOLOAD`). A library opened here is
-/// **never closed**: NVRTC (CUDA 13) aborts the process when it is loaded a
-/// second time after being unloaded (its LLVM registers its command-line
-/// options again: "Option 'disassemble' registered more than once"), seen
-/// when `Platform::detect` ran twice in one process. The backends load the
-/// same libraries anyway.
-fn find_library(sonames: &[&str]) -> Option<Library> {
-    sonames.iter().find_map(|name| {
-        let c = CString::new(*name).ok()?;
-        // SAFETY: `c` is a valid NUL-terminated string that outlives the
-        // call; RTLD_NOLOAD only returns a handle to an already loaded
-        // library and runs no code.
-        let mut handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-        if handle.is_null() {
-            // SAFETY: as above; RTLD_LAZY defers symbol resolution, so no
-            // library code beyond its initialisers runs. The handle is never
-            // closed (see above), so the library stays loaded.
-            handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
-        }
-        if handle.is_null() {
-            return None;
-        }
-        let path = library_path(handle);
-        let real_path = path
-            .as_ref()
-            .and_then(|p| std::fs::canonicalize(p).ok())
-            .map(|p| p.to_string_lossy().into_owned());
-        let file_version = real_path
-            .as_deref()
-            .and_then(|p| std::path::Path::new(p).file_name())
-            .and_then(|f| so_version(&f.to_string_lossy()))
-            .or_else(|| so_version(name));
-        Some(Library {
-            soname: (*name).to_owned(),
-            path,
-            real_path,
-            file_version,
-        })
+/// Finds the library of `sonames` (newest first) the way the backends open
+/// it ([`crate::device::dynlib`]): a copy already in the process first (by
+/// soname, then any mapped file whose name starts with `stem`), else the
+/// loader path; and reports where it resolved. So the doctor never maps a
+/// second copy beside one the process (PyTorch) already holds. A library
+/// opened here is **never closed**: NVRTC (CUDA 13) aborts the process when
+/// it is loaded a second time after being unloaded (its LLVM registers its
+/// command-line options again: "Option 'disassemble' registered more than
+/// once"), seen when `Platform::detect` ran twice in one process. The
+/// backends load the same libraries anyway.
+fn find_library(stem: &'static str, sonames: &[&'static str]) -> Option<Library> {
+    let spec = crate::device::dynlib::Spec {
+        what: stem,
+        sonames: sonames.to_vec(),
+        stem,
+        ..Default::default()
+    };
+    let lib = crate::device::dynlib::open(&spec).ok()?;
+    let path = lib.path().map(|p| p.to_string_lossy().into_owned());
+    let opened_as = match lib.found_by() {
+        crate::device::dynlib::FoundBy::InProcess(s)
+        | crate::device::dynlib::FoundBy::LoaderPath(s) => s.clone(),
+        _ => lib
+            .path()
+            .and_then(|p| p.file_name())
+            .map_or_else(|| stem.to_owned(), |f| f.to_string_lossy().into_owned()),
+    };
+    let real_path = path
+        .as_ref()
+        .and_then(|p| std::fs::canonicalize(p).ok())
+        .map(|p| p.to_string_lossy().into_owned());
+    let file_version = real_path
+        .as_deref()
+        .and_then(|p| std::path::Path::new(p).file_name())
+        .and_then(|f| so_version(&f.to_string_lossy()))
+        .or_else(|| so_version(&opened_as));
+    Some(Library {
+        soname: opened_as,
+        path,
+        real_path,
+        file_version,
     })
-}
-
-#[cfg(target_os = "linux")]
-fn library_path(handle: *mut libc::c_void) -> Option<String> {
-    let mut map: *mut libc::c_void = std::ptr::null_mut();
-    // SAFETY: `handle` is a live dlopen handle; RTLD_DI_LINKMAP writes a
-    // `struct link_map *` into `map`, which we pass as a pointer to a pointer.
-    let rc = unsafe {
-        libc::dlinfo(
-            handle,
-            libc::RTLD_DI_LINKMAP,
-            (&mut map as *mut *mut libc::c_void).cast(),
-        )
-    };
-    if rc != 0 || map.is_null() {
-        return None;
-    }
-    // glibc's link_map starts with `ElfW(Addr) l_addr; char *l_name;`.
-    #[repr(C)]
-    struct LinkMapHead {
-        l_addr: usize,
-        l_name: *const libc::c_char,
-    }
-    // SAFETY: dlinfo succeeded, so `map` points to the loader's live link_map
-    // for this handle, whose first two fields have the layout above; the handle
-    // is still open, so the name string is alive while we copy it.
-    let name = unsafe {
-        let head = &*(map as *const LinkMapHead);
-        if head.l_name.is_null() {
-            return None;
-        }
-        std::ffi::CStr::from_ptr(head.l_name)
-    };
-    let s = name.to_string_lossy().into_owned();
-    (!s.is_empty()).then_some(s)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn library_path(_handle: *mut libc::c_void) -> Option<String> {
-    None
 }
 
 #[cfg(test)]
@@ -321,12 +294,18 @@ mod tests {
 
     #[test]
     fn loader_finds_libc_and_not_nonsense() {
-        let libc = find_library(&["libc.so.6"]).expect("libc is loadable");
+        let libc = find_library("libc.so", &["libc.so.6"]).expect("libc is loadable");
         assert_eq!(libc.soname, "libc.so.6");
         if cfg!(target_os = "linux") {
             assert!(libc.path.as_deref().unwrap_or("").contains("libc"));
         }
-        assert_eq!(find_library(&["librocm-safe-does-not-exist.so"]), None);
+        assert_eq!(
+            find_library(
+                "librocm-safe-does-not-exist.so",
+                &["librocm-safe-does-not-exist.so"]
+            ),
+            None
+        );
         // libc.so.6 resolves to a real file whose name, or else the soname,
         // carries a version.
         assert!(libc.file_version.is_some(), "{libc:?}");

@@ -1,10 +1,17 @@
 //! MIOpen, the HIP backend's vendor convolution library, loaded at run time
-//! (`dlopen` of `libMIOpen.so.1` / `libMIOpen.so` through libc; never
-//! unloaded, as MIOpen keeps process-wide state). Only the calls the conv3d
+//! through [`dynlib`](crate::device::dynlib) with [`miopen_spec`]: a MIOpen
+//! already in the process first (PyTorch's), else the one beside the HIP
+//! runtime in use (the same ROCm), then `$ROCM_PATH/lib`, `$HIP_PATH/lib`,
+//! the loader path and `/opt/rocm/lib`. Never unloaded, as MIOpen keeps
+//! process-wide state. MIOpen links `libamdhip64` itself: when loading it
+//! brought a second HIP runtime into the process (a MIOpen of another
+//! ROCm), the vendor tier is refused with both files named (the library
+//! stays loaded: nothing is ever unloaded). Only the calls the conv3d
 //! vendor tier needs are bound, with the C signatures of MIOpen's
 //! `include/miopen/miopen.h`:
 //!
 //! ```c
+//! miopenStatus_t miopenGetVersion(size_t* major, size_t* minor, size_t* patch);
 //! miopenStatus_t miopenCreate(miopenHandle_t* handle);
 //! miopenStatus_t miopenDestroy(miopenHandle_t handle);
 //! miopenStatus_t miopenSetStream(miopenHandle_t handle, miopenAcceleratorQueue_t streamID);
@@ -50,14 +57,19 @@
 #![cfg_attr(not(feature = "hip"), allow(dead_code))]
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_int, c_void};
+#[cfg(feature = "hip")]
+use std::path::Path;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use super::libs::{bind_fn, miopen_spec, Loaded};
 use super::VendorBuffers;
 #[cfg(feature = "hip")]
 use super::VendorConv;
 use crate::conv3d::Conv3dGeometry;
 use crate::device::conv3d::Conv3dLaunch;
+use crate::device::dynlib::{self, Spec};
 use crate::device::info::DevicePtr;
 #[cfg(feature = "hip")]
 use crate::device::info::RawStream;
@@ -93,6 +105,9 @@ const _: () = assert!(std::mem::size_of::<ConvAlgoPerf>() == 16);
 /// The bound functions.
 #[derive(Debug)]
 pub(crate) struct Lib {
+    lib: dynlib::Lib,
+    /// `miopenGetVersion` (`"3.4.0"`), when the library has it.
+    version: Option<String>,
     create: unsafe extern "C" fn(*mut Handle) -> Status,
     destroy: unsafe extern "C" fn(Handle) -> Status,
     set_stream: unsafe extern "C" fn(Handle, *mut c_void) -> Status,
@@ -147,9 +162,6 @@ pub(crate) struct Lib {
     ) -> Status,
 }
 
-/// The library names tried, in order.
-const NAMES: &[&str] = &["libMIOpen.so.1", "libMIOpen.so"];
-
 fn unavailable(reason: String) -> Error {
     Error::VendorUnavailable {
         backend: "hip",
@@ -158,86 +170,122 @@ fn unavailable(reason: String) -> Error {
     }
 }
 
+fn library_result() -> &'static std::result::Result<Lib, String> {
+    static LIB: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let runtime = hip_runtime_file();
+        load(&miopen_spec(runtime.as_deref()))
+    })
+}
+
 /// The loaded library (loaded on the first call), or
 /// [`Error::VendorUnavailable`] saying why it cannot be used.
 pub(crate) fn library() -> Result<&'static Lib> {
-    static LIB: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
-    LIB.get_or_init(|| load(NAMES))
+    library_result()
         .as_ref()
         .map_err(|reason| unavailable(reason.clone()))
 }
 
-fn dlerror() -> String {
-    // SAFETY: dlerror returns null or a NUL-terminated string valid until
-    // the next dl* call on this thread; it is copied at once.
-    let p = unsafe { libc::dlerror() };
-    if p.is_null() {
-        return "unknown dlopen error".into();
-    }
-    // SAFETY: non-null and NUL-terminated (above).
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+/// The MIOpen in use (opening it if need be), or why there is none: for
+/// the doctor.
+pub(crate) fn loaded() -> std::result::Result<Loaded, String> {
+    library_result()
+        .as_ref()
+        .map(Lib::loaded)
+        .map_err(Clone::clone)
 }
 
-/// Opens the first of `names` that loads and binds the functions.
-fn load(names: &[&str]) -> std::result::Result<Lib, String> {
-    let mut errors = Vec::new();
-    for name in names {
-        let Ok(cname) = CString::new(*name) else {
-            continue;
-        };
-        // SAFETY: dlopen of a NUL-terminated name; the library's
-        // initialisers run. The handle is never closed (MIOpen keeps
-        // process-wide state), so the bound functions stay valid.
-        let h = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if h.is_null() {
-            errors.push(dlerror());
-            continue;
-        }
-        // SAFETY: `h` is a live handle that is never closed.
-        return unsafe { bind(h) }.map_err(|sym| format!("{name}: symbol {sym} not found"));
+/// The file of the HIP runtime the HIP backend uses (opening it if need
+/// be), so that MIOpen is looked for beside it.
+#[cfg(feature = "hip")]
+fn hip_runtime_file() -> Option<PathBuf> {
+    crate::device::hip::runtime_library()
+        .and_then(|l| l.path().map(Path::to_path_buf))
+        .or_else(super::libs::hip_runtime_path)
+}
+
+/// Without the HIP backend: the first HIP runtime mapped, if any.
+#[cfg(not(feature = "hip"))]
+fn hip_runtime_file() -> Option<PathBuf> {
+    super::libs::hip_runtime_path()
+}
+
+/// Why the process cannot use MIOpen when it maps `copies` (the distinct
+/// `libamdhip64` files) after loading `miopen`: `None` for one (or none).
+pub(crate) fn second_runtime_reason(miopen: &str, copies: &[PathBuf]) -> Option<String> {
+    (copies.len() > 1).then(|| {
+        let list: Vec<String> = copies.iter().map(|p| p.display().to_string()).collect();
+        format!(
+            "{miopen} brought a second HIP runtime into the process ({} are all mapped): its \
+             calls would use another runtime's streams and memory, so the vendor tier is not \
+             used (the library stays loaded: nothing is unloaded); point {} at the MIOpen of \
+             the ROCm the HIP runtime comes from",
+            list.join(", "),
+            super::libs::MIOPEN_VAR
+        )
+    })
+}
+
+/// Opens MIOpen by `spec`, binds the functions, and refuses it when the
+/// process then maps two HIP runtimes; the message says why not.
+pub(crate) fn load(spec: &Spec) -> std::result::Result<Lib, String> {
+    let lib = dynlib::open(spec).map_err(|e| e.to_string())?;
+    let at = lib
+        .path()
+        .map_or_else(|| "MIOpen".to_owned(), |p| p.display().to_string());
+    // SAFETY: the library is a libMIOpen (found by its names), never closed.
+    let bound = unsafe { bind(lib) }.map_err(|sym| format!("{at}: symbol {sym} not found"))?;
+    if let Some(why) = second_runtime_reason(&at, &super::libs::hip_runtime_copies()) {
+        return Err(why);
     }
-    Err(format!(
-        "not found on the loader path ({})",
-        errors.join("; ")
-    ))
+    Ok(bound)
 }
 
 /// # Safety
-/// `h` is a live dlopen handle that is never closed.
-// The transmutes' target types are the `Lib` fields' declared signatures
-// (written once, there), inferred from the field each `sym!` initialises.
-#[allow(clippy::missing_transmute_annotations)]
-unsafe fn bind(h: *mut c_void) -> std::result::Result<Lib, &'static str> {
-    macro_rules! sym {
-        ($name:literal) => {{
-            let c: &CStr = $name;
-            // SAFETY: `h` is live (caller); `c` is NUL-terminated.
-            let p = unsafe { libc::dlsym(h, c.as_ptr() as *const c_char) };
-            if p.is_null() {
-                return Err(c.to_str().unwrap_or("?"));
-            }
-            // SAFETY: the symbol is MIOpen's exported C function of this
-            // name, whose signature (miopen.h, quoted in the module docs)
-            // is the field's function pointer type; a data pointer and a
-            // function pointer have the same size on the supported targets.
-            unsafe { std::mem::transmute::<*mut c_void, _>(p) }
-        }};
+/// `lib` is MIOpen's library; it is never closed.
+unsafe fn bind(lib: dynlib::Lib) -> std::result::Result<Lib, &'static str> {
+    // SAFETY: (every bind below) each field's type is the C signature of
+    // the function of that name in miopen.h (module docs), enums as int;
+    // the library is never closed.
+    let version = unsafe {
+        bind_fn::<unsafe extern "C" fn(*mut usize, *mut usize, *mut usize) -> Status>(
+            &lib,
+            c"miopenGetVersion",
+        )
     }
-    Ok(Lib {
-        create: sym!(c"miopenCreate"),
-        destroy: sym!(c"miopenDestroy"),
-        set_stream: sym!(c"miopenSetStream"),
-        create_tensor: sym!(c"miopenCreateTensorDescriptor"),
-        set_tensor: sym!(c"miopenSetTensorDescriptor"),
-        destroy_tensor: sym!(c"miopenDestroyTensorDescriptor"),
-        create_conv: sym!(c"miopenCreateConvolutionDescriptor"),
-        init_conv_nd: sym!(c"miopenInitConvolutionNdDescriptor"),
-        set_group_count: sym!(c"miopenSetConvolutionGroupCount"),
-        destroy_conv: sym!(c"miopenDestroyConvolutionDescriptor"),
-        workspace: sym!(c"miopenConvolutionForwardGetWorkSpaceSize"),
-        find: sym!(c"miopenFindConvolutionForwardAlgorithm"),
-        forward: sym!(c"miopenConvolutionForward"),
-    })
+    .ok()
+    .and_then(|f| {
+        let (mut a, mut b, mut c) = (0usize, 0usize, 0usize);
+        // SAFETY: writes three size_t.
+        (unsafe { f(&mut a, &mut b, &mut c) } == 0).then(|| format!("{a}.{b}.{c}"))
+    });
+    // SAFETY: as above.
+    unsafe {
+        Ok(Lib {
+            version,
+            create: bind_fn(&lib, c"miopenCreate")?,
+            destroy: bind_fn(&lib, c"miopenDestroy")?,
+            set_stream: bind_fn(&lib, c"miopenSetStream")?,
+            create_tensor: bind_fn(&lib, c"miopenCreateTensorDescriptor")?,
+            set_tensor: bind_fn(&lib, c"miopenSetTensorDescriptor")?,
+            destroy_tensor: bind_fn(&lib, c"miopenDestroyTensorDescriptor")?,
+            create_conv: bind_fn(&lib, c"miopenCreateConvolutionDescriptor")?,
+            init_conv_nd: bind_fn(&lib, c"miopenInitConvolutionNdDescriptor")?,
+            set_group_count: bind_fn(&lib, c"miopenSetConvolutionGroupCount")?,
+            destroy_conv: bind_fn(&lib, c"miopenDestroyConvolutionDescriptor")?,
+            workspace: bind_fn(&lib, c"miopenConvolutionForwardGetWorkSpaceSize")?,
+            find: bind_fn(&lib, c"miopenFindConvolutionForwardAlgorithm")?,
+            forward: bind_fn(&lib, c"miopenConvolutionForward")?,
+            lib,
+        })
+    }
+}
+
+impl Lib {
+    /// What the doctor shows of this copy.
+    pub(crate) fn loaded(&self) -> Loaded {
+        Loaded::of(&self.lib, self.version.clone())
+    }
 }
 
 /// The name of a `miopenStatus_t` code.
@@ -608,12 +656,35 @@ mod tests {
 
     #[test]
     fn missing_library_and_symbols_are_typed() {
-        let e = load(&["libMIOpen-rocm-safe-absent.so"]).unwrap_err();
-        assert!(e.contains("not found on the loader path"), "{e}");
-        assert!(e.contains("libMIOpen-rocm-safe-absent.so"), "{e}");
+        let spec = Spec {
+            what: "MIOpen (libMIOpen)",
+            sonames: vec!["libMIOpen-rocm-safe-absent.so.1"],
+            stem: "libMIOpen-rocm-safe-absent.so",
+            folders: vec![(
+                "/nonexistent/rocm/lib".into(),
+                "the HIP runtime's folder".into(),
+            )],
+            ..Spec::default()
+        };
+        let e = load(&spec).unwrap_err();
+        assert!(e.starts_with("MIOpen (libMIOpen) not found; tried "), "{e}");
+        assert!(
+            e.contains("the HIP runtime's folder (/nonexistent/rocm/lib)"),
+            "{e}"
+        );
+        assert!(
+            e.contains("loader path libMIOpen-rocm-safe-absent.so.1"),
+            "{e}"
+        );
         // A library that loads but is not MIOpen.
-        let e = load(&["libc.so.6"]).unwrap_err();
-        assert_eq!(e, "libc.so.6: symbol miopenCreate not found");
+        let libc = Spec {
+            what: "MIOpen",
+            sonames: vec!["libc.so.6"],
+            stem: "libc.so",
+            ..Spec::default()
+        };
+        let e = load(&libc).unwrap_err();
+        assert!(e.ends_with(": symbol miopenCreate not found"), "{e}");
         // This machine's MIOpen: either absent (a typed error naming it)
         // or present and bound.
         match library() {
@@ -621,10 +692,40 @@ mod tests {
                 backend: "hip",
                 library: "libMIOpen",
                 reason,
-            }) => assert!(reason.contains("libMIOpen"), "{reason}"),
+            }) => {
+                assert!(reason.contains("libMIOpen"), "{reason}");
+                assert_eq!(loaded(), Err(reason));
+            }
             Err(other) => panic!("{other}"),
-            // Loaded: `load` returns Ok only when every symbol was bound.
-            Ok(lib) => assert!(format!("{lib:?}").contains("create")),
+            // Loaded: `load` returns Ok only when every symbol was bound
+            // and one HIP runtime is mapped.
+            Ok(lib) => {
+                assert!(format!("{lib:?}").contains("create"));
+                assert!(super::super::libs::hip_runtime_copies().len() <= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_second_hip_runtime_refuses_miopen_naming_both() {
+        assert_eq!(
+            second_runtime_reason("/opt/rocm/lib/libMIOpen.so.1", &[]),
+            None
+        );
+        let one = [PathBuf::from("/opt/rocm/lib/libamdhip64.so.7")];
+        assert_eq!(second_runtime_reason("m", &one), None);
+        let two = [
+            PathBuf::from("/venv/torch/lib/libamdhip64.so"),
+            PathBuf::from("/opt/rocm-6.4.0/lib/libamdhip64.so.6.4.60400"),
+        ];
+        let why = second_runtime_reason("/opt/rocm-6.4.0/lib/libMIOpen.so.1", &two).unwrap();
+        for part in [
+            "/opt/rocm-6.4.0/lib/libMIOpen.so.1 brought a second HIP runtime",
+            "/venv/torch/lib/libamdhip64.so, /opt/rocm-6.4.0/lib/libamdhip64.so.6.4.60400",
+            "the library stays loaded",
+            "ROCM_SAFE_MIOPEN",
+        ] {
+            assert!(why.contains(part), "{part:?} missing from {why}");
         }
     }
 

@@ -1,12 +1,23 @@
-//! Vendor convolution libraries (MIOpen on HIP, cuDNN on CUDA): the
-//! [`VendorConv`] interface each binds, the buffers kept between calls, and
-//! the vendor call both GPU runtimes make ([`vendor_conv3d`]).
+//! Vendor libraries loaded at run time: the convolution libraries (MIOpen
+//! on HIP, cuDNN on CUDA) with the [`VendorConv`] interface each binds, the
+//! buffers kept between calls and the vendor call both GPU runtimes make
+//! ([`vendor_conv3d`]); and NVRTC, CUDA's run-time compiler (`nvrtc.rs`).
+//!
+//! Each library is bound here, function by function, with the C signatures
+//! of its header (quoted in its file's docs), statuses as plain integers,
+//! and opened through [`dynlib`](super::dynlib): a copy already in the
+//! process first, so that inside a PyTorch process the crate uses
+//! PyTorch's cuDNN, NVRTC and MIOpen and never maps a second copy beside
+//! them. Nothing here is ever unloaded.
 #![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", test))]
 pub(crate) mod cudnn;
+pub(crate) mod libs;
 #[cfg(any(feature = "hip", test))]
 pub(crate) mod miopen;
+#[cfg(any(feature = "cuda", test))]
+pub(crate) mod nvrtc;
 
 use super::backend::Driver;
 use super::conv3d::Conv3dLaunch;
