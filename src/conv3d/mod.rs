@@ -11,15 +11,25 @@
 //!   (what every tier is tested, and each result sampled, against).
 //! - [`conv3d_cpu`] is the CPU kernel (rayon; AVX2/AVX-512 register tiles
 //!   chosen at run time), every tier's last resort.
+//! - [`Conv3dBackwardProblem`] (`backward.rs`): the gradients of a conv3d
+//!   (input, weight, bias: [`Conv3dBackwardOp`]) and the transposed
+//!   convolution ([`Conv3dGeometry::transposed`]), their f64 references
+//!   ([`backward_reference_point`]) and CPU kernels
+//!   ([`conv3d_backward_cpu`]).
 //!
 //! This module sits below [`device`](crate::device) (whose host backend
 //! runs the CPU kernel and whose kernels take a [`Conv3dGeometry`]); it
 //! imports nothing above it.
 
+mod backward;
 mod cpu;
 mod params;
 mod reference;
 
+pub use backward::{
+    backward_reference, backward_reference_point, conv3d_backward_cpu, Conv3dBackwardOp,
+    Conv3dBackwardProblem,
+};
 pub use cpu::{conv3d_cpu, conv3d_cpu_with, release_cpu_scratch, CpuKernel};
 pub use params::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem, ShapeDim};
 pub use reference::{reference, reference_point, sample_index, RefPoint};

@@ -80,7 +80,7 @@ impl DeviceConv3dData<'_> {
         }
     }
 
-    fn check_device(&self, stream: &Stream, op: &'static str) -> Result<()> {
+    pub(super) fn check_device(&self, stream: &Stream, op: &'static str) -> Result<()> {
         if stream.device().same(self.device()) {
             Ok(())
         } else {
@@ -88,7 +88,7 @@ impl DeviceConv3dData<'_> {
         }
     }
 
-    fn to_host(self, stream: &Stream) -> Result<HostData> {
+    pub(super) fn to_host(self, stream: &Stream) -> Result<HostData> {
         Ok(match self {
             DeviceConv3dData::F32(v) => HostData::F32(v.to_vec(stream)?),
             DeviceConv3dData::BF16(v) => HostData::BF16(v.to_vec(stream)?),
@@ -96,7 +96,7 @@ impl DeviceConv3dData<'_> {
     }
 
     /// Queues adding its NaN and Inf counts to `counts` (two words).
-    fn count_nonfinite_into(
+    pub(super) fn count_nonfinite_into(
         &self,
         stream: &Stream,
         counts: &mut DeviceViewMut<'_, u64>,
@@ -110,13 +110,13 @@ impl DeviceConv3dData<'_> {
 
 /// A host copy of a device operand.
 #[derive(Debug)]
-enum HostData {
+pub(super) enum HostData {
     F32(Vec<f32>),
     BF16(Vec<bf16>),
 }
 
 impl HostData {
-    fn data(&self) -> Conv3dData<'_> {
+    pub(super) fn data(&self) -> Conv3dData<'_> {
         match self {
             HostData::F32(v) => Conv3dData::F32(v),
             HostData::BF16(v) => Conv3dData::BF16(v),
@@ -212,10 +212,10 @@ pub(super) fn run_on_host_then_copy(
 
 /// Words at the start of the check buffer: output counts (2), input,
 /// weight and bias counts (2 each), the locate slot (1), padding.
-const HEADER: usize = 16;
-const OUT_COUNTS: std::ops::Range<usize> = 0..2;
-const IN_COUNTS: [std::ops::Range<usize>; 3] = [2..4, 4..6, 6..8];
-const LOCATE_SLOT: usize = 8;
+pub(super) const HEADER: usize = 16;
+pub(super) const OUT_COUNTS: std::ops::Range<usize> = 0..2;
+pub(super) const IN_COUNTS: [std::ops::Range<usize>; 3] = [2..4, 4..6, 6..8];
+pub(super) const LOCATE_SLOT: usize = 8;
 
 /// The device buffers [`Conv3dChain::run_device`] reuses across calls on
 /// one device: the bias widened to f32 (bf16 biases only) and the check's
@@ -228,9 +228,9 @@ const LOCATE_SLOT: usize = 8;
 pub(crate) struct DeviceScratch {
     device: Device,
     /// An owned stream of `device`, for the allocations only.
-    alloc_on: Stream,
-    bias: Option<DeviceBuffer<f32>>,
-    check: Option<DeviceBuffer<u64>>,
+    pub(super) alloc_on: Stream,
+    pub(super) bias: Option<DeviceBuffer<f32>>,
+    pub(super) check: Option<DeviceBuffer<u64>>,
 }
 
 impl DeviceScratch {
@@ -245,7 +245,7 @@ impl DeviceScratch {
 
     /// A buffer of at least `len` elements in `slot`, reused when large
     /// enough (contents unspecified).
-    fn ensure<'s, T: bytemuck::Pod>(
+    pub(super) fn ensure<'s, T: bytemuck::Pod>(
         alloc_on: &Stream,
         slot: &'s mut Option<DeviceBuffer<T>>,
         len: usize,
@@ -262,13 +262,13 @@ impl DeviceScratch {
 
 /// The chain's scratch for one call: the shared one (locked), or a
 /// call's own when another thread holds it.
-enum ScratchGuard<'c> {
+pub(super) enum ScratchGuard<'c> {
     Shared(MutexGuard<'c, Option<DeviceScratch>>),
     Own(DeviceScratch),
 }
 
 impl ScratchGuard<'_> {
-    fn get(&mut self) -> Result<&mut DeviceScratch> {
+    pub(super) fn get(&mut self) -> Result<&mut DeviceScratch> {
         match self {
             ScratchGuard::Own(s) => Ok(s),
             ScratchGuard::Shared(g) => g.as_mut().ok_or(Error::Conv3dTier {
@@ -281,7 +281,7 @@ impl ScratchGuard<'_> {
 
 impl Conv3dChain {
     /// The scratch buffers of `device` for one call.
-    fn scratch_for(&self, device: &Device) -> Result<ScratchGuard<'_>> {
+    pub(super) fn scratch_for(&self, device: &Device) -> Result<ScratchGuard<'_>> {
         let mut g = match self.scratch.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -670,7 +670,7 @@ fn validate<D: ShapeDim>(
     Ok(g)
 }
 
-fn located_nothing() -> Error {
+pub(super) fn located_nothing() -> Error {
     Error::Conv3dTier {
         tier: "check",
         reason: "the scan counted a non-finite output value the locate pass did not find",
@@ -678,7 +678,7 @@ fn located_nothing() -> Error {
 }
 
 /// The first `used` words of `check`, read back on `s` (waits for it).
-fn read_words(s: &Stream, check: &DeviceBuffer<u64>, used: usize) -> Result<Vec<u64>> {
+pub(super) fn read_words(s: &Stream, check: &DeviceBuffer<u64>, used: usize) -> Result<Vec<u64>> {
     let mut words = vec![0u64; used];
     check.slice(..used)?.copy_dtoh(s, &mut words)?;
     Ok(words)

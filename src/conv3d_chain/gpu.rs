@@ -19,9 +19,15 @@
 
 use std::sync::Mutex;
 
+use super::backward::{run_backward_on_host_then_copy, run_backward_views};
 use super::device_run::run_on_host_then_copy;
-use super::{Conv3dTier, CpuTier, DeviceConv3dData, DeviceOperands, Support, TierKind};
-use crate::conv3d::{Conv3dData, Conv3dGeometry, Conv3dProblem};
+use super::{
+    Conv3dTier, CpuTier, DeviceBackwardOperands, DeviceConv3dData, DeviceOperands, Support,
+    TierKind,
+};
+use crate::conv3d::{
+    Conv3dBackwardOp, Conv3dBackwardProblem, Conv3dData, Conv3dGeometry, Conv3dProblem,
+};
 use crate::convert::Element;
 use crate::device::{
     Conv3dKernel, Conv3dWeightLayout, Device, DeviceBuffer, DeviceView, DeviceViewMut, Event,
@@ -205,6 +211,74 @@ fn run_views<T: Element + Default>(
     }
 }
 
+/// Upload, run the backward op of `p` on `device`, download into `out`.
+fn run_backward_on(device: &Device, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
+    let s = device.stream()?;
+    match (p.grad_output, p.other) {
+        (Conv3dData::F32(dy), Some(Conv3dData::F32(o))) => backward_typed(&s, p, dy, Some(o), out),
+        (Conv3dData::F32(dy), None) => backward_typed::<f32>(&s, p, dy, None, out),
+        (Conv3dData::BF16(dy), Some(Conv3dData::BF16(o))) => {
+            backward_typed(&s, p, dy, Some(o), out)
+        }
+        (Conv3dData::BF16(dy), None) => backward_typed::<half::bf16>(&s, p, dy, None, out),
+        (dy, Some(o)) => Err(crate::Error::Conv3dDType {
+            tensor: "input",
+            dtype: o.dtype(),
+            expected: dy.dtype(),
+        }),
+    }
+}
+
+fn backward_typed<T: Element + Default>(
+    s: &Stream,
+    p: &Conv3dBackwardProblem<'_>,
+    dy: &[T],
+    other: Option<&[T]>,
+    out: &mut [f32],
+) -> Result<()> {
+    let g = &p.geometry;
+    let dyd = s.clone_htod(dy)?;
+    let od = other.map(|o| s.clone_htod(o)).transpose()?;
+    let bd = match p.bias {
+        Some(b) => {
+            let v: Vec<f32> = (0..g.in_channels)
+                .map(|c| b.get_f32(c).unwrap_or(0.0))
+                .collect();
+            Some(s.clone_htod(&v)?)
+        }
+        None => None,
+    };
+    let mut y = s.alloc_zeros::<f32>(p.output_len())?;
+    let (dyv, ov) = (dyd.view(), od.as_ref().map(|o| o.view()));
+    match (p.op, ov) {
+        (Conv3dBackwardOp::Data, Some(w)) => s.conv3d_backward_data(
+            g,
+            &dyv,
+            &w,
+            bd.as_ref().map(|b| b.view()),
+            &mut y.view_mut(),
+        )?,
+        (Conv3dBackwardOp::Weight, Some(x)) => {
+            s.conv3d_backward_weight(g, &x, &dyv, &mut y.view_mut())?
+        }
+        (Conv3dBackwardOp::Bias, None) => s.conv3d_backward_bias(g, &dyv, &mut y.view_mut())?,
+        _ => {
+            return Err(crate::Error::Conv3dTier {
+                tier: "naive",
+                reason: "a backward op without its operands",
+            })
+        }
+    }
+    // Waits for the stream.
+    y.copy_dtoh(out)
+}
+
+/// Why the vendor tier takes no backward op.
+const VENDOR_NO_BACKWARD: &str = concat!(
+    "the vendor bindings have no backward call (cudnnConvolutionBackwardData/Filter, ",
+    "miopenConvolutionBackwardData/Weights are not bound): the naive tier's gather kernels serve"
+);
+
 /// The vendor library of a device as a tier: MIOpen (HIP), cuDNN (CUDA).
 /// Skipped as unavailable where the library is not installed (and always
 /// on the host backend, which has none).
@@ -261,6 +335,10 @@ impl Conv3dTier for VendorTier {
     ) -> Result<()> {
         run_device_on(&self.device, Op::Vendor, self, &self.layouts, ops, out)
     }
+    /// Unavailable: the vendor bindings have no backward call.
+    fn support_backward(&self, _: Conv3dBackwardOp, _: &Conv3dGeometry) -> Support {
+        Support::Unavailable(VENDOR_NO_BACKWARD.into())
+    }
 }
 
 /// The tiled implicit-GEMM kernel on a device as a tier. Skips what the
@@ -313,6 +391,13 @@ impl Conv3dTier for TiledTier {
         let op = Op::Kernel(Conv3dKernel::Tiled);
         run_device_on(&self.device, op, self, &self.layouts, ops, out)
     }
+    /// Unsupported: there is no tiled backward kernel (the naive tier's
+    /// gather kernels serve).
+    fn support_backward(&self, _: Conv3dBackwardOp, _: &Conv3dGeometry) -> Support {
+        Support::Unsupported(
+            "no tiled backward kernel: the naive tier's gather kernels serve".into(),
+        )
+    }
 }
 
 /// The naive kernel (one thread per output point) on a device as a tier.
@@ -355,6 +440,30 @@ impl Conv3dTier for NaiveTier {
     ) -> Result<()> {
         let op = Op::Kernel(Conv3dKernel::Naive);
         run_device_on(&self.device, op, self, &self.layouts, ops, out)
+    }
+    /// The gather kernels `conv3d_bwd_*` take every backward op but
+    /// zero-size ones.
+    fn support_backward(&self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
+        match op.unsupported(g) {
+            Some(why) => Support::Unsupported(why.into()),
+            None => Support::Yes,
+        }
+    }
+    fn run_backward(&self, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
+        run_backward_on(&self.device, p, out)
+    }
+    /// On operands of this device: the kernels read and write in place on
+    /// the caller's stream; otherwise the host path.
+    fn run_backward_device(
+        &self,
+        ops: &DeviceBackwardOperands<'_, '_>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        if ops.stream.device().same(&self.device) {
+            run_backward_views(ops, out)
+        } else {
+            run_backward_on_host_then_copy(self, ops, out)
+        }
     }
 }
 

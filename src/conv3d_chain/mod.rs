@@ -35,17 +35,27 @@
 //! (HIP, then CUDA) and otherwise puts [`UnavailableTier`]s (saying why)
 //! before the CPU tier.
 //!
+//! - The backward ops (`backward.rs`): the gradients of a conv3d and the
+//!   transposed convolution ([`Conv3dChain::run_backward`],
+//!   [`Conv3dChain::backward_device`], [`Conv3dChain::backward_bias_device`],
+//!   [`Conv3dChain::conv_transpose3d_device`]) through the tiers that take
+//!   them ([`Conv3dTier::support_backward`]: the naive GPU kernels and the
+//!   CPU), with the same checks and reports.
+//!
 //! Files: `tier.rs` (what a tier is, the CPU and unavailable tiers),
 //! `gpu.rs` (the tiers of a device), `chain.rs` (the chain and its
-//! checks), `device_run.rs` (the chain over device memory), `report.rs`
-//! (reports and statistics).
+//! checks), `device_run.rs` (the chain over device memory), `backward.rs`
+//! (gradients and the transposed convolution), `report.rs` (reports and
+//! statistics).
 
+mod backward;
 mod chain;
 mod device_run;
 mod gpu;
 mod report;
 mod tier;
 
+pub use backward::{BackwardInputs, DeviceBackwardOperands};
 pub use chain::{Conv3dChain, Conv3dOptions};
 pub use device_run::{DeviceConv3dData, DeviceOperands};
 pub use gpu::{device_tiers, NaiveTier, TiledTier, VendorTier};

@@ -5,8 +5,11 @@
 
 use std::fmt;
 
-use super::DeviceOperands;
-use crate::conv3d::{conv3d_cpu, Conv3dProblem};
+use super::{DeviceBackwardOperands, DeviceOperands};
+use crate::conv3d::{
+    conv3d_backward_cpu, conv3d_cpu, Conv3dBackwardOp, Conv3dBackwardProblem, Conv3dGeometry,
+    Conv3dProblem,
+};
 use crate::device::DeviceViewMut;
 use crate::error::{Error, Result};
 
@@ -108,6 +111,36 @@ pub trait Conv3dTier: Send + Sync {
     ) -> Result<()> {
         super::device_run::run_on_host_then_copy(self, ops, out)
     }
+    /// Whether this tier can take the backward op `op` (a gradient or the
+    /// transposed convolution, [`crate::conv3d::Conv3dBackwardProblem`])
+    /// of the forward convolution `g`, on the host or on a device. The
+    /// default: unsupported (a tier without backward ops is skipped).
+    fn support_backward(&self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
+        let _ = (op, g);
+        Support::Unsupported(format!("the {} tier has no backward ops", self.name()))
+    }
+    /// Computes the backward problem `p` into `out` (f32, the result's
+    /// length). The default: an error (the chain calls it only on
+    /// [`Support::Yes`] from [`support_backward`](Self::support_backward)).
+    fn run_backward(&self, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
+        let _ = (p, out);
+        Err(Error::Conv3dTier {
+            tier: "backward",
+            reason: "this tier has no backward ops",
+        })
+    }
+    /// Computes the device backward call `ops` into device memory `out`
+    /// (f32, the result's length) with its work on `ops.stream`. The
+    /// default runs [`run_backward`](Self::run_backward) on host copies of
+    /// the operands and copies the result in; the naive tier of
+    /// `ops.stream`'s device reads them in place.
+    fn run_backward_device(
+        &self,
+        ops: &DeviceBackwardOperands<'_, '_>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        super::backward::run_backward_on_host_then_copy(self, ops, out)
+    }
 }
 
 /// The CPU tier as a [`Conv3dTier`]: every parameter set, always available.
@@ -129,6 +162,12 @@ impl Conv3dTier for CpuTier {
     }
     fn run(&self, problem: &Conv3dProblem<'_>, out: &mut [f32]) -> Result<()> {
         conv3d_cpu(problem, out)
+    }
+    fn support_backward(&self, _: Conv3dBackwardOp, _: &Conv3dGeometry) -> Support {
+        Support::Yes
+    }
+    fn run_backward(&self, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
+        conv3d_backward_cpu(p, out)
     }
 }
 
@@ -153,6 +192,9 @@ impl Conv3dTier for UnavailableTier {
         Support::Unavailable(self.reason.clone())
     }
     fn support_device(&self, _: &DeviceOperands<'_, '_>) -> Support {
+        Support::Unavailable(self.reason.clone())
+    }
+    fn support_backward(&self, _: Conv3dBackwardOp, _: &Conv3dGeometry) -> Support {
         Support::Unavailable(self.reason.clone())
     }
     fn run(&self, _: &Conv3dProblem<'_>, _: &mut [f32]) -> Result<()> {

@@ -13,7 +13,8 @@
 //! forwarding list is written twice.
 
 use super::conv3d::{
-    Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
+    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch,
+    Conv3dLayoutLaunch, Conv3dWeightLayout,
 };
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
@@ -255,6 +256,10 @@ pub unsafe trait Backend: Driver {
                 tier: kernel.name(),
                 reason: "this backend has no conv3d kernels",
             }),
+            (None, KernelOp::Conv3dBackward { .. }) => Err(Error::Conv3dTier {
+                tier: "naive",
+                reason: "this backend has no conv3d backward kernels",
+            }),
             (None, KernelOp::Conv3dVendor { .. }) => Err(no_vendor(self.info().kind)),
             (None, op) => Err(Error::BackendUnsupported {
                 backend: self.info().kind.name(),
@@ -430,6 +435,21 @@ pub enum KernelOp<'a> {
         /// The rearrangement.
         args: &'a Conv3dLayoutLaunch,
     },
+    /// A backward op of a conv3d (`conv3d_bwd_{data,weight,bias}_*`: the
+    /// input's gradient, which is also the transposed convolution, the
+    /// weight's, the bias's), the f32 result written in full. The host
+    /// backend computes it on the CPU.
+    Conv3dBackward {
+        /// The call.
+        args: &'a Conv3dBackwardLaunch,
+    },
+    /// The conv3d chain's check of a backward result on the device
+    /// (`conv3d_bwd_check_*`, and with a locate slot first
+    /// `conv3d_locate_nonfinite_f32`), as [`KernelOp::Conv3dCheck`].
+    Conv3dBackwardCheck {
+        /// The check.
+        args: &'a Conv3dBackwardCheckLaunch,
+    },
 }
 
 impl KernelOp<'_> {
@@ -445,6 +465,8 @@ impl KernelOp<'_> {
             KernelOp::Conv3dVendor { .. } => "conv3d_vendor",
             KernelOp::Conv3dCheck { .. } => "conv3d_check",
             KernelOp::Conv3dLayout { .. } => "conv3d_layout",
+            KernelOp::Conv3dBackward { .. } => "conv3d_backward",
+            KernelOp::Conv3dBackwardCheck { .. } => "conv3d_backward_check",
         }
     }
 }

@@ -19,6 +19,9 @@
 //! | `Conv3dWritesNonFinite` | conv3d kernels and vendor calls | the call runs, then one output point (at a seeded place) is set to NaN |
 //! | `VendorNoAlgorithm` | vendor conv3d calls | the call fails as MIOpen's "no suitable algorithm" does ([`Error::InjectedFault`]) |
 //! | `Conv3dCheckFailure` | the conv3d chain's device checks | the check fails ([`Error::InjectedFault`]): the output it was to check is not trusted |
+//! | `Conv3dBackwardLaunchFailure` | conv3d backward kernels (gradients, transposed convolution) | the call fails ([`Error::InjectedFault`]) |
+//! | `Conv3dBackwardWritesGarbage` | conv3d backward kernels | the call runs, then its whole result is overwritten with seeded finite values of magnitude up to 1e4 |
+//! | `Conv3dBackwardWritesNonFinite` | conv3d backward kernels | the call runs, then one result element (at a seeded place) is set to NaN |
 //!
 //! Which operations are hit is decided by each rule's [`When`], counting
 //! the operations a kind applies to; [`When::Random`] draws from a
@@ -67,10 +70,16 @@ pub enum FaultKind {
     VendorNoAlgorithm,
     /// The conv3d chain's device check ([`KernelOp::Conv3dCheck`]) fails.
     Conv3dCheckFailure,
+    /// A conv3d backward kernel ([`KernelOp::Conv3dBackward`]) fails.
+    Conv3dBackwardLaunchFailure,
+    /// A conv3d backward kernel writes garbage (finite values).
+    Conv3dBackwardWritesGarbage,
+    /// A conv3d backward kernel writes a NaN.
+    Conv3dBackwardWritesNonFinite,
 }
 
 impl FaultKind {
-    const ALL: [FaultKind; 15] = [
+    const ALL: [FaultKind; 18] = [
         FaultKind::CopyLandsZeros,
         FaultKind::CopyLandsGarbage,
         FaultKind::CopyLandsStale,
@@ -86,6 +95,9 @@ impl FaultKind {
         FaultKind::Conv3dWritesNonFinite,
         FaultKind::VendorNoAlgorithm,
         FaultKind::Conv3dCheckFailure,
+        FaultKind::Conv3dBackwardLaunchFailure,
+        FaultKind::Conv3dBackwardWritesGarbage,
+        FaultKind::Conv3dBackwardWritesNonFinite,
     ];
 
     fn index(self) -> usize {
@@ -111,6 +123,9 @@ impl std::fmt::Display for FaultKind {
             FaultKind::Conv3dWritesNonFinite => "conv3d writes a nan",
             FaultKind::VendorNoAlgorithm => "vendor library finds no algorithm",
             FaultKind::Conv3dCheckFailure => "conv3d check failure",
+            FaultKind::Conv3dBackwardLaunchFailure => "conv3d backward launch failure",
+            FaultKind::Conv3dBackwardWritesGarbage => "conv3d backward writes garbage",
+            FaultKind::Conv3dBackwardWritesNonFinite => "conv3d backward writes a nan",
         };
         f.write_str(s)
     }
@@ -370,19 +385,42 @@ impl<B: Backend> Faults<B> {
         s: RawStream,
         run: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
+        let kinds = OutputFaults {
+            launch: FaultKind::Conv3dLaunchFailure,
+            zeros: Some(FaultKind::Conv3dWritesZeros),
+            garbage: FaultKind::Conv3dWritesGarbage,
+            nan: FaultKind::Conv3dWritesNonFinite,
+        };
+        // SAFETY: the caller's guarantees: `a.output` holds the output.
+        unsafe { self.output_faults(op, kinds, (a.output, a.geometry.output_len()), s, run) }
+    }
+
+    /// The faults `kinds` around `run` (the real call on `inner`), over
+    /// the f32 output of `n` elements at `output`.
+    ///
+    /// # Safety
+    /// As [`Backend::run`] of the op for `s`; `output` holds `n` f32 the op
+    /// writes.
+    unsafe fn output_faults(
+        &self,
+        op: &'static str,
+        kinds: OutputFaults,
+        (output, n): (DevicePtr, usize),
+        s: RawStream,
+        run: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         self.launch(op)?;
-        if self.fires(FaultKind::Conv3dLaunchFailure, op) {
-            return Err(Self::injected(FaultKind::Conv3dLaunchFailure, op));
+        if self.fires(kinds.launch, op) {
+            return Err(Self::injected(kinds.launch, op));
         }
         run()?;
-        let bytes = a.output_bytes();
-        let n = a.geometry.output_len();
-        if self.fires(FaultKind::Conv3dWritesZeros, op) {
+        let bytes = n * 4;
+        if kinds.zeros.is_some_and(|k| self.fires(k, op)) {
             // SAFETY: the output range is valid for `bytes` (caller).
-            return unsafe { self.inner.memset_zero(a.output, bytes, s) };
+            return unsafe { self.inner.memset_zero(output, bytes, s) };
         }
-        let garbage = self.fires(FaultKind::Conv3dWritesGarbage, op);
-        let nan = !garbage && self.fires(FaultKind::Conv3dWritesNonFinite, op);
+        let garbage = self.fires(kinds.garbage, op);
+        let nan = !garbage && self.fires(kinds.nan, op);
         let (data, at): (Vec<f32>, usize) = if garbage {
             let mut x = self.rng();
             let v = (0..n)
@@ -402,13 +440,22 @@ impl<B: Backend> Faults<B> {
         // caller's output range; `data` lives until the synchronize below.
         unsafe {
             let op = CopyOp::HtoD {
-                dst: a.output.offset((at * 4) as u64),
+                dst: output.offset((at * 4) as u64),
                 src: data.as_ptr().cast(),
             };
             self.inner.copy(op, data.len() * 4, s)?;
             self.inner.stream_synchronize(s)
         }
     }
+}
+
+/// The fault kinds of one kind of kernel that writes an f32 output.
+#[derive(Debug, Clone, Copy)]
+struct OutputFaults {
+    launch: FaultKind,
+    zeros: Option<FaultKind>,
+    garbage: FaultKind,
+    nan: FaultKind,
 }
 
 // SAFETY: every operation forwards to `inner` (a correct backend) or is
@@ -511,7 +558,20 @@ unsafe impl<B: Backend> Backend for Faults<B> {
                 // SAFETY: as above.
                 return unsafe { self.conv3d_faults(name, args, s, || self.inner.run(op, s)) };
             }
-            KernelOp::Conv3dCheck { .. } => {
+            KernelOp::Conv3dBackward { args } => {
+                let kinds = OutputFaults {
+                    launch: FaultKind::Conv3dBackwardLaunchFailure,
+                    zeros: None,
+                    garbage: FaultKind::Conv3dBackwardWritesGarbage,
+                    nan: FaultKind::Conv3dBackwardWritesNonFinite,
+                };
+                let out = (args.output, args.output_len());
+                // SAFETY: as above: the result range is the caller's.
+                return unsafe {
+                    self.output_faults(name, kinds, out, s, || self.inner.run(op, s))
+                };
+            }
+            KernelOp::Conv3dCheck { .. } | KernelOp::Conv3dBackwardCheck { .. } => {
                 self.launch(name)?;
                 if self.fires(FaultKind::Conv3dCheckFailure, name) {
                     return Err(Self::injected(FaultKind::Conv3dCheckFailure, name));

@@ -428,6 +428,16 @@ unsafe impl<R: Runtime> Backend for Gpu<R> {
                 return Ok(());
             }
             KernelOp::Conv3dLayout { args } => KernelCall::conv3d_layout(args, self.mps())?,
+            KernelOp::Conv3dBackward { args } => KernelCall::conv3d_backward(args)?,
+            KernelOp::Conv3dBackwardCheck { args } => {
+                for call in KernelCall::conv3d_backward_check(args, self.mps())? {
+                    // SAFETY: as for `Conv3dCheck`: the caller's ranges,
+                    // read (operands, result) and written (results, slot);
+                    // both launches on `s`, in order.
+                    unsafe { self.launch(call, s)? };
+                }
+                return Ok(());
+            }
             // The caller arranged the weight in this (deterministic) layout.
             KernelOp::Conv3d { kernel, args } => {
                 match self.conv3d_weight_layout(kernel, args.dtype, &args.geometry) {

@@ -12,7 +12,10 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
-use super::conv3d::{host_conv3d, host_conv3d_check, host_conv3d_layout};
+use super::conv3d::{
+    host_conv3d, host_conv3d_backward, host_conv3d_backward_check, host_conv3d_check,
+    host_conv3d_layout,
+};
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
@@ -319,6 +322,10 @@ unsafe impl Backend for HostBackend {
             KernelOp::Conv3dCheck { args } => unsafe { host_conv3d_check(args) },
             // SAFETY: the caller's guarantees are host_conv3d_layout's.
             KernelOp::Conv3dLayout { args } => unsafe { host_conv3d_layout(args) },
+            // SAFETY: the caller's guarantees are host_conv3d_backward's.
+            KernelOp::Conv3dBackward { args } => unsafe { host_conv3d_backward(args) },
+            // SAFETY: the caller's guarantees are host_conv3d_backward_check's.
+            KernelOp::Conv3dBackwardCheck { args } => unsafe { host_conv3d_backward_check(args) },
         }
     }
 

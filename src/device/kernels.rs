@@ -8,8 +8,12 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 use std::ffi::c_void;
 
 use super::backend::KernelOp;
-use super::conv3d::{Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch};
+use super::conv3d::{
+    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch,
+    Conv3dLayoutLaunch,
+};
 use super::info::{ConvertOp, DevicePtr};
+use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -74,13 +78,21 @@ pub(crate) enum Kernel {
     Conv3dLocateNonfiniteF32,
     Conv3dLayoutU32,
     Conv3dLayoutU16,
+    Conv3dBwdDataF32,
+    Conv3dBwdDataBf16,
+    Conv3dBwdWeightF32,
+    Conv3dBwdWeightBf16,
+    Conv3dBwdBiasF32,
+    Conv3dBwdBiasBf16,
+    Conv3dBwdCheckF32,
+    Conv3dBwdCheckBf16,
     /// Optional (CUDA sm_80+ only): not in [`Kernel::ALL`].
     Conv3dTiledBf16Mma,
 }
 
 #[allow(dead_code)]
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 21] = [
+    pub(crate) const ALL: [Kernel; 29] = [
         Kernel::ConvertBf16F32,
         Kernel::ConvertF16F32,
         Kernel::ConvertF32Bf16,
@@ -102,6 +114,14 @@ impl Kernel {
         Kernel::Conv3dLocateNonfiniteF32,
         Kernel::Conv3dLayoutU32,
         Kernel::Conv3dLayoutU16,
+        Kernel::Conv3dBwdDataF32,
+        Kernel::Conv3dBwdDataBf16,
+        Kernel::Conv3dBwdWeightF32,
+        Kernel::Conv3dBwdWeightBf16,
+        Kernel::Conv3dBwdBiasF32,
+        Kernel::Conv3dBwdBiasBf16,
+        Kernel::Conv3dBwdCheckF32,
+        Kernel::Conv3dBwdCheckBf16,
     ];
 
     /// The CUDA module the kernel is built into.
@@ -128,6 +148,14 @@ impl Kernel {
             | Kernel::Conv3dLocateNonfiniteF32
             | Kernel::Conv3dLayoutU32
             | Kernel::Conv3dLayoutU16
+            | Kernel::Conv3dBwdDataF32
+            | Kernel::Conv3dBwdDataBf16
+            | Kernel::Conv3dBwdWeightF32
+            | Kernel::Conv3dBwdWeightBf16
+            | Kernel::Conv3dBwdBiasF32
+            | Kernel::Conv3dBwdBiasBf16
+            | Kernel::Conv3dBwdCheckF32
+            | Kernel::Conv3dBwdCheckBf16
             | Kernel::Conv3dTiledBf16Mma => KernelModule::Conv3d,
         }
     }
@@ -156,6 +184,14 @@ impl Kernel {
             Kernel::Conv3dLocateNonfiniteF32 => "conv3d_locate_nonfinite_f32",
             Kernel::Conv3dLayoutU32 => "conv3d_layout_u32",
             Kernel::Conv3dLayoutU16 => "conv3d_layout_u16",
+            Kernel::Conv3dBwdDataF32 => "conv3d_bwd_data_f32",
+            Kernel::Conv3dBwdDataBf16 => "conv3d_bwd_data_bf16",
+            Kernel::Conv3dBwdWeightF32 => "conv3d_bwd_weight_f32",
+            Kernel::Conv3dBwdWeightBf16 => "conv3d_bwd_weight_bf16",
+            Kernel::Conv3dBwdBiasF32 => "conv3d_bwd_bias_f32",
+            Kernel::Conv3dBwdBiasBf16 => "conv3d_bwd_bias_bf16",
+            Kernel::Conv3dBwdCheckF32 => "conv3d_bwd_check_f32",
+            Kernel::Conv3dBwdCheckBf16 => "conv3d_bwd_check_bf16",
             Kernel::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
@@ -255,7 +291,11 @@ const _: () = assert!(std::mem::size_of::<Conv3dArgs>() == 23 * 8);
 
 impl Conv3dArgs {
     fn new(a: &Conv3dLaunch) -> Self {
-        let g = &a.geometry;
+        Self::of(&a.geometry, a.bias.is_some())
+    }
+
+    /// The sizes of `g`, with or without a bias.
+    fn of(g: &Conv3dGeometry, has_bias: bool) -> Self {
         let u = |v: usize| v as u64;
         let p = &g.params;
         Conv3dArgs {
@@ -281,7 +321,7 @@ impl Conv3dArgs {
             dh: u(p.dilation[1]),
             dw: u(p.dilation[2]),
             groups: u(p.groups),
-            has_bias: u64::from(a.bias.is_some()),
+            has_bias: u64::from(has_bias),
         }
     }
 }
@@ -402,7 +442,9 @@ impl KernelCall {
             KernelOp::Conv3d { .. }
             | KernelOp::Conv3dVendor { .. }
             | KernelOp::Conv3dCheck { .. }
-            | KernelOp::Conv3dLayout { .. } => {
+            | KernelOp::Conv3dLayout { .. }
+            | KernelOp::Conv3dBackward { .. }
+            | KernelOp::Conv3dBackwardCheck { .. } => {
                 return Err(Error::BackendUnsupported {
                     backend: "gpu",
                     op: op.name(),
@@ -651,6 +693,176 @@ impl KernelCall {
     }
 }
 
+/// Most blocks of a grid-stride backward launch: the total thread count
+/// stays below 2^32 as HIP requires.
+const BACKWARD_MAX_BLOCKS: usize = 1 << 20;
+
+impl KernelCall {
+    /// A backward op (see [`Conv3dBackwardLaunch`]), 256 threads per block:
+    ///
+    /// - `conv3d_bwd_data_{f32,bf16}(const T* dy, const T* w, const float*
+    ///   bias, float* dx, rs_conv3d_args a)`, one thread per dx element
+    ///   (grid-stride; `a.has_bias` says whether `bias` is read);
+    /// - `conv3d_bwd_weight_{f32,bf16}(const T* x, const T* dy, float* dw,
+    ///   rs_conv3d_args a)`, one block per dw element (grid-stride);
+    /// - `conv3d_bwd_bias_{f32,bf16}(const T* dy, float* db, rs_conv3d_args
+    ///   a)`, one block per channel (grid-stride).
+    pub(crate) fn conv3d_backward(a: &Conv3dBackwardLaunch) -> Result<KernelCall> {
+        use Conv3dBackwardOp::{Bias, Data, Weight};
+        let bf16 = match a.dtype {
+            DType::F32 => false,
+            DType::BF16 => true,
+            other => {
+                return Err(Error::Conv3dDType {
+                    tensor: "grad_output",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let g = &a.geometry;
+        if let Some(reason) = a.op.unsupported(g) {
+            return Err(Error::Conv3dTier {
+                tier: "naive",
+                reason,
+            });
+        }
+        let len = a.output_len();
+        let missing = || Error::Conv3dTier {
+            tier: "naive",
+            reason: "a backward op without its second operand",
+        };
+        let args = Conv3dArgs::of(g, a.bias.is_some() && a.op == Data);
+        let (kernel, blocks, ptrs) = match a.op {
+            Data => (
+                if bf16 {
+                    Kernel::Conv3dBwdDataBf16
+                } else {
+                    Kernel::Conv3dBwdDataF32
+                },
+                len.div_ceil(BLOCK as usize),
+                vec![
+                    a.grad_output.0,
+                    a.other.ok_or_else(missing)?.0,
+                    a.bias.map_or(0, |b| b.0),
+                    a.output.0,
+                ],
+            ),
+            Weight => (
+                if bf16 {
+                    Kernel::Conv3dBwdWeightBf16
+                } else {
+                    Kernel::Conv3dBwdWeightF32
+                },
+                len,
+                vec![a.other.ok_or_else(missing)?.0, a.grad_output.0, a.output.0],
+            ),
+            Bias => (
+                if bf16 {
+                    Kernel::Conv3dBwdBiasBf16
+                } else {
+                    Kernel::Conv3dBwdBiasF32
+                },
+                len,
+                vec![a.grad_output.0, a.output.0],
+            ),
+        };
+        let mut args_list: Vec<KernelArg> = ptrs.into_iter().map(KernelArg::U64).collect();
+        args_list.push(KernelArg::Conv3d(args));
+        Ok(KernelCall {
+            kernel,
+            // At most 2^20: fits.
+            grid: [blocks.clamp(1, BACKWARD_MAX_BLOCKS) as u32, 1, 1],
+            block: BLOCK,
+            shared_bytes: 0,
+            args: args_list,
+        })
+    }
+
+    /// The backward check, one or two launches:
+    /// `conv3d_locate_nonfinite_f32(const u32* y, u64 n, u64* slot)` first
+    /// with a locate slot, then `conv3d_bwd_check_{f32,bf16}(const T* dy,
+    /// const T* other, const void* bias, u64 bias_kind, const float* out,
+    /// u64* res, rs_conv3d_args a, u64 op, u64 nsamples, u64 seed, const
+    /// u64* located)`, one 256-thread block per sampled point (`op`: 0
+    /// data, 1 weight, 2 bias; `bias_kind`: 0 none, 1 f32, 2 bf16).
+    pub(crate) fn conv3d_backward_check(
+        a: &Conv3dBackwardCheckLaunch,
+        mps: u32,
+    ) -> Result<Vec<KernelCall>> {
+        let c = &a.conv;
+        let kernel = match c.dtype {
+            DType::F32 => Kernel::Conv3dBwdCheckF32,
+            DType::BF16 => Kernel::Conv3dBwdCheckBf16,
+            other => {
+                return Err(Error::Conv3dDType {
+                    tensor: "grad_output",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let bias_kind = match (c.bias, a.bias_dtype) {
+            (None, _) => 0,
+            (Some(_), DType::F32) => 1,
+            (Some(_), DType::BF16) => 2,
+            (Some(_), other) => {
+                return Err(Error::Conv3dDType {
+                    tensor: "bias",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let samples = u32::try_from(a.samples)
+            .ok()
+            .filter(|&n| n > 0 && n as usize <= super::CHECK_MAX_SAMPLES)
+            .ok_or(Error::Conv3dTier {
+                tier: "check",
+                reason: "the sampled points must number 1 to CHECK_MAX_SAMPLES",
+            })?;
+        let op = match c.op {
+            Conv3dBackwardOp::Data => 0,
+            Conv3dBackwardOp::Weight => 1,
+            Conv3dBackwardOp::Bias => 2,
+        };
+        let total = c.output_len() as u64;
+        let mut calls = Vec::with_capacity(2);
+        if let Some(slot) = a.locate {
+            calls.push(Self::one_d(
+                Kernel::Conv3dLocateNonfiniteF32,
+                total,
+                mps,
+                vec![
+                    KernelArg::U64(c.output.0),
+                    KernelArg::U64(total),
+                    KernelArg::U64(slot.0),
+                ],
+            ));
+        }
+        calls.push(KernelCall {
+            kernel,
+            grid: [samples, 1, 1],
+            block: BLOCK,
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::U64(c.grad_output.0),
+                KernelArg::U64(c.other.map_or(0, |o| o.0)),
+                KernelArg::U64(c.bias.map_or(0, |b| b.0)),
+                KernelArg::U64(bias_kind),
+                KernelArg::U64(c.output.0),
+                KernelArg::U64(a.results.0),
+                KernelArg::Conv3d(Conv3dArgs::of(&c.geometry, c.bias.is_some())),
+                KernelArg::U64(op),
+                KernelArg::U64(u64::from(samples)),
+                KernelArg::U64(a.seed),
+                KernelArg::U64(a.locate.map_or(0, |s| s.0)),
+            ],
+        });
+        Ok(calls)
+    }
+}
+
 fn unsupported(op: &'static str, c: ConvertOp) -> Error {
     Error::UnsupportedConversion {
         op,
@@ -825,5 +1037,96 @@ mod tests {
         )
         .is_err());
         assert!(!Kernel::ALL.contains(&Kernel::Conv3dTiledBf16Mma));
+    }
+
+    #[test]
+    fn backward_calls_carry_their_parameter_lists_and_grids() {
+        let params = Conv3dParams::default().with_stride([2; 3]).with_groups(2);
+        let g = crate::conv3d::Conv3dGeometry::new(params, &[2, 4, 7, 9, 11], &[6, 2, 3, 3, 3])
+            .unwrap();
+        let a = Conv3dBackwardLaunch {
+            op: Conv3dBackwardOp::Data,
+            geometry: g,
+            dtype: DType::F32,
+            grad_output: DevicePtr(256),
+            other: Some(DevicePtr(512)),
+            bias: Some(DevicePtr(768)),
+            output: DevicePtr(1024),
+        };
+        let mut c = KernelCall::conv3d_backward(&a).unwrap();
+        assert_eq!(c.kernel, Kernel::Conv3dBwdDataF32);
+        let dx = 2 * 4 * 7 * 9 * 11;
+        assert_eq!(c.grid, [(dx as u32).div_ceil(256), 1, 1]);
+        let ptrs = c.arg_ptrs();
+        assert_eq!(
+            ptrs[..4].iter().map(|&q| read_u64(q)).collect::<Vec<_>>(),
+            [256, 512, 768, 1024]
+        );
+        // SAFETY: the fifth argument is the args struct.
+        let args = unsafe { *ptrs[4].cast::<Conv3dArgs>() };
+        assert_eq!((args.c, args.k, args.groups, args.has_bias), (4, 6, 2, 1));
+        // Weight: (x, dy, dw), one block per dw element; no bias flag.
+        let w = Conv3dBackwardLaunch {
+            op: Conv3dBackwardOp::Weight,
+            dtype: DType::BF16,
+            ..a
+        };
+        let c = KernelCall::conv3d_backward(&w).unwrap();
+        assert_eq!(c.kernel, Kernel::Conv3dBwdWeightBf16);
+        assert_eq!(c.grid, [6 * 2 * 27, 1, 1]);
+        assert_eq!(
+            &c.args[..3],
+            &[
+                KernelArg::U64(512),
+                KernelArg::U64(256),
+                KernelArg::U64(1024)
+            ]
+        );
+        assert!(matches!(c.args[3], KernelArg::Conv3d(x) if x.has_bias == 0));
+        let b = Conv3dBackwardLaunch {
+            op: Conv3dBackwardOp::Bias,
+            other: None,
+            bias: None,
+            ..a
+        };
+        let c = KernelCall::conv3d_backward(&b).unwrap();
+        assert_eq!(
+            (c.kernel, c.grid, c.args.len()),
+            (Kernel::Conv3dBwdBiasF32, [6, 1, 1], 3)
+        );
+        // A missing operand and another dtype are refused.
+        assert!(KernelCall::conv3d_backward(&Conv3dBackwardLaunch { other: None, ..a }).is_err());
+        assert!(KernelCall::conv3d_backward(&Conv3dBackwardLaunch {
+            dtype: DType::F16,
+            ..a
+        })
+        .is_err());
+        // The check: locate then check, or the check alone.
+        let chk = Conv3dBackwardCheckLaunch {
+            conv: w,
+            bias_dtype: DType::F32,
+            samples: 5,
+            seed: 9,
+            locate: Some(DevicePtr(64)),
+            results: DevicePtr(4096),
+        };
+        let calls = KernelCall::conv3d_backward_check(&chk, 4).unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].kernel, Kernel::Conv3dLocateNonfiniteF32);
+        assert_eq!(calls[1].kernel, Kernel::Conv3dBwdCheckBf16);
+        assert_eq!(calls[1].grid, [5, 1, 1]);
+        assert_eq!(calls[1].args.len(), 11);
+        assert_eq!(calls[1].args[7], KernelArg::U64(1));
+        assert_eq!(calls[1].args[10], KernelArg::U64(64));
+        let none = Conv3dBackwardCheckLaunch {
+            locate: None,
+            samples: 0,
+            ..chk
+        };
+        assert!(KernelCall::conv3d_backward_check(&none, 4).is_err());
+        for k in [Kernel::Conv3dBwdDataF32, Kernel::Conv3dBwdCheckBf16] {
+            assert!(Kernel::ALL.contains(&k));
+            assert_eq!(k.module(), KernelModule::Conv3d);
+        }
     }
 }

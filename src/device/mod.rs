@@ -32,7 +32,7 @@
 //! | `handle.rs` | [`Device`] |
 //! | `stream.rs`, `ops.rs` | [`Stream`], [`Event`]; the kernel operations on a stream |
 //! | `buffer.rs`, `pinned.rs` | [`DeviceBuffer`], views, [`DeviceSpan`]; [`PinnedBuffer`] |
-//! | `conv3d/` | [`Conv3dLaunch`], [`Conv3dKernel`], weight layouts, host emulation |
+//! | `conv3d/` | [`Conv3dLaunch`], [`Conv3dKernel`], weight layouts, host emulation, the backward ops ([`Conv3dBackwardLaunch`]) |
 //! | `gpu.rs`, `kernels.rs` | the GPU body over a runtime; kernel argument lists |
 //! | `kernel_cache.rs` | run-time compiled kernels kept on disk |
 //! | `vendor/` | MIOpen and cuDNN |
@@ -104,8 +104,9 @@ pub mod hip;
 pub use backend::{Backend, CopyOp, Driver, KernelOp};
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
 pub use conv3d::{
-    tiled_weight_layout, CheckBias, CheckedPoint, Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch,
-    Conv3dLayoutLaunch, Conv3dWeightLayout, CHECK_MAX_SAMPLES, CHECK_WORDS,
+    tiled_weight_layout, CheckBias, CheckedPoint, Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch,
+    Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
+    CHECK_MAX_SAMPLES, CHECK_WORDS,
 };
 pub use handle::{open_backend, Device};
 pub use info::{

@@ -10,10 +10,13 @@
 //! `[K, C/G, KD, KH, KW]` in f32 or bf16 (widened exactly), an optional f32
 //! bias `[K]`, an f32 output `[N, K, OD, OH, OW]`, f32 accumulation.
 
+mod backward;
 mod check;
 mod host;
 mod layout;
 
+pub(crate) use backward::{host_conv3d_backward, host_conv3d_backward_check};
+pub use backward::{Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch};
 pub(crate) use check::{host_conv3d_check, host_conv3d_layout};
 pub use check::{
     CheckBias, CheckedPoint, Conv3dCheckLaunch, Conv3dLayoutLaunch, CHECK_MAX_SAMPLES, CHECK_WORDS,

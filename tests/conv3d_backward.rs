@@ -1,0 +1,1021 @@
+//! Issue 21, items 4 and 5: the gradients of a conv3d (input, weight,
+//! bias) and `conv_transpose3d` through the chain.
+//!
+//! The f64 references are tested against the forward reference (each
+//! gradient is the adjoint of the forward convolution: `<conv(x, w), dy> =
+//! <x, dx> = <w, dw>`) and the transposed convolution against its scatter
+//! definition written here; every tier's result (the naive GPU kernels, the
+//! CPU) against the references, on the host (`run_backward`) and on device
+//! memory (`backward_device`, `conv_transpose3d_device`), with groups,
+//! stride, dilation, padding and output_padding; and every failure path
+//! (a backward kernel that fails, writes garbage or a NaN, a check that
+//! cannot run, an overflow, refused shapes). Each device test runs on the
+//! host backend here and, with `--include-ignored`, on a CUDA or HIP
+//! device.
+
+mod common;
+
+use common::conv3d::{cases, values, Case};
+use common::Open;
+use half::bf16;
+use rocm_safe::conv3d::{
+    backward_reference, backward_reference_point, reference, Conv3dBackwardOp,
+    Conv3dBackwardProblem, Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem,
+};
+use rocm_safe::conv3d_chain::{
+    BackwardInputs, Conv3dChain, Conv3dOptions, Conv3dReport, Conv3dTier, CpuTier,
+    DeviceConv3dData, TierKind,
+};
+use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
+use rocm_safe::device::{Device, DeviceBuffer, Stream};
+use rocm_safe::fallback::{Failure, Outcome};
+use rocm_safe::{Error, Result};
+
+/// Operands of one backward test: x, w, dy (f32 and bf16).
+struct Grads {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    dy: Vec<f32>,
+    xb: Vec<bf16>,
+    wb: Vec<bf16>,
+    dyb: Vec<bf16>,
+    g: Conv3dGeometry,
+}
+
+fn to_bf16(v: &[f32]) -> Vec<bf16> {
+    v.iter().map(|&x| bf16::from_f32(x)).collect()
+}
+
+impl Grads {
+    fn new(case: &Case) -> Grads {
+        let g = Conv3dGeometry::new(case.params, &case.input, &case.weight).unwrap();
+        let x = values(case.input.iter().product(), 11);
+        let w = values(case.weight.iter().product(), 12);
+        let dy = values(g.output_len(), 13);
+        Grads {
+            xb: to_bf16(&x),
+            wb: to_bf16(&w),
+            dyb: to_bf16(&dy),
+            x,
+            w,
+            dy,
+            g,
+        }
+    }
+
+    fn problem<'a>(&'a self, op: Conv3dBackwardOp, bf: bool) -> Conv3dBackwardProblem<'a> {
+        let choose = |v: &'a [f32], b: &'a [bf16]| {
+            if bf {
+                Conv3dData::BF16(b)
+            } else {
+                Conv3dData::F32(v)
+            }
+        };
+        let dy = choose(&self.dy, &self.dyb);
+        let other = match op {
+            Conv3dBackwardOp::Data => Some(choose(&self.w, &self.wb)),
+            Conv3dBackwardOp::Weight => Some(choose(&self.x, &self.xb)),
+            Conv3dBackwardOp::Bias => None,
+        };
+        let g = match op {
+            Conv3dBackwardOp::Bias => {
+                Conv3dGeometry::for_bias_grad(&self.g.output_shape()).unwrap()
+            }
+            _ => self.g,
+        };
+        Conv3dBackwardProblem::new(op, g, dy, other, None).unwrap()
+    }
+}
+
+const OPS: [Conv3dBackwardOp; 3] = [
+    Conv3dBackwardOp::Data,
+    Conv3dBackwardOp::Weight,
+    Conv3dBackwardOp::Bias,
+];
+
+/// Asserts `out` equals the f64 reference of `p` within `rel` of each
+/// element's magnitude, everywhere.
+fn assert_backward_close(what: &str, p: &Conv3dBackwardProblem<'_>, out: &[f32], rel: f64) {
+    assert_eq!(out.len(), p.output_len(), "{what}: result length");
+    for (i, &got) in out.iter().enumerate() {
+        let r = backward_reference_point(p, i).unwrap();
+        let tol = rel * r.magnitude + 1e-30;
+        assert!(
+            (f64::from(got) - r.value).abs() <= tol,
+            "{what}: {} index {i} of {:?}: got {got}, expected {} (tolerance {tol:e})",
+            p.op,
+            p.output_shape(),
+            r.value
+        );
+    }
+}
+
+fn dot(a: &[f64], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * f64::from(*y)).sum()
+}
+
+/// The gradients are the adjoints of the forward convolution (the forward
+/// reference is tested elsewhere against every tier and torch):
+/// `<conv(x, w), dy> = <x, dx> = <w, dw>`, and `db` sums `dy`.
+#[test]
+fn references_are_the_adjoints_of_the_forward_reference() {
+    for case in cases() {
+        let gr = Grads::new(&case);
+        let fwd = Conv3dProblem::new(
+            case.params,
+            Conv3dData::F32(&gr.x),
+            &case.input,
+            Conv3dData::F32(&gr.w),
+            &case.weight,
+            None,
+        )
+        .unwrap();
+        let y = reference(&fwd);
+        let lhs = dot(&y, &gr.dy);
+        let dx = backward_reference(&gr.problem(Conv3dBackwardOp::Data, false));
+        let dw = backward_reference(&gr.problem(Conv3dBackwardOp::Weight, false));
+        let db = backward_reference(&gr.problem(Conv3dBackwardOp::Bias, false));
+        let scale = 1.0 + y.iter().map(|v| v.abs()).sum::<f64>();
+        let (via_x, via_w) = (dot(&dx, &gr.x), dot(&dw, &gr.w));
+        assert!(
+            (lhs - via_x).abs() <= 1e-9 * scale,
+            "{}: <y,dy> {lhs} vs <x,dx> {via_x}",
+            case.name
+        );
+        assert!(
+            (lhs - via_w).abs() <= 1e-9 * scale,
+            "{}: <y,dy> {lhs} vs <w,dw> {via_w}",
+            case.name
+        );
+        let g = gr.g;
+        let spatial: usize = g.output.iter().product();
+        for (k, &v) in db.iter().enumerate() {
+            let sum: f64 = (0..g.batch)
+                .flat_map(|n| {
+                    let start = (n * g.out_channels + k) * spatial;
+                    gr.dy[start..start + spatial].iter().map(|&x| f64::from(x))
+                })
+                .sum();
+            assert!(
+                (v - sum).abs() <= 1e-12 * (1.0 + sum.abs()),
+                "{}: db[{k}]",
+                case.name
+            );
+        }
+    }
+}
+
+/// One transposed-convolution case.
+struct Tcase {
+    name: &'static str,
+    input: [usize; 5],
+    weight: [usize; 5],
+    params: Conv3dParams,
+    output_padding: [usize; 3],
+    bias: bool,
+}
+
+fn tcases() -> Vec<Tcase> {
+    let p = |stride, padding, dilation, groups| Conv3dParams {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let t = |name, input, weight, params, output_padding, bias| Tcase {
+        name,
+        input,
+        weight,
+        params,
+        output_padding,
+        bias,
+    };
+    vec![
+        t(
+            "stride 2 k3 p1",
+            [1, 3, 3, 4, 5],
+            [3, 2, 3, 3, 3],
+            p([2; 3], [1; 3], [1; 3], 1),
+            [0; 3],
+            true,
+        ),
+        t(
+            "output padding 1",
+            [2, 2, 3, 3, 4],
+            [2, 3, 3, 3, 3],
+            p([2; 3], [1; 3], [1; 3], 1),
+            [1, 0, 1],
+            true,
+        ),
+        t(
+            "groups 2, stride per axis",
+            [1, 4, 3, 4, 3],
+            [4, 3, 2, 3, 1],
+            p([1, 2, 3], [0, 1, 0], [1; 3], 2),
+            [0, 1, 2],
+            false,
+        ),
+        t(
+            "dilation 2, padding 2",
+            [1, 2, 4, 4, 4],
+            [2, 2, 3, 3, 3],
+            p([1; 3], [2; 3], [2; 3], 1),
+            [0; 3],
+            true,
+        ),
+        t(
+            "output padding >= stride (dilation 3)",
+            [1, 2, 3, 3, 3],
+            [2, 2, 2, 2, 2],
+            p([1; 3], [0; 3], [3; 3], 1),
+            [2, 1, 0],
+            true,
+        ),
+        t(
+            "depthwise stride 2",
+            [1, 3, 3, 3, 3],
+            [3, 1, 3, 3, 3],
+            p([2; 3], [1; 3], [1; 3], 3),
+            [1; 3],
+            true,
+        ),
+        t(
+            "tiny 1x1",
+            [1, 1, 1, 1, 1],
+            [1, 1, 1, 1, 1],
+            p([1; 3], [0; 3], [1; 3], 1),
+            [0; 3],
+            true,
+        ),
+    ]
+}
+
+/// conv_transpose3d by its scatter definition, in f64: every input value
+/// times every weight tap lands at `i * stride + t * dilation - padding`.
+fn scatter_transpose(c: &Tcase, x: &[f32], w: &[f32], b: Option<&[f32]>) -> (Vec<usize>, Vec<f64>) {
+    let [n, cin, d, h, wd] = c.input;
+    let [_, coutg, kd, kh, kw] = c.weight;
+    let g = c.params.groups;
+    let cout = coutg * g;
+    let cing = cin / g;
+    let (s, p, dl, op) = (
+        c.params.stride,
+        c.params.padding,
+        c.params.dilation,
+        c.output_padding,
+    );
+    let size =
+        |a: usize, x: usize, k: usize| (x - 1) * s[a] + dl[a] * (k - 1) + op[a] + 1 - 2 * p[a];
+    let out = [size(0, d, kd), size(1, h, kh), size(2, wd, kw)];
+    let mut y = vec![0f64; n * cout * out.iter().product::<usize>()];
+    let at = |nn: usize, co: usize, z: usize, yy: usize, xx: usize| {
+        (((nn * cout + co) * out[0] + z) * out[1] + yy) * out[2] + xx
+    };
+    for nn in 0..n {
+        for ci in 0..cin {
+            let grp = ci / cing;
+            for z in 0..d {
+                for yy in 0..h {
+                    for xx in 0..wd {
+                        let v = f64::from(x[(((nn * cin + ci) * d + z) * h + yy) * wd + xx]);
+                        for o in 0..coutg {
+                            for a in 0..kd {
+                                for bb in 0..kh {
+                                    for cc in 0..kw {
+                                        let pos = [
+                                            (z * s[0] + a * dl[0]) as i64 - p[0] as i64,
+                                            (yy * s[1] + bb * dl[1]) as i64 - p[1] as i64,
+                                            (xx * s[2] + cc * dl[2]) as i64 - p[2] as i64,
+                                        ];
+                                        if (0..3).any(|q| pos[q] < 0 || pos[q] >= out[q] as i64) {
+                                            continue;
+                                        }
+                                        let wi = (((ci * coutg + o) * kd + a) * kh + bb) * kw + cc;
+                                        let co = grp * coutg + o;
+                                        y[at(
+                                            nn,
+                                            co,
+                                            pos[0] as usize,
+                                            pos[1] as usize,
+                                            pos[2] as usize,
+                                        )] += v * f64::from(w[wi]);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(b) = b {
+        let vol: usize = out.iter().product();
+        for (i, v) in y.iter_mut().enumerate() {
+            *v += f64::from(b[i / vol % cout]);
+        }
+    }
+    (vec![n, cout, out[0], out[1], out[2]], y)
+}
+
+struct Tdata {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    b: Vec<f32>,
+    xb: Vec<bf16>,
+    wb: Vec<bf16>,
+}
+
+impl Tdata {
+    fn new(c: &Tcase) -> Tdata {
+        let x = values(c.input.iter().product(), 21);
+        let w = values(c.weight.iter().product(), 22);
+        let b = values(c.weight[1] * c.params.groups, 23);
+        Tdata {
+            xb: to_bf16(&x),
+            wb: to_bf16(&w),
+            x,
+            w,
+            b,
+        }
+    }
+    fn problem(&self, c: &Tcase, bf: bool) -> Conv3dBackwardProblem<'_> {
+        let (x, w) = if bf {
+            (Conv3dData::BF16(&self.xb), Conv3dData::BF16(&self.wb))
+        } else {
+            (Conv3dData::F32(&self.x), Conv3dData::F32(&self.w))
+        };
+        let b = c.bias.then_some(Conv3dData::F32(&self.b));
+        Conv3dBackwardProblem::conv_transpose3d(
+            c.params,
+            c.output_padding,
+            x,
+            &c.input,
+            w,
+            &c.weight,
+            b,
+        )
+        .unwrap()
+    }
+}
+
+/// The transposed convolution as the Data op of `Conv3dGeometry::transposed`
+/// is its scatter definition (shape and values), output_padding at and
+/// beyond the stride included.
+#[test]
+fn conv_transpose3d_reference_is_the_scatter_definition() {
+    for c in tcases() {
+        let t = Tdata::new(&c);
+        let p = t.problem(&c, false);
+        let (shape, want) = scatter_transpose(&c, &t.x, &t.w, c.bias.then_some(&t.b[..]));
+        assert_eq!(p.output_shape(), shape, "{}", c.name);
+        let got = backward_reference(&p);
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - e).abs() <= 1e-12 * (1.0 + e.abs()),
+                "{}: {i}: {g} vs {e}",
+                c.name
+            );
+        }
+    }
+}
+
+/// The chain of `dev` (its vendor tier is skipped: no backward binding).
+fn chain(dev: &Device) -> Conv3dChain {
+    Conv3dChain::for_device(dev)
+}
+
+/// The report's skips before the naive tier: vendor unavailable (no
+/// backward binding), tiled unsupported (no tiled backward kernel).
+fn assert_gpu_skips(report: &Conv3dReport) {
+    let vendor = &report.attempts[0];
+    assert!(
+        matches!(&vendor.outcome, Outcome::Skipped(why) if why.starts_with("unavailable")),
+        "{report}"
+    );
+    let tiled = &report.attempts[1];
+    assert!(
+        matches!(&tiled.outcome, Outcome::Skipped(why) if why.contains("no tiled backward kernel")),
+        "{report}"
+    );
+}
+
+enum Buf {
+    F32(DeviceBuffer<f32>),
+    BF16(DeviceBuffer<bf16>),
+}
+
+impl Buf {
+    fn up(s: &Stream, d: Conv3dData<'_>) -> Buf {
+        match d {
+            Conv3dData::F32(v) => Buf::F32(s.clone_htod(v).unwrap()),
+            Conv3dData::BF16(v) => Buf::BF16(s.clone_htod(v).unwrap()),
+        }
+    }
+    fn data(&self) -> DeviceConv3dData<'_> {
+        match self {
+            Buf::F32(b) => DeviceConv3dData::F32(b.view()),
+            Buf::BF16(b) => DeviceConv3dData::BF16(b.view()),
+        }
+    }
+}
+
+/// `p` through the device entry points of `chain` on a new stream of
+/// `dev`: the report or error, and the result read back.
+fn run_on_device(
+    chain: &Conv3dChain,
+    dev: &Device,
+    p: &Conv3dBackwardProblem<'_>,
+) -> (Result<Conv3dReport>, Vec<f32>) {
+    let s = dev.stream().unwrap();
+    let g = p.geometry;
+    let dy = Buf::up(&s, p.grad_output);
+    let other = p.other.map(|o| Buf::up(&s, o));
+    let mut out = s.alloc_zeros::<f32>(p.output_len().max(1)).unwrap();
+    let mut all = out.view_mut();
+    let mut view = all.slice_mut(..p.output_len()).unwrap();
+    let r = match (p.op, &other) {
+        (Conv3dBackwardOp::Data, Some(w)) => chain.backward_device(
+            &s,
+            g.params,
+            &g.input_shape(),
+            &g.weight_shape(),
+            BackwardInputs::Data {
+                grad_output: dy.data(),
+                weight: w.data(),
+            },
+            &mut view,
+        ),
+        (Conv3dBackwardOp::Weight, Some(x)) => chain.backward_device(
+            &s,
+            g.params,
+            &g.input_shape(),
+            &g.weight_shape(),
+            BackwardInputs::Weight {
+                input: x.data(),
+                grad_output: dy.data(),
+            },
+            &mut view,
+        ),
+        _ => chain.backward_bias_device(&s, dy.data(), &g.output_shape(), &mut view),
+    };
+    let mut host = out.to_vec().unwrap();
+    host.truncate(p.output_len());
+    (r, host)
+}
+
+/// Every op, every case, f32 and bf16, host and device entry points:
+/// served by the naive kernels (the CPU where a call is zero-sized), equal
+/// to the f64 reference at f32 accuracy.
+fn backward_ops_match_the_reference(dev: &Device) {
+    let chain = chain(dev);
+    for case in cases() {
+        let gr = Grads::new(&case);
+        for op in OPS {
+            for bf in [false, true] {
+                let p = gr.problem(op, bf);
+                let what = format!("{} {op} bf16={bf}", case.name);
+                let (out, report) = chain.run_backward(&p).unwrap();
+                assert_backward_close(&what, &p, &out, 1e-5);
+                let zero = op.unsupported(&p.geometry).is_some();
+                let tier = if zero { TierKind::Cpu } else { TierKind::Naive };
+                assert_eq!(report.served_by(), Some(tier), "{what}: {report}");
+                assert_gpu_skips(&report);
+                let (r, got) = run_on_device(&chain, dev, &p);
+                let report = r.unwrap();
+                assert_eq!(report.served_by(), Some(tier), "{what} (device): {report}");
+                assert_backward_close(&format!("{what} (device)"), &p, &got, 1e-5);
+            }
+        }
+    }
+    let stats = chain.stats();
+    assert!(stats[2].successes > 0 && stats[2].errors + stats[2].mismatches == 0);
+    assert_eq!(
+        stats[0].attempts + stats[1].attempts,
+        0,
+        "vendor and tiled never run"
+    );
+}
+
+/// conv_transpose3d through the chain (host and device; f32 and bf16
+/// operands; f32 and bf16 biases on the device) equals its scatter
+/// definition.
+fn conv_transpose3d_through_the_chain(dev: &Device) {
+    let chain = chain(dev);
+    for c in tcases() {
+        let t = Tdata::new(&c);
+        for bf in [false, true] {
+            let p = t.problem(&c, bf);
+            let what = format!("{} bf16={bf}", c.name);
+            let (out, report) = chain.run_backward(&p).unwrap();
+            assert_eq!(
+                report.served_by(),
+                Some(TierKind::Naive),
+                "{what}: {report}"
+            );
+            assert_backward_close(&what, &p, &out, 1e-5);
+            let (x, w) = if bf {
+                (
+                    t.xb.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+                    t.wb.iter().map(|v| v.to_f32()).collect(),
+                )
+            } else {
+                (t.x.clone(), t.w.clone())
+            };
+            let (_, want) = scatter_transpose(&c, &x, &w, c.bias.then_some(&t.b[..]));
+            for (i, (g, e)) in out.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(*g) - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                    "{what}: {i}: {g} vs {e}"
+                );
+            }
+            for bias_bf16 in [false, true] {
+                let s = dev.stream().unwrap();
+                let xd = Buf::up(&s, p.grad_output);
+                let wd = Buf::up(&s, p.other.unwrap());
+                let bb = to_bf16(&t.b);
+                let bd = match (c.bias, bias_bf16) {
+                    (false, _) => None,
+                    (true, false) => Some(Buf::up(&s, Conv3dData::F32(&t.b))),
+                    (true, true) => Some(Buf::up(&s, Conv3dData::BF16(&bb))),
+                };
+                let mut y = s.alloc_zeros::<f32>(out.len()).unwrap();
+                let report = chain
+                    .conv_transpose3d_device(
+                        &s,
+                        c.params,
+                        c.output_padding,
+                        xd.data(),
+                        &c.input,
+                        wd.data(),
+                        &c.weight,
+                        bd.as_ref().map(Buf::data),
+                        &mut y.view_mut(),
+                    )
+                    .unwrap();
+                assert_eq!(
+                    report.served_by(),
+                    Some(TierKind::Naive),
+                    "{what}: {report}"
+                );
+                let got = y.to_vec().unwrap();
+                let bias_b: Vec<f32> = if bias_bf16 {
+                    bb.iter().map(|v| v.to_f32()).collect()
+                } else {
+                    t.b.clone()
+                };
+                let (_, want) = scatter_transpose(&c, &x, &w, c.bias.then_some(&bias_b[..]));
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(*g) - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                        "{what} device bias_bf16={bias_bf16}: {i}: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn faulty(open: Open<'_>, rules: &[(FaultKind, When)]) -> (Device, FaultHandle) {
+    let plan = FaultPlan {
+        seed: 7,
+        rules: rules
+            .iter()
+            .map(|&(kind, when)| FaultRule { kind, when })
+            .collect(),
+    };
+    let (f, h) = Faults::new(open(), plan);
+    (Device::from_backend(Box::new(f)), h)
+}
+
+/// A case with stride, dilation and padding.
+fn fault_case() -> Case {
+    cases()
+        .into_iter()
+        .find(|c| c.name == "tiled: stride 2, dilation, 16 out")
+        .unwrap()
+}
+
+/// One fault on the first backward op: the naive tier fails as `check`
+/// says, the CPU serves the right result; on the host path and on the
+/// device path, for every op.
+fn naive_fault_falls_to_the_cpu(open: Open<'_>, kind: FaultKind, check: fn(&Failure) -> bool) {
+    let gr = Grads::new(&fault_case());
+    for op in OPS {
+        for device_path in [false, true] {
+            let (dev, h) = faulty(open, &[(kind, When::Nth(0))]);
+            let chain = chain(&dev);
+            let p = gr.problem(op, false);
+            let (report, out) = if device_path {
+                let (r, out) = run_on_device(&chain, &dev, &p);
+                (r.unwrap(), out)
+            } else {
+                let (out, r) = chain.run_backward(&p).unwrap();
+                (r, out)
+            };
+            let what = format!("{kind} on {op} (device path {device_path})");
+            assert_eq!(report.served_by(), Some(TierKind::Cpu), "{what}: {report}");
+            let failures: Vec<_> = report.failures().collect();
+            assert_eq!(failures.len(), 1, "{what}: {report}");
+            assert_eq!(failures[0].0.kind, TierKind::Naive, "{what}");
+            assert!(check(failures[0].1), "{what}: {report}");
+            assert_backward_close(&what, &p, &out, 1e-5);
+            assert_eq!(h.injected().len(), 1, "{what}");
+            let stats = chain.stats();
+            assert_eq!((stats[2].attempts, stats[2].successes), (1, 0), "{what}");
+            assert_eq!((stats[3].attempts, stats[3].successes), (1, 1), "{what}");
+        }
+    }
+}
+
+fn backward_launch_failure_falls_to_the_cpu(open: Open<'_>) {
+    naive_fault_falls_to_the_cpu(open, FaultKind::Conv3dBackwardLaunchFailure, |f| {
+        matches!(
+            f,
+            Failure::Error(Error::InjectedFault {
+                fault: FaultKind::Conv3dBackwardLaunchFailure,
+                op: "conv3d_backward"
+            })
+        )
+    });
+}
+
+fn backward_garbage_is_a_mismatch(open: Open<'_>) {
+    naive_fault_falls_to_the_cpu(open, FaultKind::Conv3dBackwardWritesGarbage, |f| {
+        matches!(f, Failure::ValueMismatch { .. })
+    });
+}
+
+fn backward_nan_is_caught(open: Open<'_>) {
+    naive_fault_falls_to_the_cpu(
+        open,
+        FaultKind::Conv3dBackwardWritesNonFinite,
+        |f| matches!(f, Failure::NonFinite { value, .. } if value.is_nan()),
+    );
+}
+
+/// A backward check that cannot run (device path only: the host path
+/// checks on the host) fails the tier it was checking.
+fn backward_check_failure_fails_the_tier(open: Open<'_>) {
+    let gr = Grads::new(&fault_case());
+    for op in OPS {
+        let (dev, h) = faulty(open, &[(FaultKind::Conv3dCheckFailure, When::Nth(0))]);
+        let chain = chain(&dev);
+        let p = gr.problem(op, true);
+        let (r, out) = run_on_device(&chain, &dev, &p);
+        let report = r.unwrap();
+        assert_eq!(report.served_by(), Some(TierKind::Cpu), "{report}");
+        let failures: Vec<_> = report.failures().collect();
+        assert!(
+            matches!(
+                failures[..],
+                [(a, Failure::Error(Error::InjectedFault { fault: FaultKind::Conv3dCheckFailure, op: "conv3d_backward_check" }))]
+                    if a.kind == TierKind::Naive
+            ),
+            "{report}"
+        );
+        assert_backward_close("after a check failure", &p, &out, 1e-5);
+        assert_eq!(h.injected().len(), 1);
+    }
+}
+
+/// Garbage from every tier: the call fails with the report, each tier's
+/// mismatch in it (nothing unchecked is returned).
+fn every_tier_wrong_is_no_tier(open: Open<'_>) {
+    let gr = Grads::new(&fault_case());
+    let (dev, _h) = faulty(
+        open,
+        &[(FaultKind::Conv3dBackwardWritesGarbage, When::Always)],
+    );
+    // The naive tier only (the CPU has no device kernel to corrupt).
+    let mut c = chain(&dev);
+    c.options_mut().forbid = vec![TierKind::Cpu];
+    let p = gr.problem(Conv3dBackwardOp::Weight, false);
+    let e = c.run_backward(&p).unwrap_err();
+    let Error::Conv3dNoTier { report } = e else {
+        panic!("{e}")
+    };
+    let failures: Vec<_> = report.failures().collect();
+    assert_eq!(failures.len(), 1, "{report}");
+    assert!(
+        matches!(failures[0].1, Failure::ValueMismatch { .. }),
+        "{report}"
+    );
+    let (r, _) = run_on_device(&c, &dev, &p);
+    assert!(matches!(r, Err(Error::Conv3dNoTier { .. })));
+}
+
+/// A gradient whose exact value is beyond the f32 range: the infinity is
+/// the right answer, reported as an overflow (no other tier would do
+/// better); NaN or Inf in `dy` passes (nothing to blame the tier for).
+fn overflow_and_non_finite_inputs(dev: &Device) {
+    let chain = chain(dev);
+    let case = fault_case();
+    let mut gr = Grads::new(&case);
+    for v in gr.dy.iter_mut() {
+        *v = 3e38;
+    }
+    gr.dyb = to_bf16(&gr.dy);
+    let p = gr.problem(Conv3dBackwardOp::Bias, false);
+    let e = chain.run_backward(&p).unwrap_err();
+    assert!(matches!(e, Error::Conv3dOverflow { .. }), "{e}");
+    let (r, _) = run_on_device(&chain, dev, &p);
+    assert!(matches!(r, Err(Error::Conv3dOverflow { .. })), "{r:?}");
+    let mut gr = Grads::new(&case);
+    gr.dy[5] = f32::NAN;
+    let p = gr.problem(Conv3dBackwardOp::Data, false);
+    let (out, report) = chain.run_backward(&p).unwrap();
+    assert_eq!(report.served_by(), Some(TierKind::Naive), "{report}");
+    assert!(out.iter().any(|v| v.is_nan()));
+    let (r, out) = run_on_device(&chain, dev, &p);
+    assert_eq!(r.unwrap().served_by(), Some(TierKind::Naive));
+    assert!(out.iter().any(|v| v.is_nan()));
+}
+
+/// `verify_conv_transpose3d_device` (the verify mode's check of torch's
+/// own output): the chain's output passes; one a little off, or with a NaN
+/// at a sampled point, is a mismatch.
+fn conv_transpose3d_verify(dev: &Device) {
+    let chain = chain(dev);
+    for c in tcases() {
+        let t = Tdata::new(&c);
+        let p = t.problem(&c, false);
+        let (out, _) = chain.run_backward(&p).unwrap();
+        let s = dev.stream().unwrap();
+        let xd = Buf::up(&s, p.grad_output);
+        let wd = Buf::up(&s, p.other.unwrap());
+        let bd = c.bias.then(|| Buf::up(&s, Conv3dData::F32(&t.b)));
+        let verify = |y: &[f32]| {
+            let yd = s.clone_htod(y).unwrap();
+            chain
+                .verify_conv_transpose3d_device(
+                    &s,
+                    c.params,
+                    c.output_padding,
+                    xd.data(),
+                    &c.input,
+                    wd.data(),
+                    &c.weight,
+                    bd.as_ref().map(Buf::data),
+                    yd.view(),
+                )
+                .unwrap()
+        };
+        assert!(verify(&out).is_ok(), "{}", c.name);
+        let off: Vec<f32> = out.iter().map(|v| v * 1.01 + 0.05).collect();
+        assert!(
+            matches!(verify(&off), Err(Failure::ValueMismatch { .. })),
+            "{}",
+            c.name
+        );
+        let mut nan = out.clone();
+        nan[0] = f32::NAN; // sampled point 0 is always index 0
+        assert!(
+            matches!(verify(&nan), Err(Failure::ValueMismatch { index: 0, .. })),
+            "{}",
+            c.name
+        );
+        let yd = s.clone_htod(&out[1..]).unwrap();
+        let e = chain
+            .verify_conv_transpose3d_device(
+                &s,
+                c.params,
+                c.output_padding,
+                xd.data(),
+                &c.input,
+                wd.data(),
+                &c.weight,
+                None,
+                yd.view(),
+            )
+            .unwrap_err();
+        assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
+    }
+}
+
+per_device!(
+    conv_transpose3d_verify,
+    backward_ops_match_the_reference,
+    conv_transpose3d_through_the_chain,
+    backward_launch_failure_falls_to_the_cpu,
+    backward_garbage_is_a_mismatch,
+    backward_nan_is_caught,
+    backward_check_failure_fails_the_tier,
+    every_tier_wrong_is_no_tier,
+    overflow_and_non_finite_inputs,
+);
+
+/// A chain of the CPU tier alone (a machine without a GPU) serves every
+/// backward op and the transposed convolution.
+#[test]
+fn cpu_tier_serves_backward_ops() {
+    let c = Conv3dChain::with_tiers(
+        vec![Box::new(CpuTier) as Box<dyn Conv3dTier>],
+        Conv3dOptions::default(),
+    );
+    let gr = Grads::new(&fault_case());
+    for op in OPS {
+        let p = gr.problem(op, true);
+        let (out, report) = c.run_backward(&p).unwrap();
+        assert_eq!(report.served_by(), Some(TierKind::Cpu));
+        assert_backward_close("cpu", &p, &out, 1e-5);
+    }
+}
+
+/// Shapes and parameters the transposed convolution refuses, with the
+/// errors that name them; lengths and dtypes of backward problems.
+#[test]
+fn refused_shapes_and_operands() {
+    let p = Conv3dParams::default().with_stride([2; 3]);
+    let t = |params, op: [usize; 3], input: [usize; 5], weight: [usize; 5]| {
+        Conv3dGeometry::transposed(params, op, &input, &weight)
+    };
+    let e = t(p, [2, 0, 0], [1, 2, 3, 3, 3], [2, 2, 3, 3, 3]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Conv3dParam {
+                param: "output_padding",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = t(p, [0; 3], [1, 2, 3, 3, 3], [3, 2, 3, 3, 3]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Conv3dShape {
+                tensor: "weight",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = t(p.with_groups(2), [0; 3], [1, 3, 3, 3, 3], [3, 2, 3, 3, 3]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Conv3dShape {
+                tensor: "input",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = t(
+        Conv3dParams::default().with_padding([2; 3]),
+        [0; 3],
+        [1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, Error::Conv3dShape { reason, .. } if reason.contains("below 1")),
+        "{e}"
+    );
+    let e = t(p, [0; 3], [1, 2, 0, 3, 3], [2, 2, 3, 3, 3]).unwrap_err();
+    assert!(matches!(e, Error::Conv3dShape { .. }), "{e}");
+    let e = t(
+        p.with_stride([0, 1, 1]),
+        [0; 3],
+        [1, 2, 3, 3, 3],
+        [2, 2, 3, 3, 3],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Conv3dParam {
+                param: "stride",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = Conv3dGeometry::transposed(p, [0; 3], &[1, 2, 3, 3], &[2, 2, 3, 3, 3]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Conv3dShape {
+                tensor: "input",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // output_padding >= stride is allowed below the dilation.
+    let g = t(
+        Conv3dParams::default().with_dilation([3; 3]),
+        [2; 3],
+        [1, 2, 3, 3, 3],
+        [2, 2, 2, 2, 2],
+    )
+    .unwrap();
+    assert_eq!(g.output, [3, 3, 3]);
+    assert_eq!(g.input, [8, 8, 8]);
+
+    let gr = Grads::new(&fault_case());
+    let g = gr.g;
+    let short = &gr.dy[1..];
+    let e = Conv3dBackwardProblem::new(
+        Conv3dBackwardOp::Data,
+        g,
+        Conv3dData::F32(short),
+        Some(Conv3dData::F32(&gr.w)),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "conv3d backward grad_output",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = Conv3dBackwardProblem::new(
+        Conv3dBackwardOp::Data,
+        g,
+        Conv3dData::F32(&gr.dy),
+        Some(Conv3dData::BF16(&gr.wb)),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Conv3dDType {
+                tensor: "weight",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = Conv3dBackwardProblem::new(
+        Conv3dBackwardOp::Weight,
+        g,
+        Conv3dData::F32(&gr.dy),
+        None,
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Conv3dParam {
+                param: "backward operands",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = Conv3dBackwardProblem::new(
+        Conv3dBackwardOp::Weight,
+        g,
+        Conv3dData::F32(&gr.dy),
+        Some(Conv3dData::F32(&gr.x)),
+        Some(Conv3dData::F32(&gr.x[..6])),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Conv3dParam {
+                param: "backward operands",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // The device entry point refuses a wrong output length before any tier.
+    let dev = Device::host();
+    let s = dev.stream().unwrap();
+    let dy = s.clone_htod(&gr.dy).unwrap();
+    let w = s.clone_htod(&gr.w).unwrap();
+    let mut out = s.alloc_zeros::<f32>(3).unwrap();
+    let e = chain(&dev)
+        .backward_device(
+            &s,
+            g.params,
+            &g.input_shape(),
+            &g.weight_shape(),
+            BackwardInputs::Data {
+                grad_output: DeviceConv3dData::F32(dy.view()),
+                weight: DeviceConv3dData::F32(w.view()),
+            },
+            &mut out.view_mut(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                op: "conv3d backward device output",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
