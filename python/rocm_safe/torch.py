@@ -9,9 +9,11 @@ and, on a GPU build (``--features cuda`` / ``--features hip``)::
     print(last_load_report())          # which rung served each tensor, GB/s
 
 plus the conv3d chain (vendor -> tiled -> naive -> CPU, each result
-checked) on torch tensors: :func:`conv3d`, and
-:func:`install_conv3d_fallback` to serve ``torch.nn.functional.conv3d``
-calls that fail (or return NaN/Inf from finite inputs) through it.
+checked) on torch tensors: :func:`conv3d` and :func:`conv_transpose3d`
+(both differentiable: their gradients go through the chain's backward
+ops, checked the same way), and :func:`install_conv3d_fallback` to serve
+``torch.nn.functional.conv3d`` and ``conv_transpose3d`` calls that fail
+(or return NaN/Inf from finite inputs, or wrong values) through it.
 
 Imported only when used: ``import rocm_safe`` never imports torch.
 """
@@ -37,6 +39,7 @@ __all__ = [
     "last_load_report",
     "release_memory",
     "conv3d",
+    "conv_transpose3d",
     "last_conv3d_report",
     "install_conv3d_fallback",
     "uninstall_conv3d_fallback",
@@ -294,8 +297,11 @@ def conv3d(
     ``"valid"`` or a symmetric ``"same"``. On a GPU the tensors are
     borrowed through DLPack and the chain runs on torch's current stream
     of their device; on the CPU it runs on rocm-safe's host backend. The
-    output is allocated by torch. Inference only: the result does not track
-    gradients.
+    output is allocated by torch. Differentiable: when an input needs
+    gradients the call is a ``torch.autograd.Function`` whose backward runs
+    the chain's backward ops (input, weight and bias gradients through the
+    naive GPU kernels, then the CPU; the vendor and tiled tiers have no
+    backward ops), each result checked as the forward one is.
 
     Errors: ``TypeError`` for other dtypes or non-tensors, ``ValueError``
     for shapes, devices and parameters the chain does not take,
@@ -344,20 +350,55 @@ def conv3d(
             out_shape.append(0)  # the library names what is wrong
         else:
             out_shape.append((x + 2 * p - span) // s + 1)
+    params = (stride_t, padding_t, dilation_t, groups)
+    if _needs_grad(input, weight, bias):
+        result = _Conv3dFunction.apply(input, weight, bias, params)
+    else:
+        result = _chain_conv3d(input, weight, bias, params, out_shape)
+    return result.squeeze(0) if unbatched else result
+
+
+def _device_and_stream(device: torch.device) -> Tuple[str, int]:
+    """The native device name and torch's current stream handle (0 on
+    the CPU)."""
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return f"cuda:{index}", int(torch.cuda.current_stream(device).cuda_stream)
+    return "cpu", 0
+
+
+def _needs_grad(*ts) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
+def _conv_out_shape(x_shape, w_shape, stride_t, padding_t, dilation_t) -> List[int]:
+    """conv3d's output shape (0 where the kernel does not fit: the library
+    names what is wrong)."""
+    out_shape = [x_shape[0], w_shape[0]]
+    for x, kk, s, p, d in zip(x_shape[2:], w_shape[2:], stride_t, padding_t, dilation_t):
+        span = d * (kk - 1) + 1
+        if s <= 0 or x + 2 * p < span:
+            out_shape.append(0)
+        else:
+            out_shape.append((x + 2 * p - span) // s + 1)
+    return out_shape
+
+
+def _chain_conv3d(input, weight, bias, params, out_shape=None) -> torch.Tensor:
+    """The chain's conv3d of 5-d tensors (no autograd): an f32 result,
+    returned in the inputs' dtype."""
+    stride_t, padding_t, dilation_t, groups = params
+    if out_shape is None:
+        out_shape = _conv_out_shape(input.shape, weight.shape, stride_t, padding_t, dilation_t)
     x = input.detach().contiguous()
     w = weight.detach().contiguous()
     b = None if bias is None else bias.detach().contiguous()
-    out = torch.empty(out_shape, dtype=torch.float32, device=device)
-    if device.type == "cuda":
-        index = torch.cuda.current_device() if device.index is None else device.index
-        dev = f"cuda:{index}"
-        stream = torch.cuda.current_stream(device).cuda_stream
-    else:
-        dev, stream = "cpu", 0
+    out = torch.empty(out_shape, dtype=torch.float32, device=input.device)
+    dev, stream = _device_and_stream(input.device)
     pack = torch.utils.dlpack.to_dlpack
     served, report = _native.conv3d(
         dev,
-        int(stream),
+        stream,
         pack(x),
         pack(w),
         None if b is None else pack(b),
@@ -369,8 +410,235 @@ def conv3d(
         _backend(),
     )
     _last_conv3d[0] = report
-    result = out if input.dtype == torch.float32 else out.to(input.dtype)
+    return out if input.dtype == torch.float32 else out.to(input.dtype)
+
+
+def _chain_backward(op, grad_output, other, input_shape, weight_shape, params, out_shape) -> torch.Tensor:
+    """One backward op of the chain (``"data"``, ``"weight"``, ``"bias"``)
+    of the forward conv3d ``(input_shape, weight_shape, params)``: an f32
+    result of ``out_shape``."""
+    stride_t, padding_t, dilation_t, groups = params
+    dy = grad_output.detach().contiguous()
+    o = None if other is None else other.detach().to(dy.dtype).contiguous()
+    out = torch.empty(list(out_shape), dtype=torch.float32, device=dy.device)
+    dev, stream = _device_and_stream(dy.device)
+    pack = torch.utils.dlpack.to_dlpack
+    served, report = _native.conv3d_backward(
+        dev,
+        stream,
+        op,
+        pack(dy),
+        None if o is None else pack(o),
+        pack(out),
+        [int(v) for v in input_shape],
+        [int(v) for v in weight_shape],
+        list(stride_t),
+        list(padding_t),
+        list(dilation_t),
+        groups,
+        _backend(),
+    )
+    _last_conv3d[0] = report
+    return out
+
+
+class _Conv3dFunction(torch.autograd.Function):
+    """The chain's conv3d with its gradients through the chain's backward
+    ops (grad of input: the transposed convolution of ``dy`` with the
+    weight; of the weight: the correlation of the input with ``dy``; of the
+    bias: the sum of ``dy``), each checked as the forward call is."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, params):
+        ctx.save_for_backward(input, weight)
+        ctx.params = params
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return _chain_conv3d(input, weight, bias, params)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        params = ctx.params
+        dy = grad_output.to(input.dtype)
+        gi = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gi = _chain_backward("data", dy, weight, input.shape, weight.shape, params, input.shape)
+            gi = gi.to(input.dtype)
+        if ctx.needs_input_grad[1]:
+            gw = _chain_backward("weight", dy, input, input.shape, weight.shape, params, weight.shape)
+            gw = gw.to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = _chain_backward("bias", dy, None, input.shape, weight.shape, params, [weight.shape[0]])
+            gb = gb.to(ctx.bias_dtype)
+        return gi, gw, gb, None
+
+
+def _check_operands(what, input, weight, bias) -> None:
+    """The chain's dtype, layout and device rules (TypeError / ValueError)."""
+    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if t is None and name == "bias":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what}: {name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.dtype not in _CHAIN_DTYPES:
+            raise TypeError(f"{what}: {name} dtype {t.dtype} is not supported by the chain (float32, bfloat16)")
+        if t.layout != torch.strided:
+            raise TypeError(f"{what}: {name} must be a dense (strided) tensor")
+    if weight.dtype != input.dtype or (bias is not None and bias.dtype != input.dtype):
+        raise TypeError(
+            f"{what}: input, weight and bias must have one dtype, got {input.dtype}, {weight.dtype}"
+            + ("" if bias is None else f", {bias.dtype}")
+        )
+    devices = {t.device for t in (input, weight, bias) if t is not None}
+    if len(devices) != 1:
+        raise ValueError(f"{what}: tensors on different devices: {sorted(map(str, devices))}")
+    if input.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{what}: device {input.device} is not supported (cpu, cuda)")
+
+
+def conv_transpose3d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> torch.Tensor:
+    """``torch.nn.functional.conv_transpose3d`` (same signature) through
+    rocm-safe's chain: the naive GPU kernel (the gather form of the input
+    gradient, which a transposed convolution is), then the CPU, each result
+    checked (NaN/Inf scan, sampled points against an f64 reference) before
+    it is returned; the vendor tier is skipped (its bindings have no
+    backward-data call) and the tiled tier too (no tiled kernel for it).
+
+    Input ``[N, C_in, D, H, W]`` (or unbatched ``[C_in, D, H, W]``), weight
+    ``[C_in, C_out/groups, KD, KH, KW]``, optional bias ``[C_out]``, all
+    ``float32`` or all ``bfloat16`` (f32 accumulation; bf16 results are
+    rounded to bf16); ``output_padding`` below the stride or the dilation
+    of its axis. Differentiable: the gradients go through the chain (grad
+    of input: a conv3d of ``dy``; of the weight: the weight gradient of that
+    conv3d; of the bias: a sum), each checked. On a GPU the chain runs on
+    torch's current stream; on the CPU on rocm-safe's host backend.
+
+    Errors: ``TypeError`` for other dtypes or non-tensors, ``ValueError``
+    for shapes, devices and parameters the chain does not take,
+    ``RuntimeError`` when no tier served (the message has the report).
+    """
+    what = "conv_transpose3d"
+    _check_operands(what, input, weight, bias)
+    unbatched = input.dim() == 4
+    if unbatched:
+        input = input.unsqueeze(0)
+    if input.dim() != 5 or weight.dim() != 5:
+        raise ValueError(
+            f"{what}: expected a 5-d input [N, C, D, H, W] (or 4-d unbatched) and a 5-d weight,"
+            f" got {list(input.shape)} and {list(weight.shape)}"
+        )
+    if bias is not None and bias.dim() != 1:
+        raise ValueError(f"{what}: bias must be 1-d, got {list(bias.shape)}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"{what}: groups must be a positive int, not {groups!r}")
+    if isinstance(padding, str):
+        raise ValueError(f"{what}: padding must be an int or 3 ints, not {padding!r}")
+    params = (
+        _triple(stride, "stride"),
+        _triple(padding, "padding"),
+        _triple(output_padding, "output_padding"),
+        _triple(dilation, "dilation"),
+        groups,
+    )
+    if _needs_grad(input, weight, bias):
+        result = _ConvTranspose3dFunction.apply(input, weight, bias, params)
+    else:
+        result = _chain_conv_transpose3d(input, weight, bias, params)
     return result.squeeze(0) if unbatched else result
+
+
+def _transpose_out_shape(x_shape, w_shape, params) -> List[int]:
+    stride_t, padding_t, output_padding_t, dilation_t, groups = params
+    shape = [x_shape[0], w_shape[1] * groups]
+    for x, k, s, p, op, d in zip(x_shape[2:], w_shape[2:], stride_t, padding_t, output_padding_t, dilation_t):
+        shape.append(max((x - 1) * s - 2 * p + d * (k - 1) + op + 1, 0))
+    return shape
+
+
+def _chain_conv_transpose3d(input, weight, bias, params) -> torch.Tensor:
+    """The chain's conv_transpose3d of 5-d tensors (no autograd)."""
+    stride_t, padding_t, output_padding_t, dilation_t, groups = params
+    out_shape = _transpose_out_shape(input.shape, weight.shape, params)
+    x = input.detach().contiguous()
+    w = weight.detach().contiguous()
+    b = None if bias is None else bias.detach().contiguous()
+    out = torch.empty(out_shape, dtype=torch.float32, device=input.device)
+    dev, stream = _device_and_stream(input.device)
+    pack = torch.utils.dlpack.to_dlpack
+    served, report = _native.conv_transpose3d(
+        dev,
+        stream,
+        pack(x),
+        pack(w),
+        None if b is None else pack(b),
+        pack(out),
+        list(stride_t),
+        list(padding_t),
+        list(output_padding_t),
+        list(dilation_t),
+        groups,
+        _backend(),
+    )
+    _last_conv3d[0] = report
+    return out if input.dtype == torch.float32 else out.to(input.dtype)
+
+
+class _ConvTranspose3dFunction(torch.autograd.Function):
+    """The chain's conv_transpose3d with its gradients through the chain.
+
+    ``y = conv_transpose3d(x, w)`` is the input gradient of the conv3d
+    ``c(u) = conv3d(u, w)`` with ``u`` of ``y``'s shape, so: ``dx =
+    conv3d(dy, w)`` (cropped to ``x``'s shape when ``output_padding >=
+    stride`` makes that conv3d's output larger), ``dw`` = the weight
+    gradient of ``c`` at input ``dy`` with output gradient ``x`` (zero
+    padded to ``c``'s output), ``db`` = the sum of ``dy`` per channel."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, params):
+        ctx.save_for_backward(input, weight)
+        ctx.params = params
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return _chain_conv_transpose3d(input, weight, bias, params)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        stride_t, padding_t, _op, dilation_t, groups = ctx.params
+        conv = (stride_t, padding_t, dilation_t, groups)
+        dy = grad_output.to(input.dtype).contiguous()
+        spatial = list(input.shape[2:])
+        full = _conv_out_shape(dy.shape, weight.shape, stride_t, padding_t, dilation_t)[2:]
+        gi = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gi = _chain_conv3d(dy, weight, None, conv)
+            if full != spatial:
+                gi = gi[:, :, : spatial[0], : spatial[1], : spatial[2]].contiguous()
+        if ctx.needs_input_grad[1]:
+            x = input.detach()
+            if full != spatial:
+                pad = []
+                for f, s in zip(reversed(full), reversed(spatial)):
+                    pad += [0, f - s]
+                x = torch.nn.functional.pad(x, pad)
+            gw = _chain_backward("weight", x, dy, dy.shape, weight.shape, conv, weight.shape)
+            gw = gw.to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = _chain_backward("bias", dy, None, dy.shape, weight.shape, conv, [dy.shape[1]])
+            gb = gb.to(ctx.bias_dtype)
+        return gi, gw, gb, None
 
 
 def last_conv3d_report() -> Optional[str]:
@@ -383,7 +651,9 @@ def last_conv3d_report() -> Optional[str]:
 # torch.nn.functional.conv3d with the chain behind it
 
 _lock = threading.Lock()
-_installed: Dict[str, Any] = {"orig": None, "wrapper": None, "mode": None}
+# The mode, and per wrapped function ("conv3d", "conv_transpose3d") the
+# function that was there and our wrapper.
+_installed: Dict[str, Any] = {"mode": None, "conv3d": None, "conv_transpose3d": None}
 _counts: Dict[str, int] = {}
 _baseline: Dict[str, Tuple] = {}
 # Call signatures whose torch call failed (raised, non-finite, mismatched):
@@ -392,6 +662,7 @@ _failed_signatures: Set[Tuple] = set()
 _last_mismatch: List[Optional[str]] = [None]
 
 _MODES = ("fallback", "verify", "replace")
+_WRAPPED = ("conv3d", "conv_transpose3d")
 
 
 def _zero_counts() -> None:
@@ -405,6 +676,7 @@ def _zero_counts() -> None:
         mismatches=0,
         direct=0,
         chain_failed=0,
+        transpose_calls=0,
     )
     _last_mismatch[0] = None
 
@@ -414,13 +686,12 @@ _zero_counts()
 
 def _chain_takes(input, weight, bias) -> bool:
     """Whether a call could be served by the chain at all (tensors of its
-    dtypes on cpu/cuda; no autograd, which the chain does not record)."""
+    dtypes on cpu/cuda; inputs that need gradients included: the chain's
+    calls are differentiable)."""
     ts = [t for t in (input, weight, bias) if t is not None]
     if not all(isinstance(t, torch.Tensor) for t in ts):
         return False
     if not all(t.dtype in _CHAIN_DTYPES and t.device.type in ("cpu", "cuda") for t in ts):
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
         return False
     return True
 
@@ -429,27 +700,25 @@ def _finite(*ts) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in ts if t is not None)
 
 
-def _signature(input, weight, bias, stride, padding, dilation, groups) -> Tuple:
-    """What identifies a call for the memory of failed torch calls: shapes,
-    dtype, device and parameters (never the values)."""
+def _signature(kind, input, weight, bias, *params) -> Tuple:
+    """What identifies a call for the memory of failed torch calls: the
+    function, shapes, dtype, device and parameters (never the values)."""
     return (
+        kind,
         tuple(input.shape),
         tuple(weight.shape),
         None if bias is None else tuple(bias.shape),
         str(input.dtype),
         str(input.device),
-        repr(stride),
-        repr(padding),
-        repr(dilation),
-        repr(groups),
-    )
+    ) + tuple(repr(p) for p in params)
 
 
 def _verify_output(out, input, weight, bias, stride, padding, dilation, groups) -> Optional[str]:
-    """torch's output checked on the device at the chain's sampled points
-    (f64 recomputation): ``None`` when they agree, else the mismatch. Calls
-    the check cannot take (shapes it refuses, ``padding="same"`` that needs
-    asymmetric padding) are not checked (``None``)."""
+    """torch's conv3d output checked on the device at the chain's sampled
+    points (f64 recomputation): ``None`` when they agree, else the
+    mismatch. Calls the check cannot take (shapes it refuses,
+    ``padding="same"`` that needs asymmetric padding) are not checked
+    (``None``)."""
     if out.dtype not in _CHAIN_DTYPES or out.device != input.device:
         return None
     try:
@@ -466,17 +735,12 @@ def _verify_output(out, input, weight, bias, stride, padding, dilation, groups) 
     w = w.detach().contiguous()
     b = None if bias is None else bias.detach().contiguous()
     y = y.detach().contiguous()
-    if x.device.type == "cuda":
-        index = torch.cuda.current_device() if x.device.index is None else x.device.index
-        dev = f"cuda:{index}"
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-    else:
-        dev, stream = "cpu", 0
+    dev, stream = _device_and_stream(x.device)
     pack = torch.utils.dlpack.to_dlpack
     try:
         return _native.conv3d_verify(
             dev,
-            int(stream),
+            stream,
             pack(x),
             pack(w),
             None if b is None else pack(b),
@@ -491,16 +755,129 @@ def _verify_output(out, input, weight, bias, stride, padding, dilation, groups) 
         return None
 
 
-def install_conv3d_fallback(mode: str = "fallback") -> None:
-    """Puts rocm-safe's conv3d chain (:func:`conv3d`: vendor -> tiled ->
-    naive -> CPU, every result checked on the device) behind
-    ``torch.nn.functional.conv3d`` (and so ``nn.Conv3d``). ``mode``:
+def _verify_transpose_output(
+    out, input, weight, bias, stride, padding, output_padding, groups, dilation
+) -> Optional[str]:
+    """torch's conv_transpose3d output checked as :func:`_verify_output`
+    does (a bf16 output is widened to f32 for the check)."""
+    if out.dtype not in _CHAIN_DTYPES or out.device != input.device:
+        return None
+    if isinstance(padding, str):
+        return None
+    try:
+        params = [
+            _triple(stride, "stride"),
+            _triple(padding, "padding"),
+            _triple(output_padding, "output_padding"),
+            _triple(dilation, "dilation"),
+        ]
+    except (TypeError, ValueError):
+        return None
+    x, y = input, out
+    if x.dim() == 4:
+        x, y = x.unsqueeze(0), y.unsqueeze(0)
+    x = x.detach().contiguous()
+    w = weight.detach().contiguous()
+    b = None if bias is None else bias.detach().contiguous()
+    y = y.detach().to(torch.float32).contiguous()
+    dev, stream = _device_and_stream(x.device)
+    pack = torch.utils.dlpack.to_dlpack
+    try:
+        return _native.conv_transpose3d_verify(
+            dev,
+            stream,
+            pack(x),
+            pack(w),
+            None if b is None else pack(b),
+            pack(y),
+            *[list(p) for p in params],
+            groups,
+            _backend(),
+        )
+    except (TypeError, ValueError):
+        return None
 
-    - ``"fallback"`` (the default): torch's own conv3d runs first; when it
-      raises, or returns NaN/Inf from finite inputs, the call is served by
-      the chain (the FramePack ``miopen_fallback`` pattern). Costs one
+
+def _dispatch(kind: str, orig, chain_fn, verify_fn, args: Tuple):
+    """One call of a wrapped function (``args`` in its positional order:
+    input, weight, bias, then its parameters) under the installed mode."""
+    _counts["calls"] += 1
+    if kind == "conv_transpose3d":
+        _counts["transpose_calls"] += 1
+    input, weight, bias = args[0], args[1], args[2]
+    takes = _chain_takes(input, weight, bias)
+    current = _installed["mode"]
+    sig = _signature(kind, *args) if takes else None
+
+    def to_chain(error, reason):
+        try:
+            result = chain_fn(*args)
+        except Exception as chain_error:
+            _counts["chain_failed"] += 1
+            if error is not None:
+                raise error from chain_error
+            raise
+        if reason is not None:
+            _counts["fell_back"] += 1
+            _counts[reason] += 1
+        return result
+
+    if takes and (current == "replace" or sig in _failed_signatures):
+        try:
+            result = chain_fn(*args)
+        except (TypeError, ValueError):
+            pass  # parameters the chain refuses: torch's path below
+        except Exception:
+            _counts["chain_failed"] += 1
+            raise
+        else:
+            _counts["direct"] += 1
+            return result
+    try:
+        out = orig(*args)
+    except Exception as e:  # noqa: BLE001 - any failure of torch's path
+        if not takes:
+            raise
+        _failed_signatures.add(sig)
+        return to_chain(e, "fell_back_on_error")
+    if not takes or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        return out
+    if not bool(torch.isfinite(out).all()):
+        if not _finite(input, weight, bias):
+            return out  # NaN/Inf in, NaN/Inf out: no failure
+        _failed_signatures.add(sig)
+        return to_chain(None, "fell_back_on_non_finite")
+    if current == "verify":
+        _counts["verified"] += 1
+        mismatch = verify_fn(out, *args)
+        if mismatch is not None:
+            _counts["mismatches"] += 1
+            _last_mismatch[0] = mismatch
+            _failed_signatures.add(sig)
+            warnings.warn(
+                f"rocm_safe: torch's {kind} returned wrong values ({mismatch});"
+                " this call and later calls of its signature go to the chain",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return to_chain(None, "fell_back_on_mismatch")
+    return out
+
+
+def install_conv3d_fallback(mode: str = "fallback") -> None:
+    """Puts rocm-safe's conv3d chain (:func:`conv3d` and
+    :func:`conv_transpose3d`: every result checked on the device, their
+    gradients too) behind ``torch.nn.functional.conv3d`` and
+    ``torch.nn.functional.conv_transpose3d`` (and so ``nn.Conv3d`` and
+    ``nn.ConvTranspose3d``). ``mode``:
+
+    - ``"fallback"`` (the default): torch's own function runs first; when
+      it raises, or returns NaN/Inf from finite inputs, the call is served
+      by the chain (the FramePack ``miopen_fallback`` pattern). Costs one
       ``isfinite`` pass over each output. Use it where torch's path works
-      and you want a safety net against crashes and NaNs.
+      and you want a safety net against crashes and NaNs. A call that
+      torch serves keeps torch's gradients; one the chain serves gets the
+      chain's (its backward ops, checked).
     - ``"verify"``: as ``"fallback"``, and torch's finite output is also
       spot-checked on the device at the chain's sampled points against an
       f64 recomputation (one small read-back per call); a mismatch (a
@@ -509,21 +886,24 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
       (``last_mismatch`` in :func:`conv3d_stats`, and a ``RuntimeWarning``).
       Use it where you cannot trust torch's results on this GPU stack.
     - ``"replace"``: every call the chain can take goes to the chain,
-      without calling torch's conv3d (calls it cannot take still go to
-      torch). Use it where torch's path is broken or slow (a MIOpen search
-      that hangs or takes minutes, a generic fallback that is hours).
+      without calling torch's function (calls it cannot take still go to
+      torch), forward and backward: the gradients are the chain's. Use it
+      where torch's path is broken or slow (a MIOpen search that hangs or
+      takes minutes, a generic ConvTranspose3d path that takes hours, a
+      backward pass that fails).
 
-    In every mode a call signature (shapes, dtype, device, stride, padding,
-    dilation, groups) whose torch call failed (raised, non-finite, or
-    mismatched) is remembered and sent straight to the chain afterwards, so
-    a failing search or kernel is not paid for on every call. Calls the
-    chain cannot take (other dtypes, inputs that need gradients) keep
-    torch's behaviour, its error included.
+    In every mode a call signature (function, shapes, dtype, device,
+    parameters) whose torch call failed (raised, non-finite, or mismatched)
+    is remembered and sent straight to the chain afterwards, so a failing
+    search or kernel is not paid for on every call. Calls the chain cannot
+    take (other dtypes, devices) keep torch's behaviour, its error
+    included. Inputs that need gradients are taken: the chain's calls are
+    differentiable.
 
     Idempotent; installing again with another mode switches the mode (the
     remembered signatures stay). :func:`uninstall_conv3d_fallback` puts
-    back exactly the function that was there. :func:`conv3d_stats` reports
-    the mode and counts calls, fallbacks, mismatches and tiers.
+    back exactly the functions that were there. :func:`conv3d_stats`
+    reports the mode and counts calls, fallbacks, mismatches and tiers.
 
     Errors: ``ValueError`` for an unknown mode.
     """
@@ -531,97 +911,53 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
         raise ValueError(f"install_conv3d_fallback: mode must be one of {_MODES}, not {mode!r}")
     F = torch.nn.functional
     with _lock:
-        if _installed["wrapper"] is not None:
+        if _installed["conv3d"] is not None:
             _installed["mode"] = mode
             return
         orig = F.conv3d
-
-        def to_chain(args, error, reason):
-            try:
-                result = conv3d(*args)
-            except Exception as chain_error:
-                _counts["chain_failed"] += 1
-                if error is not None:
-                    raise error from chain_error
-                raise
-            if reason is not None:
-                _counts["fell_back"] += 1
-                _counts[reason] += 1
-            return result
+        orig_t = F.conv_transpose3d
 
         @functools.wraps(orig)
         def conv3d_with_fallback(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-            _counts["calls"] += 1
             args = (input, weight, bias, stride, padding, dilation, groups)
-            takes = _chain_takes(input, weight, bias)
-            current = _installed["mode"]
-            sig = _signature(*args) if takes else None
-            if takes and (current == "replace" or sig in _failed_signatures):
-                try:
-                    result = conv3d(*args)
-                except (TypeError, ValueError):
-                    pass  # parameters the chain refuses: torch's path below
-                except Exception:
-                    _counts["chain_failed"] += 1
-                    raise
-                else:
-                    _counts["direct"] += 1
-                    return result
-            try:
-                out = orig(*args)
-            except Exception as e:  # noqa: BLE001 - any failure of torch's path
-                if not takes:
-                    raise
-                _failed_signatures.add(sig)
-                return to_chain(args, e, "fell_back_on_error")
-            if not takes or not isinstance(out, torch.Tensor) or not out.is_floating_point():
-                return out
-            if not bool(torch.isfinite(out).all()):
-                if not _finite(input, weight, bias):
-                    return out  # NaN/Inf in, NaN/Inf out: no failure
-                _failed_signatures.add(sig)
-                return to_chain(args, None, "fell_back_on_non_finite")
-            if current == "verify":
-                _counts["verified"] += 1
-                mismatch = _verify_output(out, *args)
-                if mismatch is not None:
-                    _counts["mismatches"] += 1
-                    _last_mismatch[0] = mismatch
-                    _failed_signatures.add(sig)
-                    warnings.warn(
-                        f"rocm_safe: torch's conv3d returned wrong values ({mismatch});"
-                        " this call and later calls of its signature go to the chain",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                    return to_chain(args, None, "fell_back_on_mismatch")
-            return out
+            return _dispatch("conv3d", orig, conv3d, _verify_output, args)
 
-        conv3d_with_fallback.__rocm_safe_fallback__ = True  # type: ignore[attr-defined]
-        _installed["orig"] = orig
-        _installed["wrapper"] = conv3d_with_fallback
+        @functools.wraps(orig_t)
+        def conv_transpose3d_with_fallback(
+            input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1
+        ):
+            args = (input, weight, bias, stride, padding, output_padding, groups, dilation)
+            return _dispatch("conv_transpose3d", orig_t, conv_transpose3d, _verify_transpose_output, args)
+
+        for f in (conv3d_with_fallback, conv_transpose3d_with_fallback):
+            f.__rocm_safe_fallback__ = True  # type: ignore[attr-defined]
+        _installed["conv3d"] = (orig, conv3d_with_fallback)
+        _installed["conv_transpose3d"] = (orig_t, conv_transpose3d_with_fallback)
         _installed["mode"] = mode
         F.conv3d = conv3d_with_fallback
+        F.conv_transpose3d = conv_transpose3d_with_fallback
 
 
 def uninstall_conv3d_fallback() -> None:
-    """Puts back the ``torch.nn.functional.conv3d`` that
-    :func:`install_conv3d_fallback` replaced (no-op when not installed)
-    and forgets the remembered failing call signatures. Raises
-    ``RuntimeError`` when someone replaced it again since: their function
-    is left in place."""
+    """Puts back the ``torch.nn.functional.conv3d`` and
+    ``conv_transpose3d`` that :func:`install_conv3d_fallback` replaced
+    (no-op when not installed) and forgets the remembered failing call
+    signatures. Raises ``RuntimeError`` when someone replaced one of them
+    again since: nothing is restored then, their functions are left in
+    place."""
     F = torch.nn.functional
     with _lock:
-        wrapper = _installed["wrapper"]
-        if wrapper is None:
+        if _installed["conv3d"] is None:
             return
-        if F.conv3d is not wrapper:
-            raise RuntimeError(
-                "torch.nn.functional.conv3d was replaced after install_conv3d_fallback(); not restoring over it"
-            )
-        F.conv3d = _installed["orig"]
-        _installed["orig"] = None
-        _installed["wrapper"] = None
+        for name in _WRAPPED:
+            _orig, wrapper = _installed[name]
+            if getattr(F, name) is not wrapper:
+                raise RuntimeError(
+                    f"torch.nn.functional.{name} was replaced after install_conv3d_fallback(); not restoring over it"
+                )
+        for name in _WRAPPED:
+            setattr(F, name, _installed[name][0])
+            _installed[name] = None
         _installed["mode"] = None
         _failed_signatures.clear()
 
@@ -633,10 +969,12 @@ def conv3d_stats() -> Dict[str, Any]:
       ``naive``, ``cpu``): ``served``, ``failed`` (``errors`` +
       ``non_finite`` + ``mismatches``), ``skipped``, ``attempts``,
       ``errors``, ``non_finite``, ``mismatches``, ``seconds``; over every
-      :func:`conv3d` call, the fallback's included.
+      call through the chain (:func:`conv3d`, :func:`conv_transpose3d`,
+      their backward ops), the fallback's included.
     - the installed fallback's: ``mode`` (``"fallback"``, ``"verify"``,
       ``"replace"``, or ``None`` when not installed), ``calls`` (every
-      ``torch.nn.functional.conv3d`` call it saw), ``fell_back`` (torch
+      ``torch.nn.functional.conv3d`` and ``conv_transpose3d`` call it
+      saw), ``transpose_calls`` (the ``conv_transpose3d`` ones), ``fell_back`` (torch
       was called and the chain served instead), ``fell_back_on_error``,
       ``fell_back_on_non_finite``, ``fell_back_on_mismatch``,
       ``verified`` (torch outputs spot-checked, ``"verify"``),

@@ -35,10 +35,10 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use rocm_safe::conv3d::Conv3dParams;
+use rocm_safe::conv3d::{Conv3dBackwardOp, Conv3dBackwardProblem, Conv3dGeometry, Conv3dParams};
 use rocm_safe::conv3d_chain::{
-    device_tiers, Conv3dChain, Conv3dOptions, Conv3dTier, DeviceConv3dData, DeviceOperands,
-    Support, TierKind,
+    device_tiers, BackwardInputs, Conv3dChain, Conv3dOptions, Conv3dReport, Conv3dTier,
+    DeviceBackwardOperands, DeviceConv3dData, DeviceOperands, Support, TierKind,
 };
 use rocm_safe::device::{BackendKind, Device, DeviceViewMut, RawStream, Stream};
 use rocm_safe::dlpack::{ffi::DLManagedTensor, Export, Imported, Managed};
@@ -471,6 +471,39 @@ impl Conv3dTier for Injectable {
         }
         self.0.run_device(ops, out)
     }
+    fn support_backward(&self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
+        if is_injected(self.kind()) {
+            Support::Yes
+        } else {
+            self.0.support_backward(op, g)
+        }
+    }
+    fn run_backward(
+        &self,
+        p: &Conv3dBackwardProblem<'_>,
+        out: &mut [f32],
+    ) -> rocm_safe::Result<()> {
+        if is_injected(self.kind()) {
+            return Err(rocm_safe::Error::Conv3dTier {
+                tier: "injected",
+                reason: INJECTED,
+            });
+        }
+        self.0.run_backward(p, out)
+    }
+    fn run_backward_device(
+        &self,
+        ops: &DeviceBackwardOperands<'_, '_>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> rocm_safe::Result<()> {
+        if is_injected(self.kind()) {
+            return Err(rocm_safe::Error::Conv3dTier {
+                tier: "injected",
+                reason: INJECTED,
+            });
+        }
+        self.0.run_backward_device(ops, out)
+    }
 }
 
 /// Each device's chain.
@@ -671,6 +704,242 @@ pub fn conv3d_verify(
             | rocm_safe::Error::LengthMismatch { .. }),
         ) => Err(PyValueError::new_err(format!("conv3d_verify: {e}"))),
         Err(e) => Err(PyRuntimeError::new_err(format!("conv3d_verify: {e}"))),
+    }
+}
+
+/// The stream a chain call runs on: a stream of the host backend, or
+/// PyTorch's current stream of the device, borrowed.
+fn call_stream(dev: &Device, stream: u64) -> PyResult<Stream> {
+    if dev.kind() == BackendKind::Host {
+        dev.stream()
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    } else {
+        // SAFETY: as in `conv3d`: `stream` is PyTorch's current stream of
+        // this device, alive for the call; the `Stream` is dropped before
+        // the caller returns (never destroyed by rocm-safe).
+        Ok(unsafe { Stream::from_raw(dev, RawStream(stream)) })
+    }
+}
+
+/// A chain call's result for Python: `(served tier, report)`, or the
+/// error (`ValueError` for what the chain does not take).
+fn chain_result(what: &str, r: rocm_safe::Result<Conv3dReport>) -> PyResult<(String, String)> {
+    match r {
+        Ok(report) => {
+            let served = report.served().map(|a| a.name.clone()).unwrap_or_default();
+            Ok((served, report.to_string()))
+        }
+        Err(
+            e @ (rocm_safe::Error::Conv3dShape { .. }
+            | rocm_safe::Error::Conv3dParam { .. }
+            | rocm_safe::Error::Conv3dDType { .. }
+            | rocm_safe::Error::LengthMismatch { .. }),
+        ) => Err(PyValueError::new_err(format!("{what}: {e}"))),
+        Err(e) => Err(PyRuntimeError::new_err(format!("{what}: {e}"))),
+    }
+}
+
+/// `conv3d_backward(device, stream, op, grad_output, other, out,
+/// input_shape, weight_shape, stride, padding, dilation, groups,
+/// backend=None)`: a gradient of the forward conv3d `(input_shape,
+/// weight_shape, stride, padding, dilation, groups)` through the chain on
+/// tensors borrowed through DLPack, on `stream`, into `out` (f32, written
+/// in place): `op` `"data"` (`other`: the weight; `out` the input's
+/// shape), `"weight"` (`other`: the forward input; `out` the weight's
+/// shape) or `"bias"` (`other` None, `out` `[K]`; the shapes and
+/// parameters are not used). Returns `(served tier name, report)`.
+#[pyfunction]
+#[pyo3(signature = (device, stream, op, grad_output, other, out, input_shape, weight_shape, stride, padding, dilation, groups, backend=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv3d_backward(
+    py: Python<'_>,
+    device: &str,
+    stream: u64,
+    op: &str,
+    grad_output: &Bound<'_, PyAny>,
+    other: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    input_shape: Vec<i64>,
+    weight_shape: Vec<i64>,
+    stride: [usize; 3],
+    padding: [usize; 3],
+    dilation: [usize; 3],
+    groups: usize,
+    backend: Option<&str>,
+) -> PyResult<(String, String)> {
+    let dev = device_of(device, backend)?;
+    let dy = take_capsule(&dev, grad_output, "conv3d backward grad_output")?;
+    let o = other
+        .map(|o| take_capsule(&dev, o, "conv3d backward operand"))
+        .transpose()?;
+    let mut y = take_capsule(&dev, out, "conv3d backward output")?;
+    if y.dtype() != DType::F32 {
+        return Err(PyTypeError::new_err(
+            "conv3d backward output: must be float32",
+        ));
+    }
+    let s = call_stream(&dev, stream)?;
+    let params = Conv3dParams {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let chain = chain_of(&dev);
+    let dyd = import_data(&dy, "conv3d backward grad_output")?;
+    let od = o
+        .as_ref()
+        .map(|o| import_data(o, "conv3d backward operand"))
+        .transpose()?;
+    let dy_shape = dy.shape().to_vec();
+    let mut yv = y
+        .view_mut::<f32>()
+        .map_err(|e| PyValueError::new_err(format!("conv3d backward output: {e}")))?;
+    let inputs = match (op, od) {
+        ("data", Some(weight)) => Some(BackwardInputs::Data {
+            grad_output: dyd,
+            weight,
+        }),
+        ("weight", Some(input)) => Some(BackwardInputs::Weight {
+            input,
+            grad_output: dyd,
+        }),
+        ("bias", None) => None,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "conv3d_backward: op {op:?} with{} a second operand: \"data\" and \"weight\" take one, \"bias\" none",
+                if o.is_some() { "" } else { "out" }
+            )))
+        }
+    };
+    let r = py.detach(|| match inputs {
+        Some(i) => chain.backward_device(&s, params, &input_shape, &weight_shape, i, &mut yv),
+        None => chain.backward_bias_device(&s, dyd, &dy_shape, &mut yv),
+    });
+    chain_result("conv3d_backward", r)
+}
+
+/// `conv_transpose3d(device, stream, input, weight, bias, out, stride,
+/// padding, output_padding, dilation, groups, backend=None)`: the
+/// transposed convolution (PyTorch's semantics; weight `[C_in,
+/// C_out/groups, KD, KH, KW]`) through the chain on tensors borrowed
+/// through DLPack, on `stream`, into `out` (f32, written in place).
+/// Returns `(served tier name, report)`; errors as `conv3d`.
+#[pyfunction]
+#[pyo3(signature = (device, stream, input, weight, bias, out, stride, padding, output_padding, dilation, groups, backend=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv_transpose3d(
+    py: Python<'_>,
+    device: &str,
+    stream: u64,
+    input: &Bound<'_, PyAny>,
+    weight: &Bound<'_, PyAny>,
+    bias: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    stride: [usize; 3],
+    padding: [usize; 3],
+    output_padding: [usize; 3],
+    dilation: [usize; 3],
+    groups: usize,
+    backend: Option<&str>,
+) -> PyResult<(String, String)> {
+    let dev = device_of(device, backend)?;
+    let x = take_capsule(&dev, input, "conv_transpose3d input")?;
+    let w = take_capsule(&dev, weight, "conv_transpose3d weight")?;
+    let b = bias
+        .map(|b| take_capsule(&dev, b, "conv_transpose3d bias"))
+        .transpose()?;
+    let mut y = take_capsule(&dev, out, "conv_transpose3d output")?;
+    if y.dtype() != DType::F32 {
+        return Err(PyTypeError::new_err(
+            "conv_transpose3d output: must be float32",
+        ));
+    }
+    let s = call_stream(&dev, stream)?;
+    let params = Conv3dParams {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let chain = chain_of(&dev);
+    let xd = import_data(&x, "conv_transpose3d input")?;
+    let wd = import_data(&w, "conv_transpose3d weight")?;
+    let bd = b
+        .as_ref()
+        .map(|b| import_data(b, "conv_transpose3d bias"))
+        .transpose()?;
+    let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+    let mut yv = y
+        .view_mut::<f32>()
+        .map_err(|e| PyValueError::new_err(format!("conv_transpose3d output: {e}")))?;
+    let r = py.detach(|| {
+        chain.conv_transpose3d_device(&s, params, output_padding, xd, &xs, wd, &ws, bd, &mut yv)
+    });
+    chain_result("conv_transpose3d", r)
+}
+
+/// `conv_transpose3d_verify(device, stream, input, weight, bias, out,
+/// stride, padding, output_padding, dilation, groups, backend=None)`:
+/// checks `out` (float32, computed by something else: torch's own
+/// conv_transpose3d) at the chain's sampled points on the device, on
+/// `stream`. Returns `None` when every sampled point agrees, else the
+/// mismatch as text. Errors as `conv_transpose3d`.
+#[pyfunction]
+#[pyo3(signature = (device, stream, input, weight, bias, out, stride, padding, output_padding, dilation, groups, backend=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv_transpose3d_verify(
+    py: Python<'_>,
+    device: &str,
+    stream: u64,
+    input: &Bound<'_, PyAny>,
+    weight: &Bound<'_, PyAny>,
+    bias: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    stride: [usize; 3],
+    padding: [usize; 3],
+    output_padding: [usize; 3],
+    dilation: [usize; 3],
+    groups: usize,
+    backend: Option<&str>,
+) -> PyResult<Option<String>> {
+    let dev = device_of(device, backend)?;
+    let x = take_capsule(&dev, input, "conv_transpose3d input")?;
+    let w = take_capsule(&dev, weight, "conv_transpose3d weight")?;
+    let b = bias
+        .map(|b| take_capsule(&dev, b, "conv_transpose3d bias"))
+        .transpose()?;
+    let y = take_capsule(&dev, out, "conv_transpose3d output")?;
+    if y.dtype() != DType::F32 {
+        return Err(PyTypeError::new_err(
+            "conv_transpose3d_verify output: must be float32",
+        ));
+    }
+    let s = call_stream(&dev, stream)?;
+    let params = Conv3dParams {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let chain = chain_of(&dev);
+    let xd = import_data(&x, "conv_transpose3d input")?;
+    let wd = import_data(&w, "conv_transpose3d weight")?;
+    let bd = b
+        .as_ref()
+        .map(|b| import_data(b, "conv_transpose3d bias"))
+        .transpose()?;
+    let yv = y
+        .view::<f32>()
+        .map_err(|e| PyValueError::new_err(format!("conv_transpose3d output: {e}")))?;
+    let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+    let r = py.detach(|| {
+        chain.verify_conv_transpose3d_device(&s, params, output_padding, xd, &xs, wd, &ws, bd, yv)
+    });
+    match r {
+        Ok(Ok(())) => Ok(None),
+        Ok(Err(failure)) => Ok(Some(failure.to_string())),
+        Err(e) => chain_result("conv_transpose3d_verify", Err(e)).map(|_| None),
     }
 }
 

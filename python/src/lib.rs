@@ -489,6 +489,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu::conv3d, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::conv3d_stats, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::conv3d_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::conv3d_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::conv_transpose3d, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::conv_transpose3d_verify, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::inject_conv3d_failures, m)?)?;
     Ok(())
 }

@@ -1,0 +1,304 @@
+"""Gradients and transposed convolutions through the chain (issue 21,
+items 4-6): rocm_safe.torch.conv3d / conv_transpose3d as autograd
+functions against torch's own gradients and a float64 torch reference,
+gradcheck on tiny shapes, and install_conv3d_fallback on
+torch.nn.functional.conv_transpose3d and on inputs that need gradients
+(every mode, torch failing by raising, NaN or wrong values), and a small
+diffusers video VAE forward + backward where diffusers is installed. On
+the CPU (rocm-safe's host backend; runs in CI when torch is there) and,
+where torch.cuda is available, on the GPU."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from rocm_safe import torch as rt  # noqa: E402
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch.cuda")
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def exact_torch():
+    """torch's reference without TF32; the fallback uninstalled after."""
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+    rt._inject_conv3d_failures([])
+    rt.uninstall_conv3d_fallback()
+
+
+CONV_CASES = [
+    dict(padding=1),
+    dict(stride=2, padding=1),
+    dict(padding=(1, 0, 2), dilation=(1, 2, 1)),
+    dict(groups=2, padding=1),
+    dict(groups=8, padding=1),
+]
+
+
+def conv_operands(device, dtype, groups=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 8, 5, 6, 7, generator=g)
+    w = torch.randn(8, 8 // groups, 3, 3, 3, generator=g) / math.sqrt(8 * 27 / groups)
+    b = torch.randn(8, generator=g)
+    return [t.to(device=device, dtype=dtype).requires_grad_() for t in (x, w, b)]
+
+
+def grads(fn, tensors, seed=1):
+    """The output and the gradients of sum(out * r) (r: fixed random)."""
+    for t in tensors:
+        t.grad = None
+    out = fn(*tensors)
+    r = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out)
+    (out * r).sum().backward()
+    return out.detach(), [t.grad.detach().clone() for t in tensors]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", CONV_CASES, ids=str)
+def test_conv3d_gradients_match_torch_and_float64(device, kw):
+    x, w, b = conv_operands(device, torch.float32, kw.get("groups", 1))
+    rt.reset_conv3d_stats()
+    ours, g_ours = grads(lambda x, w, b: rt.conv3d(x, w, b, **kw), [x, w, b])
+    ref, g_ref = grads(lambda x, w, b: F.conv3d(x, w, b, **kw), [x, w, b])
+    x64, w64, b64 = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    _, g_64 = grads(lambda x, w, b: F.conv3d(x, w, b, **kw), [x64, w64, b64])
+    torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+    for name, a, t, e in zip("xwb", g_ours, g_ref, g_64):
+        assert a.dtype == torch.float32 and a.shape == e.shape, name
+        # At torch's own f32 accuracy against float64.
+        err_ours = (a.double() - e).abs().max().item()
+        err_torch = (t.double() - e).abs().max().item()
+        scale = e.abs().max().item() + 1.0
+        assert err_ours <= max(4 * err_torch, 1e-5 * scale), (name, err_ours, err_torch)
+    s = rt.conv3d_stats()["tiers"]
+    # The three backward ops ran through the chain's naive kernels.
+    assert s["naive"]["served"] >= 3, s
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv3d_bf16_gradients_are_at_bf16_accuracy(device):
+    x, w, b = conv_operands(device, torch.bfloat16)
+    ours, g_ours = grads(lambda x, w, b: rt.conv3d(x, w, b, padding=1), [x, w, b])
+    x64, w64, b64 = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    _, g_64 = grads(lambda x, w, b: F.conv3d(x, w, b, padding=1), [x64, w64, b64])
+    for a, e in zip(g_ours, g_64):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.double(), e, rtol=2e-2, atol=2e-2 * (e.abs().max().item() + 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_on_tiny_shapes(device):
+    """gradcheck in f32 (the chain takes f32 and bf16 only): a loose
+    tolerance, since the finite differences are taken in f32."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 2, 3, 4, 3, generator=g).to(device).requires_grad_()
+    w = torch.randn(4, 1, 2, 3, 2, generator=g).to(device).requires_grad_()
+    b = torch.randn(4, generator=g).to(device).requires_grad_()
+    f = lambda x, w, b: rt.conv3d(x, w, b, stride=(1, 2, 1), padding=1, groups=2)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, w, b), eps=1e-2, atol=1e-2, rtol=1e-2, nondet_tol=1e-5)
+    wt = torch.randn(2, 3, 2, 2, 3, generator=g).to(device).requires_grad_()
+    bt = torch.randn(3, generator=g).to(device).requires_grad_()
+    ft = lambda x, w, b: rt.conv_transpose3d(x, w, b, stride=2, padding=1, output_padding=1)  # noqa: E731
+    assert torch.autograd.gradcheck(ft, (x, wt, bt), eps=1e-2, atol=1e-2, rtol=1e-2, nondet_tol=1e-5)
+
+
+TRANSPOSE_CASES = [
+    dict(stride=2, padding=1, output_padding=1),
+    dict(stride=(1, 2, 3), padding=(0, 1, 0), output_padding=(0, 1, 2), groups=2),
+    dict(stride=1, padding=2, dilation=2),
+    dict(stride=1, dilation=3, output_padding=2),  # output_padding >= stride
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kw", TRANSPOSE_CASES, ids=str)
+def test_conv_transpose3d_and_its_gradients_match_torch(device, kw):
+    groups = kw.get("groups", 1)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4, 3, 4, 5, generator=g).to(device).requires_grad_()
+    w = (torch.randn(4, 6 // groups, 3, 2, 3, generator=g) / 6).to(device).requires_grad_()
+    b = torch.randn(6, generator=g).to(device).requires_grad_()
+    rt.reset_conv3d_stats()
+    ours, g_ours = grads(lambda x, w, b: rt.conv_transpose3d(x, w, b, **kw), [x, w, b])
+    ref, g_ref = grads(lambda x, w, b: F.conv_transpose3d(x, w, b, **kw), [x, w, b])
+    x64, w64, b64 = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref64, g_64 = grads(lambda x, w, b: F.conv_transpose3d(x, w, b, **kw), [x64, w64, b64])
+    assert ours.shape == ref.shape
+    torch.testing.assert_close(ours.double(), ref64, rtol=1e-4, atol=1e-4)
+    for name, a, t, e in zip("xwb", g_ours, g_ref, g_64):
+        err_ours = (a.double() - e).abs().max().item()
+        err_torch = (t.double() - e).abs().max().item()
+        assert err_ours <= max(4 * err_torch, 1e-5 * (e.abs().max().item() + 1.0)), (name, err_ours, err_torch)
+    # bf16 forward at bf16 accuracy; unbatched input.
+    xb, wb, bb = (t.detach().bfloat16() for t in (x, w, b))
+    out = rt.conv_transpose3d(xb[0], wb, bb, **kw)
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape[1:]
+    torch.testing.assert_close(out.double(), ref64[0], rtol=2e-2, atol=5e-2)
+    assert "naive: served" in rt.last_conv3d_report()
+
+
+def test_conv_transpose3d_refuses_what_the_chain_does_not_take():
+    x = torch.randn(1, 2, 3, 3, 3)
+    w = torch.randn(2, 2, 3, 3, 3)
+    with pytest.raises(TypeError):
+        rt.conv_transpose3d(x.double(), w.double())
+    with pytest.raises(ValueError, match="output_padding"):
+        rt.conv_transpose3d(x, w, stride=2, output_padding=2)
+    with pytest.raises(ValueError):
+        rt.conv_transpose3d(x, w, padding="same")
+
+
+class Broken:
+    """A stand-in for a torch function that fails as asked ("raises",
+    "nan", "wrong": finite values a little off) and counts its calls."""
+
+    def __init__(self, real, failure):
+        self.real, self.failure, self.calls = real, failure, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.failure == "raises":
+            raise RuntimeError("miopenStatusUnknownError (simulated)")
+        out = self.real(*args, **kwargs)
+        if self.failure == "nan":
+            return out * float("nan")
+        if self.failure == "wrong":
+            return out * 1.02 + 0.3
+        return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["fallback", "verify", "replace"])
+@pytest.mark.parametrize("failure", ["raises", "nan", "wrong"])
+def test_training_step_through_the_fallback(device, mode, failure, monkeypatch):
+    """nn.Conv3d and nn.ConvTranspose3d with parameters that need
+    gradients, torch's functions failing: forward and backward are served
+    by the chain (where the mode catches the failure) and match torch's."""
+    real_c, real_t = F.conv3d, F.conv_transpose3d
+    broken_c, broken_t = Broken(real_c, failure), Broken(real_t, failure)
+    monkeypatch.setattr(F, "conv3d", broken_c)
+    monkeypatch.setattr(F, "conv_transpose3d", broken_t)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv3d(3, 8, 3, padding=1),
+        torch.nn.SiLU(),
+        torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, output_padding=1),
+    ).to(device)
+    x = torch.randn(1, 3, 3, 4, 4, device=device, requires_grad=True)
+    rt.install_conv3d_fallback(mode=mode)
+    rt.reset_conv3d_stats()
+    with pytest.warns(RuntimeWarning) if (failure == "wrong" and mode == "verify") else _nothing():
+        out = model(x)
+    caught = failure in ("raises", "nan") or mode in ("verify", "replace")
+    if not caught:
+        # "fallback" does not look at finite values: torch's wrong output.
+        return
+    out.square().mean().backward()
+    got = [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+    # torch's own step, with its real functions.
+    rt.uninstall_conv3d_fallback()
+    monkeypatch.setattr(F, "conv3d", real_c)
+    monkeypatch.setattr(F, "conv_transpose3d", real_t)
+    x.grad = None
+    model.zero_grad()
+    ref = model(x)
+    ref.square().mean().backward()
+    want = [x.grad] + [p.grad for p in model.parameters()]
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-3, atol=1e-4)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_install_wraps_and_restores_conv_transpose3d():
+    orig_c, orig_t = F.conv3d, F.conv_transpose3d
+    rt.install_conv3d_fallback(mode="replace")
+    assert F.conv_transpose3d is not orig_t and F.conv3d is not orig_c
+    rt.reset_conv3d_stats()
+    x, w = torch.randn(1, 2, 3, 3, 3), torch.randn(2, 3, 2, 2, 2)
+    torch.testing.assert_close(F.conv_transpose3d(x, w, None, 2), orig_t(x, w, None, 2), rtol=1e-4, atol=1e-4)
+    s = rt.conv3d_stats()
+    assert (s["calls"], s["transpose_calls"], s["direct"]) == (1, 1, 1)
+    # Calls the chain cannot take keep torch's behaviour.
+    torch.testing.assert_close(F.conv_transpose3d(x.double(), w.double()), orig_t(x.double(), w.double()))
+    rt.uninstall_conv3d_fallback()
+    assert F.conv3d is orig_c and F.conv_transpose3d is orig_t
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_tier_failures_fall_through(device):
+    """The naive tier failing (an injected error) in the backward pass: the
+    CPU tier serves the gradients, which still match torch's."""
+    x, w, b = conv_operands(device, torch.float32)
+    rt._inject_conv3d_failures(["vendor", "tiled", "naive"])
+    rt.reset_conv3d_stats()
+    ours, g_ours = grads(lambda x, w, b: rt.conv3d(x, w, b, padding=1), [x, w, b])
+    rt._inject_conv3d_failures([])
+    _, g_ref = grads(lambda x, w, b: F.conv3d(x, w, b, padding=1), [x, w, b])
+    for a, e in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, e, rtol=1e-3, atol=1e-4)
+    s = rt.conv3d_stats()["tiers"]
+    assert s["cpu"]["served"] == 4 and s["naive"]["errors"] >= 4
+
+
+def _wan_vae():
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    return diffusers.AutoencoderKLWan(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        attn_scales=[],
+        temperal_downsample=[True],
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wan_vae_forward_and_backward_in_replace_mode(device, dtype):
+    """A small diffusers Wan 2.1 VAE (random weights): every conv3d of the
+    forward and the backward pass goes through the chain (replace mode);
+    the reconstruction and the gradients match torch's."""
+    vae = _wan_vae().to(device=device, dtype=dtype)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 3, 5, 16, 16, generator=g).to(device=device, dtype=dtype)
+
+    def step():
+        vae.zero_grad()
+        xx = x.clone().requires_grad_()
+        out = vae(xx).sample
+        out.float().square().mean().backward()
+        return out.detach(), [xx.grad] + [p.grad.clone() for p in vae.parameters() if p.grad is not None]
+
+    ref, g_ref = step()
+    rt.install_conv3d_fallback(mode="replace")
+    rt.reset_conv3d_stats()
+    ours, g_ours = step()
+    s = rt.conv3d_stats()
+    rt.uninstall_conv3d_fallback()
+    assert s["direct"] > 0 and s["calls"] == s["direct"], s
+    assert sum(t["served"] for t in s["tiers"].values()) > s["direct"], "backward ops ran through the chain"
+    tol = dict(rtol=1e-3, atol=1e-4) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(ours.float(), ref.float(), **tol)
+    assert len(g_ours) == len(g_ref)
+    for a, e in zip(g_ours, g_ref):
+        scale = e.float().abs().max().item() + 1e-6
+        torch.testing.assert_close(a.float() / scale, e.float() / scale, **tol)
