@@ -29,8 +29,10 @@ CASES = [
 
 
 @pytest.fixture(autouse=True)
-def exact_torch():
-    """torch's reference without TF32 (its cuDNN default for conv)."""
+def exact_torch(monkeypatch):
+    """torch's reference without TF32 (its cuDNN default for conv). Takes
+    ``monkeypatch`` so that its teardown (uninstalling the fallback) runs
+    before monkeypatch puts back a patched ``F.conv3d``."""
     old = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     yield

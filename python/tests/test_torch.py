@@ -12,7 +12,7 @@ stt = pytest.importorskip("safetensors.torch")
 
 import rocm_safe  # noqa: E402
 import rocm_safe.torch as rt  # noqa: E402
-from rocm_safe import SafetensorError, safe_open  # noqa: E402
+from rocm_safe import safe_open  # noqa: E402
 
 
 def tensors():
@@ -134,12 +134,15 @@ def test_save_refusals_match_safetensors(tmp_path):
     assert (tmp_path / "ok.safetensors").read_bytes() == (tmp_path / "ok2.safetensors").read_bytes()
 
 
-def test_save_over_open_input_refused(tmp_path):
+def test_save_over_an_open_file_replaces_it_and_the_reader_keeps_its_bytes(tmp_path):
+    # As safetensors: the save is a rename over the path; the open handle
+    # keeps reading the file it opened.
     p = tmp_path / "m.safetensors"
     rt.save_file({"a": torch.ones(3)}, p)
     with safe_open(p, "pt") as f:
-        with pytest.raises(SafetensorError, match="same file as the input"):
-            rt.save_file({"a": f.get_tensor("a") * 2}, p)
+        rt.save_file({"a": f.get_tensor("a") * 2}, p)
+        assert torch.equal(f.get_tensor("a"), torch.ones(3))
+    assert torch.equal(rt.load_file(p)["a"], torch.full((3,), 2.0))
 
 
 def test_requires_grad_and_import_isolation(tmp_path):

@@ -67,6 +67,17 @@ impl HostBackend {
 
     fn raw_alloc(op: &'static str, bytes: usize) -> Result<*mut u8> {
         let layout = Self::layout(op, bytes)?;
+        // "Device" memory here is host memory: more than RAM + swap can
+        // never be backed. Refused up front, whatever the kernel's
+        // overcommit policy (with `vm.overcommit_memory = 1` the allocation
+        // would succeed and the first writes end the process).
+        if bytes as u64 > crate::alloc::memory_limit() {
+            return Err(Error::OutOfMemory {
+                backend: "host",
+                op,
+                bytes: bytes as u64,
+            });
+        }
         // SAFETY: `bytes > 0` (the trait's contract), so the layout is not
         // zero-sized.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
