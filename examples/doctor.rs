@@ -52,6 +52,10 @@ fn verdict(t: &SelfTest) -> &'static str {
 
 fn print_table(r: &Report) {
     let p = &r.platform;
+    // The verdict first (and last): what this machine can do, or the one
+    // thing to fix.
+    println!("{}", r.verdict.line);
+    println!();
     println!(
         "rocm-safe {} doctor (features: {})",
         r.crate_version,
@@ -246,6 +250,8 @@ fn print_table(r: &Report) {
     } else {
         println!("FAILED with no fallback left: do not trust this machine's results; please report this output.");
     }
+    println!();
+    println!("{}", r.verdict.line);
 }
 
 fn print_runtime_files(r: &Report) {
@@ -331,7 +337,7 @@ fn print_hip_build(r: &Report) {
 
 const USAGE: &str = "\
 usage: doctor [--json] [--device N | --device BACKEND:N] [--arch GFX]
-  --json              print the report as one JSON document (schema_version 4)
+  --json              print the report as one JSON document (schema_version 5)
   --device N          self-test and run the matrix only on ordinal N of each
                       backend that has one (hip:N, cuda:N; the host device is 0)
   --device BACKEND:N  only on that device (host:0, hip:1, cuda:0)

@@ -48,7 +48,14 @@ fn is_uint_or_null(v: &serde_json::Value) -> bool {
 #[test]
 fn json_report_has_the_documented_fields_and_exit_0() {
     let r = doctor_json(&["--arch", "gfx1151"]);
-    assert_eq!(r["schema_version"], 4);
+    assert_eq!(r["schema_version"], 5);
+    let level = r["verdict"]["level"].as_str().unwrap();
+    assert!(
+        ["ready", "cpu_only", "fix", "failed"].contains(&level),
+        "{}",
+        r["verdict"]
+    );
+    assert!(!r["verdict"]["line"].as_str().unwrap().is_empty());
     for key in [
         "crate_version",
         "features",

@@ -29,6 +29,10 @@ def _verdict(v: Any) -> str:
 
 def render(r: Dict[str, Any], all_passed: bool, usable: bool) -> str:
     out: List[str] = []
+    verdict = (r.get("verdict") or {}).get("line")
+    if verdict:
+        # The verdict first and last, as the doctor example prints it.
+        out += [verdict, ""]
     feats = r.get("features") or []
     out.append(f"rocm-safe {r.get('crate_version')} doctor (features: {', '.join(feats) if feats else 'none, CPU only'})")
     p = r.get("platform") or {}
@@ -71,4 +75,6 @@ def render(r: Dict[str, Any], all_passed: bool, usable: bool) -> str:
         out.append("A device self-test failed: its verified conversions fall back to the CPU (see above).")
     else:
         out.append("FAILED with no fallback left: do not trust this machine's results.")
+    if verdict:
+        out += ["", verdict]
     return "\n".join(out)

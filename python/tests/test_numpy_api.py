@@ -223,7 +223,7 @@ def test_doctor():
 
     text = rocm_safe.doctor(json=True)
     report = json.loads(text)
-    assert report["schema_version"] == 4 and report["self_tests"] and report["matrix"]
+    assert report["schema_version"] == 5 and report["self_tests"] and report["matrix"]
     # Schema 3: what this build compiled for AMD GPUs, and how to rebuild.
     assert "built" in report["hip_build"] and report["hip_build"]["rebuild_command"]
     # Schema 4: the library files in use, and none mapped twice.
@@ -238,4 +238,8 @@ def test_doctor_table(capsys):
     report = rocm_safe.doctor()
     out = capsys.readouterr().out
     assert "Self-tests" in out and "Compatibility" in out
-    assert isinstance(report, dict) and report["schema_version"] == 4
+    assert isinstance(report, dict) and report["schema_version"] == 5
+    # Schema 5: the verdict, the first and the last line of the table.
+    lines = out.strip().splitlines()
+    assert lines[0] == report["verdict"]["line"] == lines[-1]
+    assert report["verdict"]["level"] in ("ready", "cpu_only", "fix", "failed")

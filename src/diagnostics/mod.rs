@@ -17,6 +17,7 @@ pub mod libraries;
 pub mod matrix;
 pub mod platform;
 pub mod selftest;
+pub mod verdict;
 
 pub use amdgpu::{
     amdgpu_memory, assess_memory, attach_runtime, AmdgpuMemory, MemoryAssessment, MemoryFigures,
@@ -48,8 +49,9 @@ pub use selftest::{cpu_self_tests, SelfTest, Verdict};
 /// `amdgpu_memory` gains the used figures, the TTM limit and
 /// `amdgpu.gttsize`, and its assessment the states `free_above_total`,
 /// `below_gtt` and `ttm_capped` (figures once called `carve_out_only` or
-/// `shared_reported` may now be these).
-pub const SCHEMA_VERSION: u32 = 4;
+/// `shared_reported` may now be these). 5: `verdict` (`level`, `line`: what
+/// the machine can do, or the one thing to fix first).
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// The complete doctor report. Serialised (serde) with these field names,
 /// which are stable within a [`SCHEMA_VERSION`].
@@ -58,6 +60,9 @@ pub struct Report {
     /// Version of the report's JSON layout ([`SCHEMA_VERSION`]); bumped
     /// when a field changes meaning or is added.
     pub schema_version: u32,
+    /// One line on what this machine can do, or the one thing to fix
+    /// first ([`Report::judge`]); the doctor prints it first and last.
+    pub verdict: verdict::Verdict,
     /// rocm-safe's version.
     pub crate_version: String,
     /// Cargo features this build was compiled with.
@@ -230,6 +235,7 @@ impl Report {
             backends,
             device_filter: None,
             matrix: Vec::new(),
+            verdict: verdict::Verdict::pending(),
         }
     }
 
@@ -299,6 +305,7 @@ impl Report {
         }
         // After every step has loaded what it uses.
         report.duplicate_libraries = duplicate_libraries();
+        report.verdict = report.judge();
         progress(&Progress {
             done: total,
             total,
