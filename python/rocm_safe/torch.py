@@ -902,7 +902,8 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
 
     Idempotent; installing again with another mode switches the mode (the
     remembered signatures stay). :func:`uninstall_conv3d_fallback` puts
-    back exactly the functions that were there. :func:`conv3d_stats`
+    back exactly the functions that were there (installing again after
+    someone replaced ours wraps theirs). :func:`conv3d_stats`
     reports the mode and counts calls, fallbacks, mismatches and tiers.
 
     Errors: ``ValueError`` for an unknown mode.
@@ -912,8 +913,12 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
     F = torch.nn.functional
     with _lock:
         if _installed["conv3d"] is not None:
-            _installed["mode"] = mode
-            return
+            if all(getattr(F, n) is _installed[n][1] for n in _WRAPPED):
+                _installed["mode"] = mode
+                return
+            # Someone replaced our functions since (another library, a
+            # test's monkeypatch): wrap what is there now, which
+            # uninstall_conv3d_fallback() will put back.
         orig = F.conv3d
         orig_t = F.conv_transpose3d
 

@@ -317,3 +317,22 @@ def test_non_finite_inputs_are_not_remembered_as_failures():
     assert not bool(torch.isfinite(out).all())
     s = rt.conv3d_stats()
     assert (s["fell_back"], s["remembered"], s["direct"]) == (0, 0, 0)
+
+
+def test_installing_again_after_someone_replaced_ours_wraps_theirs():
+    real = F.conv3d  # torch's own: the fixture uninstalled the last test's
+
+    def theirs(*a, **k):
+        return real(*a, **k)
+
+    try:
+        rt.install_conv3d_fallback()
+        F.conv3d = theirs  # another library, after ours
+        rt.install_conv3d_fallback(mode="verify")
+        assert getattr(F.conv3d, "__rocm_safe_fallback__", False)
+        assert F.conv3d.__wrapped__ is theirs
+        assert rt.conv3d_stats()["mode"] == "verify"
+        rt.uninstall_conv3d_fallback()
+        assert F.conv3d is theirs
+    finally:
+        F.conv3d = real

@@ -26,8 +26,10 @@ DEVICES = [
 
 
 @pytest.fixture(autouse=True)
-def exact_torch():
-    """torch's reference without TF32; the fallback uninstalled after."""
+def exact_torch(monkeypatch):
+    """torch's reference without TF32; the fallback uninstalled after
+    (before monkeypatch puts back a patched ``F.conv3d``: it is requested
+    here for that order)."""
     old = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     yield
