@@ -916,11 +916,17 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
             if all(getattr(F, n) is _installed[n][1] for n in _WRAPPED):
                 _installed["mode"] = mode
                 return
-            # Someone replaced our functions since (another library, a
-            # test's monkeypatch): wrap what is there now, which
-            # uninstall_conv3d_fallback() will put back.
-        orig = F.conv3d
-        orig_t = F.conv_transpose3d
+            # Someone replaced one of our functions since (another library,
+            # a test's monkeypatch): wrap what is there now, which
+            # uninstall_conv3d_fallback() will put back; a function still
+            # ours keeps the original it wraps (never a wrapper of ours).
+
+        def original(name):
+            current, record = getattr(F, name), _installed[name]
+            return record[0] if record is not None and current is record[1] else current
+
+        orig = original("conv3d")
+        orig_t = original("conv_transpose3d")
 
         @functools.wraps(orig)
         def conv3d_with_fallback(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):

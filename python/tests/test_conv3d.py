@@ -321,6 +321,7 @@ def test_non_finite_inputs_are_not_remembered_as_failures():
 
 def test_installing_again_after_someone_replaced_ours_wraps_theirs():
     real = F.conv3d  # torch's own: the fixture uninstalled the last test's
+    real_t = F.conv_transpose3d
 
     def theirs(*a, **k):
         return real(*a, **k)
@@ -334,5 +335,7 @@ def test_installing_again_after_someone_replaced_ours_wraps_theirs():
         assert rt.conv3d_stats()["mode"] == "verify"
         rt.uninstall_conv3d_fallback()
         assert F.conv3d is theirs
+        # The function nobody replaced is torch's again, never a wrapper.
+        assert F.conv_transpose3d is real_t
     finally:
         F.conv3d = real
