@@ -665,6 +665,23 @@ fn verify_device_catches_slightly_wrong_outputs(dev: &Device) {
             matches!(verify(DeviceConv3dData::F32(od.view())), Err(Failure::ValueMismatch { got, .. }) if got.is_finite()),
             "bf16 {bf16_in}"
         );
+        // Within a looser tolerance given for the call (an output computed
+        // with TF32), the same values pass; beyond it they still fail.
+        let within = |rel_tol: f64| {
+            chain
+                .verify_device_within(
+                    &s,
+                    g.params,
+                    (u.x.data(), &g.input_shape()[..]),
+                    (u.w.data(), &g.weight_shape()[..]),
+                    u.b.as_ref().map(DeviceData::data),
+                    DeviceConv3dData::F32(od.view()),
+                    rel_tol,
+                )
+                .unwrap()
+        };
+        assert!(within(rel * 4.0).is_ok(), "bf16 {bf16_in}");
+        assert!(within(rel / 4.0).is_err(), "bf16 {bf16_in}");
         let mut nan = exact.clone();
         nan[0] = f32::NAN; // sample 0 is always index 0
         let nd = s.clone_htod(&nan).unwrap();

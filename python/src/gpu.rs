@@ -645,9 +645,11 @@ pub fn conv3d(
 /// chain's sampled points on the device, on `stream` (the f64
 /// recomputation from the operands, one small read-back). Returns `None`
 /// when every sampled point agrees, else the mismatch as text. No NaN/Inf
-/// scan (the caller has `torch.isfinite`). Errors as `conv3d`.
+/// scan (the caller has `torch.isfinite`). `rel_tol`: the tolerance when
+/// the output was computed at a lower precision (TF32), else the chain's.
+/// Errors as `conv3d`.
 #[pyfunction]
-#[pyo3(signature = (device, stream, input, weight, bias, out, stride, padding, dilation, groups, backend=None))]
+#[pyo3(signature = (device, stream, input, weight, bias, out, stride, padding, dilation, groups, backend=None, rel_tol=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn conv3d_verify(
     py: Python<'_>,
@@ -662,6 +664,7 @@ pub fn conv3d_verify(
     dilation: [usize; 3],
     groups: usize,
     backend: Option<&str>,
+    rel_tol: Option<f64>,
 ) -> PyResult<Option<String>> {
     let dev = device_of(device, backend)?;
     let x = take_capsule(&dev, input, "conv3d input")?;
@@ -693,7 +696,10 @@ pub fn conv3d_verify(
         .transpose()?;
     let yd = import_data(&y, "conv3d output")?;
     let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
-    let r = py.detach(|| chain.verify_device(&s, params, xd, &xs, wd, &ws, bd, yd));
+    let r = py.detach(|| match rel_tol {
+        None => chain.verify_device(&s, params, xd, &xs, wd, &ws, bd, yd),
+        Some(rel) => chain.verify_device_within(&s, params, (xd, &xs), (wd, &ws), bd, yd, rel),
+    });
     match r {
         Ok(Ok(())) => Ok(None),
         Ok(Err(failure)) => Ok(Some(failure.to_string())),

@@ -339,3 +339,33 @@ def test_installing_again_after_someone_replaced_ours_wraps_theirs():
         assert F.conv_transpose3d is real_t
     finally:
         F.conv3d = real
+
+
+def test_verify_spot_checks_the_first_calls_of_a_signature_then_one_in_sixteen():
+    rt.install_conv3d_fallback(mode="verify")
+    rt.reset_conv3d_stats()
+    x, w, b = operands("cpu", torch.float32)
+    for _ in range(40):
+        F.conv3d(x, w, b, padding=1)
+    s = rt.conv3d_stats()
+    # Calls 0, 1, 16 and 32 of the signature are checked.
+    assert (s["calls"], s["verified"], s["verify_skipped"]) == (40, 4, 36)
+    # Another signature starts over.
+    F.conv3d(x, w, None, padding=1)
+    assert rt.conv3d_stats()["verified"] == 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+def test_verify_accepts_torch_tf32_output_when_torch_allows_tf32():
+    # torch's default for cuDNN convolutions: TF32 products. Its output is
+    # right at that precision and must not be sent to the chain.
+    torch.backends.cudnn.allow_tf32 = True  # the fixture restores it
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 64, 8, 32, 32, generator=g).cuda()
+    w = (torch.randn(64, 64, 3, 3, 3, generator=g) / 40).cuda()
+    rt.install_conv3d_fallback(mode="verify")
+    rt.reset_conv3d_stats()
+    for _ in range(3):
+        F.conv3d(x, w, None, padding=1)
+    s = rt.conv3d_stats()
+    assert (s["verified"], s["mismatches"], s["fell_back"]) == (2, 0, 0), s

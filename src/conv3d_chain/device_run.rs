@@ -555,6 +555,36 @@ impl Conv3dChain {
         bias: Option<DeviceConv3dData<'_>>,
         output: DeviceConv3dData<'_>,
     ) -> Result<std::result::Result<(), Failure>> {
+        let rel = self.rel_tol(input.dtype());
+        self.verify_device_within(
+            stream,
+            params,
+            (input, input_shape),
+            (weight, weight_shape),
+            bias,
+            output,
+            rel,
+        )
+    }
+
+    /// [`Conv3dChain::verify_device`] with the tolerance `rel_tol`
+    /// (relative to each point's `|bias| + sum |x * w|`) instead of the
+    /// chain's for the dtype: for an output computed at a known lower
+    /// precision, e.g. TF32 (10-bit mantissa products: `2e-3` covers them)
+    /// for f32 operands.
+    ///
+    /// Errors: those of [`Conv3dChain::verify_device`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn verify_device_within<D: ShapeDim>(
+        &self,
+        stream: &Stream,
+        params: Conv3dParams,
+        (input, input_shape): (DeviceConv3dData<'_>, &[D]),
+        (weight, weight_shape): (DeviceConv3dData<'_>, &[D]),
+        bias: Option<DeviceConv3dData<'_>>,
+        output: DeviceConv3dData<'_>,
+        rel_tol: f64,
+    ) -> Result<std::result::Result<(), Failure>> {
         let g = validate(
             stream,
             params,
@@ -605,10 +635,9 @@ impl Conv3dChain {
         };
         queued?;
         let words = read_words(stream, buf, words)?;
-        let rel = self.rel_tol(input.dtype());
         for p in CheckedPoint::decode(&words) {
             let Some(index) = p.index else { continue };
-            if let Err(f) = compare(index, p.value, p.reference, p.magnitude, rel) {
+            if let Err(f) = compare(index, p.value, p.reference, p.magnitude, rel_tol) {
                 return Ok(Err(f));
             }
         }
