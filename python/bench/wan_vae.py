@@ -3,7 +3,7 @@
 Usage (a CUDA machine with torch and diffusers)::
 
     python3 python/bench/wan_vae.py [--dtype float32 bfloat16] [--repeat 3]
-        [--latent 1,16,3,60,104] [--paths cudnn nocudnn chain chain_vendor verify]
+        [--latent 1,16,3,60,104] [--paths cudnn nocudnn chain chain_vendor fallback verify]
         [--json out.json]
 
 diffusers' ``AutoencoderKLWan`` at its default (real) configuration with
@@ -20,6 +20,8 @@ timed decodes (median reported). Paths:
   checks on.
 - ``chain_vendor``: every conv3d through the chain, vendor tier on (inside
   this PyTorch process it must be cuDNN that serves).
+- ``fallback``: torch's conv3d (cuDNN) with ``install_conv3d_fallback()``
+  (the NaN/Inf check of each output).
 - ``verify``: torch's conv3d (cuDNN) with ``install_conv3d_fallback(mode="verify")``.
 
 For the chain paths, a profiled decode (torch.profiler, CUDA activity) also
@@ -62,13 +64,13 @@ def _run(path: str, dtype_name: str, latent, repeat: int, q) -> None:
         info = {"path": path, "dtype": dtype_name}
         if path == "nocudnn":
             torch.backends.cudnn.enabled = False
-        if path in ("chain", "chain_vendor", "verify"):
+        if path in ("chain", "chain_vendor", "verify", "fallback"):
             import rocm_safe.torch as rst
 
             if path == "chain":
                 rst._inject_conv3d_failures(["vendor"])
-            if path == "verify":
-                rst.install_conv3d_fallback(mode="verify")
+            if path in ("verify", "fallback"):
+                rst.install_conv3d_fallback(mode=path)
             else:
                 try:
                     rst.install_conv3d_fallback(mode="replace")
@@ -83,11 +85,11 @@ def _run(path: str, dtype_name: str, latent, repeat: int, q) -> None:
             times.append(t)
         info["median_s"] = statistics.median(times)
         info["times_s"] = times
-        if path in ("chain", "chain_vendor", "verify"):
+        if path in ("chain", "chain_vendor", "verify", "fallback"):
             import rocm_safe.torch as rst
 
             info["stats"] = rst.conv3d_stats()
-            if path != "verify":
+            if path in ("chain", "chain_vendor"):
                 from torch.profiler import ProfilerActivity, profile
 
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -118,7 +120,7 @@ def _run(path: str, dtype_name: str, latent, repeat: int, q) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
-    ap.add_argument("--paths", nargs="+", default=["cudnn", "nocudnn", "chain", "chain_vendor", "verify"])
+    ap.add_argument("--paths", nargs="+", default=["cudnn", "nocudnn", "chain", "chain_vendor", "fallback", "verify"])
     ap.add_argument("--latent", default="1,16,3,60,104")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json")
@@ -163,7 +165,7 @@ def main() -> int:
             )
             rows.append(info)
         base = {r["path"]: r for r in rows if r.get("dtype") == dt and "median_s" in r}
-        for num, den in (("chain", "nocudnn"), ("chain", "cudnn"), ("chain_vendor", "cudnn"), ("verify", "cudnn")):
+        for num, den in (("chain", "nocudnn"), ("chain", "cudnn"), ("chain_vendor", "cudnn"), ("fallback", "cudnn"), ("verify", "cudnn")):
             if num in base and den in base:
                 ratio = base[den]["median_s"] / base[num]["median_s"]
                 print(f"{dt:9} {num} is {ratio:.2f}x as fast as {den}", flush=True)
