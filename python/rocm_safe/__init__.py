@@ -27,8 +27,9 @@ from typing import Any
 from . import _native
 from ._native import SafetensorError, __version__
 from ._open import safe_open
+from ._panic import InternalError, guard_names
 
-__all__ = ["SafetensorError", "safe_open", "doctor", "features", "__version__"]
+__all__ = ["SafetensorError", "InternalError", "safe_open", "doctor", "features", "__version__"]
 
 
 def features() -> list:
@@ -58,6 +59,9 @@ def doctor(json: bool = False) -> Any:
     report = _json.loads(text)
     print(render(report, all_passed, usable))
     return report
+
+
+guard_names(globals(), ("doctor", "features"))
 
 
 def __getattr__(name: str):

@@ -303,3 +303,13 @@ class _Slice:
 
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+from ._panic import guard_methods as _guard_methods  # noqa: E402
+
+_guard_methods(
+    safe_open,
+    ("__init__", "__enter__", "__exit__", "close", "keys", "offset_keys", "metadata",
+     "get_tensor", "get_tensors", "get_slice"),
+)
+_guard_methods(_Slice, ("get_shape", "get_dtype", "__len__", "__getitem__"))

@@ -86,3 +86,8 @@ def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] 
     return _save.write_bytes(_items(tensor_dict), metadata)
 
 
+
+
+from ._panic import guard_names as _guard_names  # noqa: E402
+
+_guard_names(globals(), __all__)

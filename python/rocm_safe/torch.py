@@ -1075,3 +1075,13 @@ def _inject_conv3d_failures(kinds: Sequence[str]) -> List[str]:
     environment variable ``ROCM_SAFE_CONV3D_FAIL=vendor,tiled`` sets it at
     start-up."""
     return list(_native.inject_conv3d_failures(list(kinds)))
+
+
+from ._panic import guard as _guard  # noqa: E402
+from ._panic import guard_names as _guard_names  # noqa: E402
+
+_guard_names(globals(), __all__)
+# The backward passes run inside torch's autograd engine, not through a
+# function above.
+for _f in (_Conv3dFunction, _ConvTranspose3dFunction):
+    _f.backward = staticmethod(_guard(_f.backward))
