@@ -68,3 +68,17 @@ def test_the_torch_entry_points_are_guarded():
         assert getattr(getattr(rst, name), "__rocm_safe_guarded__", False), name
     assert getattr(rst._Conv3dFunction.backward, "__rocm_safe_guarded__", False)
     assert getattr(rst._ConvTranspose3dFunction.backward, "__rocm_safe_guarded__", False)
+
+
+def test_the_doctor_with_environment_variables_that_are_not_utf8():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environb)
+    env[b"ROCM_SAFE_TEST_\xff"] = b"1"
+    env[b"MIOPEN_DEBUG_ROCM_SAFE_TEST"] = b"\xfe"
+    code = "import json, rocm_safe; r = json.loads(rocm_safe.doctor(json=True)); print(r['verdict']['level'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    assert out.stdout.strip() in (b"ready", b"cpu_only", b"fix", b"failed")
