@@ -36,7 +36,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec, WriteOptions};
+use rocm_safe::safetensors::{convert_file, ConvertOptions};
 use rocm_safe::{DType, Error};
 
 const USAGE: &str = "usage: convert INPUT OUTPUT --dtype f32|bf16|f16 [--keep-unsupported]";
@@ -82,103 +82,37 @@ fn parse_args() -> Result<Args, String> {
     })
 }
 
-/// What a tensor of dtype `from` becomes.
-fn target(
-    from: DType,
-    to: DType,
-    keep_unsupported: bool,
-    ck: &Checkpoint,
-    name: &str,
-) -> Result<DType, Error> {
-    if from.is_convertible_float() {
-        return Ok(to);
-    }
-    let floating = matches!(
-        from,
-        DType::F4
-            | DType::F6_E2M3
-            | DType::F6_E3M2
-            | DType::F8_E5M2
-            | DType::F8_E4M3
-            | DType::F8_E8M0
-            | DType::F8_E4M3FNUZ
-            | DType::F8_E5M2FNUZ
-            | DType::C64
-    );
-    if floating && !keep_unsupported {
-        let path = ck
-            .get(name)
-            .map_or_else(|| ck.path().to_owned(), |(f, _)| f.path().to_owned());
-        return Err(Error::ConversionNotSupported {
-            path,
-            tensor: name.to_owned(),
-            from,
-            to,
-        });
-    }
-    Ok(from)
-}
-
 fn run(
     args: &Args,
     cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<(usize, u64), Error> {
-    let ck = Checkpoint::open(&args.input)?;
-    let mut specs = Vec::with_capacity(ck.len());
-    let mut total = 0u64;
-    for (_, info) in ck.tensors() {
-        let to = target(
-            info.dtype,
-            args.dtype,
-            args.keep_unsupported,
-            &ck,
-            &info.name,
-        )?;
-        let spec = TensorSpec::new(info.name.clone(), to, info.shape.clone());
-        total = total.saturating_add(info.num_bytes());
-        specs.push(spec);
-    }
-    let options = WriteOptions::default()
-        .with_inputs(ck.file_ids())
+    let options = ConvertOptions::to_dtype(args.dtype)
+        .keep_unsupported(args.keep_unsupported)
         .with_cancel(cancel);
-    let mut writer = SafeTensorsWriter::create_with(
-        &args.output,
-        specs.iter().cloned(),
-        ck.metadata(),
-        options,
-    )?;
     let delay = signals::write_delay();
-    let bar = if std::io::stderr().is_terminal() {
-        let b = ProgressBar::new(total);
-        if let Ok(style) = ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
-        ) {
-            b.set_style(style);
+    let mut bar: Option<ProgressBar> = None;
+    let done = convert_file(&args.input, &args.output, &options, &mut |p| {
+        if std::io::stderr().is_terminal() {
+            let b = bar.get_or_insert_with(|| {
+                let b = ProgressBar::new(p.bytes_total);
+                if let Ok(style) = ProgressStyle::with_template(
+                    "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+                ) {
+                    b.set_style(style);
+                }
+                b
+            });
+            b.set_message(p.tensor.clone());
+            b.set_position(p.bytes_done);
         }
-        b
-    } else {
-        ProgressBar::hidden()
-    };
-    let mut written = 0u64;
-    for ((file, info), spec) in ck.tensors().zip(&specs) {
-        bar.set_message(info.name.clone());
-        // Streamed: one chunk of the source and its conversion at a time.
-        file.for_each_chunk(&info.name, spec.dtype, |piece| {
-            writer.write_chunk(&info.name, piece)?;
-            written = written.saturating_add(piece.len() as u64);
-            if let Some(d) = delay {
-                std::thread::sleep(d);
-            }
-            Ok(())
-        })?;
-        bar.inc(info.num_bytes());
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
     }
-    // Every read checked its file afterwards; check all of them (index
-    // included) once more just before the output is committed.
-    ck.check_unchanged()?;
-    writer.finish()?;
-    bar.finish_and_clear();
-    Ok((specs.len(), written))
+    Ok((done.tensors, done.bytes_written))
 }
 
 fn main() -> ExitCode {

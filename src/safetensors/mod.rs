@@ -102,6 +102,7 @@
 //! sets it: see the `convert` example).
 
 mod checkpoint;
+mod convert_file;
 pub(crate) mod file;
 pub(crate) mod handle;
 mod header;
@@ -110,6 +111,7 @@ mod open;
 mod writer;
 
 pub use checkpoint::Checkpoint;
+pub use convert_file::{convert_file, ConvertOptions, ConvertProgress, ConvertSummary};
 pub use file::{SafeTensors, CHUNK_BYTES};
 #[doc(hidden)]
 pub use header::parse_bytes;
