@@ -69,6 +69,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod fallback;
+pub mod guide;
 pub(crate) mod par;
 pub mod safetensors;
 pub mod transfer;
