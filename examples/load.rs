@@ -133,13 +133,13 @@ fn run(
     bar.finish();
     let r = &loaded.report;
     println!(
-        "{} tensors, {:.3} GiB read, {:.3} GiB loaded on {} in {:.3} s ({:.2} GB/s)",
+        "{} tensors, {} bytes read, {} bytes loaded on {} in {:.1} ms ({})",
         r.tensors.len(),
-        r.file_bytes as f64 / (1u64 << 30) as f64,
-        r.out_bytes as f64 / (1u64 << 30) as f64,
+        r.file_bytes,
+        r.out_bytes,
         r.device,
-        r.ms / 1e3,
-        r.bytes_per_s() / 1e9
+        r.ms,
+        r.throughput_text()
     );
     for (rung, n, bytes) in r.by_rung() {
         if n > 0 {

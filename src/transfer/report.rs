@@ -185,6 +185,33 @@ impl LoadReport {
         }
         self.file_bytes as f64 / (f64::from(self.ms) / 1e3)
     }
+
+    /// [`bytes_per_s`](Self::bytes_per_s) for a person: in GB/s, MB/s or
+    /// kB/s, whichever keeps three significant digits (a first load of a
+    /// few kilobytes reads "80.0 kB/s", not "0.00 GB/s").
+    pub fn throughput_text(&self) -> String {
+        rate_text(self.bytes_per_s())
+    }
+}
+
+/// `bytes_per_s` in the largest decimal unit that is at least 1.
+pub(crate) fn rate_text(bytes_per_s: f64) -> String {
+    let (v, unit) = if bytes_per_s >= 1e9 {
+        (bytes_per_s / 1e9, "GB/s")
+    } else if bytes_per_s >= 1e6 {
+        (bytes_per_s / 1e6, "MB/s")
+    } else if bytes_per_s >= 1e3 {
+        (bytes_per_s / 1e3, "kB/s")
+    } else {
+        (bytes_per_s, "B/s")
+    };
+    if v >= 100.0 {
+        format!("{v:.0} {unit}")
+    } else if v >= 10.0 {
+        format!("{v:.1} {unit}")
+    } else {
+        format!("{v:.2} {unit}")
+    }
 }
 
 impl fmt::Display for TensorReport {
@@ -219,12 +246,12 @@ impl fmt::Display for LoadReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} tensors, {} file bytes on {} in {:.1} ms ({:.2} GB/s):",
+            "{} tensors, {} file bytes on {} in {:.1} ms ({}):",
             self.tensors.len(),
             self.file_bytes,
             self.device,
             self.ms,
-            self.bytes_per_s() / 1e9
+            self.throughput_text()
         )?;
         let mut first = true;
         for (rung, n, bytes) in self.by_rung() {
@@ -245,6 +272,16 @@ impl fmt::Display for LoadReport {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn throughput_reads_in_a_unit_a_person_can_use() {
+        assert_eq!(super::rate_text(27.4e9), "27.4 GB/s");
+        assert_eq!(super::rate_text(4.0e3), "4.00 kB/s");
+        assert_eq!(super::rate_text(81_234.0), "81.2 kB/s");
+        assert_eq!(super::rate_text(350e6), "350 MB/s");
+        assert_eq!(super::rate_text(0.0), "0.00 B/s");
+    }
+
     use super::*;
     use crate::fallback::Failure;
 
@@ -287,7 +324,7 @@ mod tests {
         };
         assert_eq!(
             report.to_string(),
-            "2 tensors, 8 file bytes on host:0 cpu in 2.0 ms (0.00 GB/s): \
+            "2 tensors, 8 file bytes on host:0 cpu in 2.0 ms (4.00 kB/s): \
              pinned ring: 1 (4 bytes), small chunks: 1 (4 bytes)\n  \
              b: small chunks (pinned ring failed: its pinned-buffer job failed \
              (error recorded on \"a\"))"
