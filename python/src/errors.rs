@@ -10,19 +10,16 @@
 //! The message is always the library's: it names the file and, where there
 //! is one, the tensor.
 
-use pyo3::exceptions::{PyException, PyMemoryError, PyOSError, PyRuntimeError};
+use pyo3::exceptions::{PyMemoryError, PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
 
 use rocm_safe::Error;
 
-pyo3::create_exception!(
-    rocm_safe,
-    SafetensorError,
-    PyException,
-    "A safetensors file, index or bytes that rocm-safe refuses (every failure the \
-     `safetensors` package refuses, and stricter ones), a missing tensor, or a write refused. \
-     The message names the file and the tensor."
-);
+// `rocm_safe._errors.SafetensorError`: defined in Python so that it derives
+// from the `safetensors` package's exception where that is installed
+// (`except safetensors.SafetensorError` keeps working); imported when first
+// raised or registered.
+pyo3::import_exception!(rocm_safe._errors, SafetensorError);
 
 /// The Python exception for a library error (see the module docs).
 pub fn to_py(e: Error) -> PyErr {

@@ -88,3 +88,36 @@ def test_our_conversion_matches_the_reference(tmp_path):
     ours = rn.load_file(p, dtype="float32")
     for k in ("model.layers.0.attn.q", "model.layers.0.attn.k", "model.layers.0.norm", "model.embed.weight"):
         assert ours[k].tobytes() == ref[k].astype(np.float32).tobytes(), k
+
+
+def test_code_written_for_safetensors_catches_our_refusals(tmp_path):
+    # `except safetensors.SafetensorError` keeps working after switching
+    # imports: ours derives from it where safetensors is installed.
+    import safetensors
+
+    import rocm_safe
+    from rocm_safe.numpy import load_file
+
+    assert issubclass(rocm_safe.SafetensorError, safetensors.SafetensorError)
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{oops}  ")
+    try:
+        load_file(p)
+    except safetensors.SafetensorError as e:
+        assert isinstance(e, rocm_safe.SafetensorError)
+    else:
+        raise AssertionError("not refused")
+
+
+def test_without_safetensors_our_exception_stands_alone():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['safetensors'] = None\n"
+        "import rocm_safe\n"
+        "assert rocm_safe.SafetensorError.__mro__[1] is Exception, rocm_safe.SafetensorError.__mro__\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == b"ok", out.stderr.decode(errors="replace")
