@@ -72,15 +72,19 @@ pub(crate) fn try_zeroed_vec<T: bytemuck::Zeroable>(
     Ok(unsafe { Vec::from_raw_parts(ptr.cast::<T>(), n, n) })
 }
 
-/// `n` zeroed bytes for tensor `tensor` of the file `path`, or
+/// `n` zeroed elements for tensor `tensor` of the file `path`, or
 /// [`Error::AllocationFailed`](crate::Error::AllocationFailed): every host
-/// buffer whose size a file declares goes through here (or
-/// [`try_zeroed_vec`]), so a huge declared size is an error, never an abort.
-pub(crate) fn tensor_bytes(path: &std::path::Path, tensor: &str, n: u64) -> crate::Result<Vec<u8>> {
+/// buffer whose size a file declares goes through here, so a huge declared
+/// size is an error, never an abort.
+pub(crate) fn tensor_vec<T: bytemuck::Zeroable>(
+    path: &std::path::Path,
+    tensor: &str,
+    n: u64,
+) -> crate::Result<Vec<T>> {
     let failed = |reason| crate::Error::AllocationFailed {
         path: path.to_owned(),
         tensor: tensor.to_owned(),
-        bytes: n,
+        bytes: n.saturating_mul(std::mem::size_of::<T>() as u64),
         limit: memory_limit(),
         reason,
     };
@@ -91,6 +95,11 @@ pub(crate) fn tensor_bytes(path: &std::path::Path, tensor: &str, n: u64) -> crat
             AllocFailure::Refused => "allocator refused",
         })
     })
+}
+
+/// [`tensor_vec`] of `n` bytes.
+pub(crate) fn tensor_bytes(path: &std::path::Path, tensor: &str, n: u64) -> crate::Result<Vec<u8>> {
+    tensor_vec(path, tensor, n)
 }
 
 #[cfg(test)]

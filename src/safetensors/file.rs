@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use super::handle::{FileHandle, Reopen};
 use super::header::{self, Header, TensorInfo, LFS_POINTER_PREFIX};
 use super::open::{self, FileId, Stamp};
-use crate::alloc::{self, AllocFailure};
+use crate::alloc;
 use crate::convert::{self, Element};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -433,16 +433,7 @@ impl SafeTensors {
     /// `n` zeroed elements for `info`'s data, allocated fallibly after a
     /// check against the machine's memory ([`Error::AllocationFailed`]).
     fn alloc<T: bytemuck::Zeroable>(&self, info: &TensorInfo, n: usize) -> Result<Vec<T>> {
-        alloc::try_zeroed_vec(n).map_err(|f| Error::AllocationFailed {
-            path: self.path.clone(),
-            tensor: info.name.clone(),
-            bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
-            limit: alloc::memory_limit(),
-            reason: match f {
-                AllocFailure::AboveLimit => "larger than memory",
-                AllocFailure::Refused => "allocator refused",
-            },
-        })
+        alloc::tensor_vec(&self.path, &info.name, n as u64)
     }
 
     fn to_usize(&self, info: &TensorInfo, n: u64) -> Result<usize> {
