@@ -17,6 +17,9 @@ use rocm_safe::safetensors::{
 };
 use rocm_safe::{DType, Error};
 
+mod common;
+use common::sparse_bf16;
+
 /// A file with one F32 tensor `name` of `n` elements, all `value`.
 fn write_f32(path: &Path, name: &str, n: usize, value: f32) {
     let mut w =
@@ -638,22 +641,6 @@ fn memory() -> u64 {
     assert_eq!(unsafe { libc::sysinfo(&mut info) }, 0);
     let unit = u64::from(info.mem_unit.max(1));
     (info.totalram as u64 + info.totalswap as u64) * unit
-}
-
-/// A sparse file (no data blocks) declaring one BF16 tensor `x` of
-/// `elems` elements.
-pub fn sparse_bf16(path: &Path, elems: u64) {
-    let header = format!(
-        r#"{{"x":{{"dtype":"BF16","shape":[{elems}],"data_offsets":[0,{}]}}}}"#,
-        elems * 2
-    );
-    let mut h = header.into_bytes();
-    h.resize(h.len().next_multiple_of(8), b' ');
-    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
-    bytes.extend(&h);
-    std::fs::write(path, &bytes).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.set_len(bytes.len() as u64 + elems * 2).unwrap();
 }
 
 #[test]

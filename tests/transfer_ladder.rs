@@ -15,7 +15,7 @@ use rocm_safe::transfer::{Fallback, LoadOptions, Loaded, Loader, Request, Rung};
 use rocm_safe::verify::{self, Policy};
 use rocm_safe::{DType, Error};
 
-use common::{Open, Rng};
+use common::{sparse_bf16, Open, Rng};
 
 per_device!(
     clean_load_is_exact,
@@ -1167,24 +1167,6 @@ fn a_file_removed_or_replaced_before_the_load_still_loads_what_was_opened() {
         let t = loaded.tensors.iter().find(|t| &t.name == name).unwrap();
         assert_eq!(&t.data.to_host().unwrap(), bytes, "tensor {name}");
     }
-}
-
-/// A sparse file (no data blocks) declaring one BF16 tensor `x` of `elems`
-/// elements, and a small F32 tensor `y` after it.
-fn sparse_bf16(path: &Path, elems: u64) {
-    let header = format!(
-        r#"{{"x":{{"dtype":"BF16","shape":[{elems}],"data_offsets":[0,{}]}},"y":{{"dtype":"F32","shape":[2],"data_offsets":[{},{}]}}}}"#,
-        elems * 2,
-        elems * 2,
-        elems * 2 + 8
-    );
-    let mut h = header.into_bytes();
-    h.resize(h.len().next_multiple_of(8), b' ');
-    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
-    bytes.extend(&h);
-    std::fs::write(path, &bytes).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.set_len(bytes.len() as u64 + elems * 2 + 8).unwrap();
 }
 
 #[test]

@@ -110,3 +110,19 @@ macro_rules! per_device {
         }
     };
 }
+
+/// A sparse file (no data blocks) declaring one BF16 tensor `x` of
+/// `elems` elements.
+pub fn sparse_bf16(path: &std::path::Path, elems: u64) {
+    let header = format!(
+        r#"{{"x":{{"dtype":"BF16","shape":[{elems}],"data_offsets":[0,{}]}}}}"#,
+        elems * 2
+    );
+    let mut h = header.into_bytes();
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(&h);
+    std::fs::write(path, &bytes).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(bytes.len() as u64 + elems * 2).unwrap();
+}
