@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""List the crate's module-level import edges that run upward, and its import cycles.
+
+Reads every `crate::a::b` and `super::a` path in `src/**/*.rs` (in `use` lines and inline
+paths, comments and doc comments skipped), maps it to the module file it names
+and builds a file-level graph. Prints:
+
+* the edges from a module to one that imports it back through the layers,
+  i.e. the edges inside strongly connected components (the cycles), grouped
+  by component, and the top-level modules each component spans;
+* `--edges A B`: every file of module A that names module B.
+
+Usage: python3 scripts/import-graph.py [--json] [--edges A B]
+Exit status 0 always: this is a report, CI does not gate on it.
+"""
+import json
+import os
+import re
+import sys
+from collections import defaultdict
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+PATH = re.compile(r"\bcrate::((?:[a-z_][a-z0-9_]*::)*[A-Za-z_][A-Za-z0-9_]*)")
+SUPER = re.compile(r"\b(?:super::)+(?:[a-z_][a-z0-9_]*::)*(?:([A-Za-z_][A-Za-z0-9_]*)|\{([^}]*)\})", re.S)
+GROUP = re.compile(r"\bcrate::((?:[a-z_][a-z0-9_]*::)*)\{([^}]*)\}", re.S)
+
+
+def module_files():
+    files = {}
+    for dirpath, _, names in os.walk(ROOT):
+        for n in names:
+            if not n.endswith(".rs"):
+                continue
+            full = os.path.join(dirpath, n)
+            rel = os.path.relpath(full, ROOT)[:-3]
+            parts = rel.split(os.sep)
+            if parts[-1] == "mod":
+                parts = parts[:-1]
+            if parts == ["lib"]:
+                parts = []
+            files[tuple(parts)] = os.path.relpath(full, os.path.join(ROOT, ".."))
+    return files
+
+
+def strip_comments(text):
+    out = []
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("//"):
+            continue
+        i = line.find("//")
+        out.append(line if i < 0 else line[:i])
+    return "\n".join(out)
+
+
+def resolve(files, segs):
+    # the longest prefix of segs that is a module file
+    for k in range(len(segs), 0, -1):
+        if tuple(segs[:k]) in files:
+            return tuple(segs[:k])
+    return None
+
+
+def graph():
+    files = module_files()
+    edges = defaultdict(set)
+    for mod, path in files.items():
+        with open(os.path.join(ROOT, "..", path), encoding="utf-8") as f:
+            text = strip_comments(f.read())
+        targets = []
+        for m in GROUP.finditer(text):
+            prefix = [s for s in m.group(1).split("::") if s]
+            for item in m.group(2).split(","):
+                item = item.strip().split(" as ")[0].strip()
+                if item:
+                    targets.append(prefix + [s for s in item.split("::") if s and s != "self"])
+        for m in PATH.finditer(text):
+            targets.append(m.group(1).split("::"))
+        # `super::` paths, resolved against this module's parent
+        for m in SUPER.finditer(text):
+            segs = list(mod)
+            rest = m.group(0).split("::")
+            while rest and rest[0] == "super":
+                segs = segs[:-1]
+                rest = rest[1:]
+            if m.group(2):
+                for item in m.group(2).split(","):
+                    item = item.strip().split(" as ")[0].strip()
+                    if item:
+                        targets.append(segs + [x for x in rest[:-1] if x] + [x for x in item.split("::") if x and x != "self"])
+            else:
+                targets.append(segs + [x for x in rest if x])
+        for segs in targets:
+            t = resolve(files, segs)
+            if t is None or t == mod or not t:
+                continue
+            # a file naming its own ancestor module's items is not an edge upward
+            # in the sense meant here only when the ancestor is the crate root
+            edges[mod].add(t)
+    return files, edges
+
+
+def sccs(nodes, edges):
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+    sys.setrecursionlimit(10000)
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(comp)
+
+    for v in nodes:
+        if v not in index:
+            visit(v)
+    return [c for c in out if len(c) > 1]
+
+
+def name(m):
+    return "::".join(m) or "crate"
+
+
+def main():
+    files, edges = graph()
+    if "--edges" in sys.argv:
+        i = sys.argv.index("--edges")
+        a, b = sys.argv[i + 1], sys.argv[i + 2]
+        for m in sorted(files):
+            if name(m).startswith(a):
+                for t in sorted(edges.get(m, ())):
+                    if name(t).startswith(b):
+                        print(f"{files[m]} -> {name(t)}")
+        return
+    comps = sccs(sorted(files), edges)
+    # top-level edges inside cycles
+    top = defaultdict(set)
+    for c in comps:
+        cs = set(c)
+        for v in c:
+            for w in edges.get(v, ()):
+                if w in cs and v[:1] != w[:1]:
+                    top[v[0] if v else "crate"].add(w[0] if w else "crate")
+    report = {
+        "files": len(files),
+        "edges": sum(len(v) for v in edges.values()),
+        "cycles": [sorted(name(m) for m in c) for c in comps],
+        "top_level_edges_in_cycles": {k: sorted(v) for k, v in sorted(top.items())},
+    }
+    if "--json" in sys.argv:
+        print(json.dumps(report, indent=1))
+        return
+    print(f"{report['files']} module files, {report['edges']} file-level import edges")
+    print(f"{len(comps)} import cycle(s) (strongly connected groups of files):")
+    for c in report["cycles"]:
+        print(f"  {len(c)} files: " + ", ".join(c))
+    print("top-level module edges inside those cycles (A -> B: a file of A names B):")
+    for k, v in report["top_level_edges_in_cycles"].items():
+        print(f"  {k} -> {', '.join(v)}")
+
+
+if __name__ == "__main__":
+    main()
