@@ -111,7 +111,7 @@ fn unconvertible_floats_are_refused_or_kept_inputs_never_overwritten_and_cancel_
         &mut |_| {},
     );
     assert!(
-        matches!(r, Err(Error::ConversionNotSupported { ref tensor, .. }) if tensor == "q"),
+        matches!(r, Err(Error::UnsupportedConversion { tensor: Some(ref t), .. }) if t.tensor == "q"),
         "{r:?}"
     );
     assert!(!out.exists());

@@ -456,7 +456,8 @@ fn copies_and_length_errors(dev: &Device) {
             Error::LengthMismatch {
                 op: "copy_htod",
                 expected: 10,
-                actual: 3
+                actual: 3,
+                tensor: None,
             }
         ),
         "{e}"
@@ -516,7 +517,8 @@ fn copies_and_length_errors(dev: &Device) {
             Error::LengthMismatch {
                 op: "convert",
                 expected: 5,
-                actual: 4
+                actual: 4,
+                tensor: None,
             }
         ),
         "{e}"

@@ -478,17 +478,17 @@ fn conversion_not_supported() {
     for name in ["i", "f8"] {
         let e = f.read::<f32>(name).unwrap_err();
         assert!(
-            matches!(&e, Error::ConversionNotSupported { to: DType::F32, tensor, .. } if tensor == name),
+            matches!(&e, Error::UnsupportedConversion { to: DType::F32, tensor: Some(t), .. } if t.tensor == name),
             "{e}"
         );
         let mut out = vec![0f32; 2];
         assert!(matches!(
             f.read_into(name, &mut out),
-            Err(Error::ConversionNotSupported { .. })
+            Err(Error::UnsupportedConversion { .. })
         ));
         assert!(matches!(
             f.read_rows::<half::bf16>(name, 0..1),
-            Err(Error::ConversionNotSupported { .. })
+            Err(Error::UnsupportedConversion { .. })
         ));
         // Raw bytes always work.
         assert_eq!(
@@ -501,7 +501,7 @@ fn conversion_not_supported() {
     assert!(
         matches!(
             &e,
-            Error::ConversionNotSupported {
+            Error::UnsupportedConversion {
                 from: DType::BF16,
                 to: DType::F64,
                 ..
@@ -510,7 +510,7 @@ fn conversion_not_supported() {
         "{e}"
     );
     let e = f.read_as_bytes("w", DType::I32).unwrap_err();
-    assert!(matches!(&e, Error::ConversionNotSupported { .. }), "{e}");
+    assert!(matches!(&e, Error::UnsupportedConversion { .. }), "{e}");
 }
 
 #[test]
@@ -519,10 +519,16 @@ fn buffer_length() {
     let f = SafeTensors::open(sample(dir.path())).unwrap();
     let mut small = vec![0f32; 5];
     let e = f.read_into("w", &mut small).unwrap_err();
+    // The file and tensor are named.
+    assert!(
+        e.to_string()
+            .contains("tensor \"w\": read: length mismatch"),
+        "{e}"
+    );
     assert!(
         matches!(
             &e,
-            Error::BufferLength {
+            Error::LengthMismatch {
                 expected: 6,
                 actual: 5,
                 ..
@@ -533,7 +539,7 @@ fn buffer_length() {
     let mut b = vec![0u8; 3];
     assert!(matches!(
         f.read_bytes_into("i", &mut b),
-        Err(Error::BufferLength {
+        Err(Error::LengthMismatch {
             expected: 8,
             actual: 3,
             ..
@@ -542,12 +548,12 @@ fn buffer_length() {
     let mut b = vec![0u8; 11];
     assert!(matches!(
         f.read_as_bytes_into("w", DType::F16, &mut b),
-        Err(Error::BufferLength { .. })
+        Err(Error::LengthMismatch { .. })
     ));
     let mut r = vec![0f32; 3];
     assert!(matches!(
         f.read_rows_into("w", 0..2, &mut r),
-        Err(Error::BufferLength { expected: 4, .. })
+        Err(Error::LengthMismatch { expected: 4, .. })
     ));
 }
 

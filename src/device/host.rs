@@ -384,6 +384,7 @@ unsafe fn scan_nonfinite(
                 op: "nonfinite",
                 from: other,
                 to: other,
+                tensor: None,
             })
         }
     };

@@ -224,6 +224,7 @@ impl Kernel {
                     op: "nonfinite",
                     from: other,
                     to: other,
+                    tensor: None,
                 })
             }
         })
@@ -868,6 +869,7 @@ fn unsupported(op: &'static str, c: ConvertOp) -> Error {
         op,
         from: c.from,
         to: c.to,
+        tensor: None,
     }
 }
 

@@ -61,6 +61,7 @@ impl Stream {
                 op,
                 from: S::DTYPE,
                 to: D::DTYPE,
+                tensor: None,
             });
         }
         if src.len() != dst.len() {
@@ -68,6 +69,7 @@ impl Stream {
                 op,
                 expected: src.len(),
                 actual: dst.len(),
+                tensor: None,
             });
         }
         Ok(c)
@@ -88,6 +90,7 @@ impl Stream {
                 op: "fingerprint accumulator",
                 expected: 1,
                 actual: acc.len(),
+                tensor: None,
             });
         }
         let bytes = src.num_bytes() as u64;
@@ -131,6 +134,7 @@ impl Stream {
                 op: "fingerprint accumulator",
                 expected: 1,
                 actual: acc.len(),
+                tensor: None,
             });
         }
         if src.is_empty() {
@@ -185,6 +189,7 @@ impl Stream {
                 op: OP,
                 from: T::DTYPE,
                 to: T::DTYPE,
+                tensor: None,
             });
         }
         if counts.len() != 2 {
@@ -192,6 +197,7 @@ impl Stream {
                 op: "nonfinite counts",
                 expected: 2,
                 actual: counts.len(),
+                tensor: None,
             });
         }
         if buf.is_empty() {
@@ -236,6 +242,7 @@ impl Stream {
                 op,
                 from: T::DTYPE,
                 to: T::DTYPE,
+                tensor: None,
             });
         }
         if len == 0 {

@@ -206,6 +206,7 @@ fn device_convert(
             op: "transfer convert",
             from,
             to,
+            tensor: None,
         }),
     }
 }

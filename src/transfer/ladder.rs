@@ -12,7 +12,7 @@ use super::source::{self, Item, Source};
 use super::{Attempt, Check, Failure, Fallback, Loader, Rung};
 use crate::convert::fingerprint;
 use crate::device::{DeviceBuffer, PinnedBuffer};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::verify::Policy;
 
 impl Loader {
@@ -263,9 +263,11 @@ impl Loader {
     }
 }
 
-/// Errors that no rung can help with (the file cannot be read).
+/// Errors that no rung can help with: every rung reads the file, and it
+/// cannot be read ([`ErrorKind::Io`]) or changed since it was opened
+/// ([`ErrorKind::Changed`]).
 fn is_fatal(e: &Error) -> bool {
-    matches!(e, Error::FileShrunk { .. } | Error::Io { .. })
+    matches!(e.kind(), ErrorKind::Io | ErrorKind::Changed)
 }
 
 /// The error a failed rung becomes when no fallback is allowed.

@@ -425,6 +425,7 @@ fn launch_convert_raw<A: bytemuck::Pod, B: bytemuck::Pod>(
             op: "self_test",
             from: op.from,
             to: op.to,
+            tensor: None,
         }),
     }
 }
@@ -446,6 +447,7 @@ fn launch_fused_raw<A: bytemuck::Pod, B: bytemuck::Pod>(
             op: "self_test fused",
             from: op.from,
             to: op.to,
+            tensor: None,
         }),
     }
 }
