@@ -34,7 +34,8 @@ use std::sync::{Arc, Mutex};
 
 use super::backend::{Backend, CopyOp, Driver, KernelOp};
 use super::conv3d::Conv3dLaunch;
-use super::info::{DeviceInfo, DevicePtr, RawEvent, RawStream};
+use super::info::{DevicePtr, RawEvent, RawStream};
+use super::wrap::Wrap;
 use crate::error::{Error, Result};
 
 /// A failure mode to inject (defined with the error's data, which names it).
@@ -367,17 +368,30 @@ struct OutputFaults {
     nan: FaultKind,
 }
 
+impl<B: Backend> Wrap for Faults<B> {
+    type Inner = B;
+    fn inner(&self) -> &B {
+        &self.inner
+    }
+}
+
 // SAFETY: every operation forwards to `inner` (a correct backend) or is
 // replaced by another operation of `inner` on the same range (memset_zero,
 // fingerprint_sum) or by nothing; allocations are `inner`'s.
 unsafe impl<B: Backend> Driver for Faults<B> {
-    fn forward(&self) -> Option<&dyn Driver> {
-        Some(&self.inner)
-    }
-
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
-    }
+    crate::forward_driver!(
+        info,
+        stream_create,
+        stream_synchronize,
+        synchronize,
+        event_create,
+        event_record,
+        event_synchronize,
+        stream_wait_event,
+        event_elapsed_ms,
+        memset_zero,
+        mem_info,
+    );
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         self.out_of_memory(
@@ -448,9 +462,12 @@ unsafe impl<B: Backend> Driver for Faults<B> {
 
 // SAFETY: as above.
 unsafe impl<B: Backend> Backend for Faults<B> {
-    fn forward_backend(&self) -> Option<&dyn Backend> {
-        Some(&self.inner)
-    }
+    crate::forward_backend!(
+        caps,
+        kernel_source,
+        conv3d_weight_layout,
+        conv3d_vendor_available
+    );
 
     unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
         let name = op.name();

@@ -436,8 +436,8 @@ pub enum Error {
     },
     /// An operation this backend does not implement (for example
     /// [`crate::device::Driver::mem_info`] on a platform where the host
-    /// backend cannot read the memory figures, or a wrapping backend that
-    /// does not forward it).
+    /// backend cannot read the memory figures, or a kernel operation a
+    /// backend has no kernel for).
     BackendUnsupported {
         /// The backend.
         backend: &'static str,

@@ -284,3 +284,57 @@ fn transfer_failed(item: &Item, a: Attempt<Rung>) -> Error {
         source,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ladder stops on what no rung can help with: a file that cannot
+    /// be read or that changed since it was opened (each rung reads it
+    /// again); memory, device and check failures go down the ladder.
+    #[test]
+    fn fatal_errors_are_the_files() {
+        let path = || std::path::PathBuf::from("m.safetensors");
+        let fatal = [
+            Error::Io {
+                path: path(),
+                op: "read",
+                source: std::io::Error::from_raw_os_error(5),
+            },
+            Error::FileShrunk {
+                path: path(),
+                tensor: "w".into(),
+                expected: 10,
+                actual: 5,
+            },
+            Error::FileChanged {
+                path: path(),
+                tensor: Some("w".into()),
+                what: "size",
+            },
+        ];
+        for e in &fatal {
+            assert!(is_fatal(e), "{e}");
+        }
+        let rung_failures = [
+            Error::OutOfMemory {
+                backend: "host",
+                op: "alloc",
+                bytes: 1,
+            },
+            Error::InjectedFault {
+                fault: crate::device::faults::FaultKind::LaunchFailure,
+                op: "convert",
+            },
+            Error::VerificationFailed {
+                op: "convert".into(),
+                device: "host:0".into(),
+                expected: crate::convert::Fingerprint(1),
+                actual: crate::convert::Fingerprint(2),
+            },
+        ];
+        for e in &rung_failures {
+            assert!(!is_fatal(e), "{e}");
+        }
+    }
+}
