@@ -296,11 +296,11 @@ fn read_rows_converted(
         DType::F32 => typed::<f32>(c, info, rows, dst),
         DType::F16 => typed::<half::f16>(c, info, rows, dst),
         DType::BF16 => typed::<half::bf16>(c, info, rows, dst),
-        _ => Err(rocm_safe::Error::ConversionNotSupported {
-            path: c.path().to_owned(),
-            tensor: info.name.clone(),
+        _ => Err(rocm_safe::Error::UnsupportedConversion {
+            op: "read",
             from: info.dtype,
             to,
+            tensor: Some(rocm_safe::error::TensorRef::new(c.path(), &info.name)),
         }),
     }
 }
