@@ -443,17 +443,20 @@ impl Writer {
     }
 }
 
-/// The doctor's report (the library's `diagnostics::Report`, schema
-/// version 2: the JSON of `cargo run --example doctor -- --json`), with
-/// its two verdicts: `(json, all_passed, usable)`. `usable` is false only
-/// when a check failed with no fallback left.
+/// The doctor's report (the library's `diagnostics::Report`, the JSON of
+/// `cargo run --example doctor -- --json`) with its commands written for a
+/// pip user, and the doctor's table from the library's one renderer:
+/// `(json, text, all_passed, usable)`. `usable` is false only when a check
+/// failed with no fallback left.
 #[pyfunction]
-fn doctor_json(py: Python<'_>) -> PyResult<(String, bool, bool)> {
-    let report = py.detach(rocm_safe::diagnostics::Report::collect);
+fn doctor_report(py: Python<'_>) -> PyResult<(String, String, bool, bool)> {
+    use rocm_safe::diagnostics::{render_text, Audience, Report};
+    let report = py.detach(|| Report::collect().for_audience(Audience::Pip));
     let json = serde_json::to_string_pretty(&report).map_err(|e| {
         PyRuntimeError::new_err(format!("doctor: cannot serialise the report: {e}"))
     })?;
-    Ok((json, report.all_passed(), report.usable()))
+    let text = render_text(&report);
+    Ok((json, text, report.all_passed(), report.usable()))
 }
 
 /// The cargo features this extension was built with (`"cuda"`, `"hip"`).
@@ -477,7 +480,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Checkpoint>()?;
     m.add_class::<Writer>()?;
     m.add_function(wrap_pyfunction!(load_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(doctor_json, m)?)?;
+    m.add_function(wrap_pyfunction!(doctor_report, m)?)?;
     m.add_function(wrap_pyfunction!(features, m)?)?;
     m.add_function(wrap_pyfunction!(device::parse_device_py, m)?)?;
     m.add_function(wrap_pyfunction!(device::parse_verify_py, m)?)?;

@@ -5,7 +5,7 @@
 //! kernel -> naive GPU kernel -> CPU.
 //!
 //! This layer sits above [`device`](crate::device) and below
-//! [`diagnostics`](crate::diagnostics); the problem it solves (parameters,
+//! `diagnostics` (feature `doctor`); the problem it solves (parameters,
 //! geometry, the f64 reference, the CPU kernel) is [`crate::conv3d`], below
 //! the device layer.
 //!

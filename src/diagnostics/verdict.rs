@@ -2,7 +2,7 @@
 //! the one thing to fix first. A pure function of the [`Report`] (and
 //! whether `/dev/kfd` exists), so each machine kind is tested without it.
 
-use super::{Report, Verdict as TestVerdict};
+use super::{Audience, Report, Verdict as TestVerdict};
 
 /// How the machine stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -119,8 +119,11 @@ pub fn verdict_of(r: &Report, kfd_present: bool) -> Verdict {
         return Verdict::new(
             Level::Fix,
             format!(
-                "fix: {} (hip:{}) has no kernels in this build: rebuild with ROCM_SAFE_OFFLOAD_ARCH={} cargo run --release --features hip --example doctor",
-                d.arch, d.ordinal, d.arch
+                "fix: {} (hip:{}) has no kernels in this build: rebuild with {}",
+                d.arch,
+                d.ordinal,
+                r.audience
+                    .hip_rebuild(Some(d.arch.split(':').next().unwrap_or(&d.arch)))
             ),
         );
     }
@@ -169,7 +172,10 @@ pub fn verdict_of(r: &Report, kfd_present: bool) -> Verdict {
         if !r.features.iter().any(|f| f == "hip") {
             return Verdict::new(
                 Level::Fix,
-                "fix: an AMD GPU driver is loaded (/dev/kfd) but this build has no HIP backend: rebuild with ROCM_SAFE_OFFLOAD_ARCH=<your gfx arch> cargo run --release --features hip --example doctor (`rocminfo | grep gfx` names the arch, e.g. gfx1151)",
+                format!(
+                    "fix: an AMD GPU driver is loaded (/dev/kfd) but this build has no HIP backend: rebuild with {} (`rocminfo | grep gfx` names the arch, e.g. gfx1151)",
+                    r.audience.hip_rebuild(Some("<your gfx arch>"))
+                ),
             );
         }
         if hip_error.contains("permission") || hip_error.contains("/dev/kfd") {
@@ -192,6 +198,15 @@ pub fn verdict_of(r: &Report, kfd_present: bool) -> Verdict {
 }
 
 impl Report {
+    /// The report for `audience`: its commands (the rebuild command and the
+    /// verdict's) written as that reader runs them.
+    pub fn for_audience(mut self, audience: Audience) -> Report {
+        self.audience = audience;
+        self.hip_build.retarget(audience);
+        self.verdict = self.judge();
+        self
+    }
+
     /// The verdict on this machine ([`verdict_of`] with whether `/dev/kfd`
     /// exists here), as [`Report::collect_with`] stores it.
     pub fn judge(&self) -> Verdict {
