@@ -84,7 +84,7 @@ fn a_sharded_checkpoint_becomes_one_converted_file() {
     assert_eq!(f.info("w").unwrap().dtype, DType::F32);
     assert_eq!(
         f.read_bytes("w").unwrap(),
-        ck.read_as_bytes("w", DType::F32).unwrap()
+        ck.read_converted_bytes("w", DType::F32).unwrap()
     );
     assert_eq!(f.info("i").unwrap().dtype, DType::I32);
     assert_eq!(f.read_bytes("i").unwrap(), ck.read_bytes("i").unwrap());

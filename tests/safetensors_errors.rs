@@ -509,7 +509,7 @@ fn conversion_not_supported() {
         ),
         "{e}"
     );
-    let e = f.read_as_bytes("w", DType::I32).unwrap_err();
+    let e = f.read_converted_bytes("w", DType::I32).unwrap_err();
     assert!(matches!(&e, Error::ConversionNotSupported { .. }), "{e}");
 }
 
@@ -541,7 +541,7 @@ fn buffer_length() {
     ));
     let mut b = vec![0u8; 11];
     assert!(matches!(
-        f.read_as_bytes_into("w", DType::F16, &mut b),
+        f.read_converted_bytes_into("w", DType::F16, &mut b),
         Err(Error::BufferLength { .. })
     ));
     let mut r = vec![0f32; 3];

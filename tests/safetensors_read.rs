@@ -60,16 +60,20 @@ fn conversions_cross_chunks_at_unaligned_offsets() {
         for to in [DType::F32, DType::F16, DType::BF16] {
             let mut want = vec![0u8; bytes.len() / dtype.size().unwrap() * to.size().unwrap()];
             rocm_safe::convert::convert_bytes(*dtype, bytes, to, &mut want).unwrap();
-            assert_eq!(f.read_as_bytes(name, to).unwrap(), want, "{name} -> {to}");
+            assert_eq!(
+                f.read_converted_bytes(name, to).unwrap(),
+                want,
+                "{name} -> {to}"
+            );
             let mut into = vec![0u8; want.len()];
-            f.read_as_bytes_into(name, to, &mut into).unwrap();
+            f.read_converted_bytes_into(name, to, &mut into).unwrap();
             assert_eq!(into, want);
         }
         let typed_f16: Vec<f16> = f.read(name).unwrap();
         let typed_bf16: Vec<bf16> = f.read(name).unwrap();
         assert_eq!(typed_f16.len(), typed_bf16.len());
         // Same dtype: a plain copy.
-        assert_eq!(f.read_as_bytes(name, *dtype).unwrap(), *bytes);
+        assert_eq!(f.read_converted_bytes(name, *dtype).unwrap(), *bytes);
         assert_eq!(f.read_bytes(name).unwrap(), *bytes);
     }
     let d: Vec<f64> = f.read("d").unwrap();
@@ -245,10 +249,11 @@ fn checkpoint_delegates_every_read() {
     let mut b = vec![0u8; raw.len()];
     c.read_bytes_into("w", &mut b).unwrap();
     assert_eq!(b, raw);
-    let as_f32 = c.read_as_bytes("w", DType::F32).unwrap();
+    let as_f32 = c.read_converted_bytes("w", DType::F32).unwrap();
     assert_eq!(as_f32, bytemuck::cast_slice::<f32, u8>(&want));
     let mut b = vec![0u8; 48];
-    c.read_as_bytes_into("w", DType::F32, &mut b).unwrap();
+    c.read_converted_bytes_into("w", DType::F32, &mut b)
+        .unwrap();
     assert_eq!(b, as_f32);
     assert_eq!(c.read_rows::<f32>("w", 1..3).unwrap(), want[3..9]);
     let mut r = vec![0f32; 3];

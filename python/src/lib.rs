@@ -247,7 +247,7 @@ impl Checkpoint {
         let buf = PyByteArray::new_with(py, len, |dst: &mut [u8]| {
             py.detach(|| match rows {
                 None if out == info.dtype => c.read_bytes_into(name, dst),
-                None => c.read_as_bytes_into(name, out, dst),
+                None => c.read_converted_bytes_into(name, out, dst),
                 Some((s, e)) if out == info.dtype => c.read_rows_bytes_into(name, s..e, dst),
                 Some((s, e)) => read_rows_converted(&c, &info, s..e, out, dst),
             })
