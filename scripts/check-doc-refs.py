@@ -16,7 +16,8 @@ Scans the files `git ls-files` lists with the extensions below (and
   revision syntax) is a reference into history and is not checked;
 - bare Markdown file names (`DESIGN.md`, `BENCHMARKS.md`): found from the
   root, the citing file's folder or a folder between;
-- headings: `BENCHMARKS.md, "Heading"` (also across comment line breaks,
+- headings: `BENCHMARKS.md, "Heading"` or `README, "Heading"` (also
+  across comment line breaks,
   and `..., "Second" and "Third"`), `FILE.md#anchor`, Markdown links
   `[text](path#anchor)` and `[text](#anchor)`. A quoted heading matches a
   heading of that file that it equals or begins (case and Markdown
@@ -51,7 +52,7 @@ PATH_RE = re.compile(
 )
 REV_RE = re.compile(r"[0-9a-f]{7,40}:$")
 BARE_MD_RE = re.compile(r"(?<![\w./-])([A-Za-z][\w-]*\.md)\b")
-HEADING_CITE_RE = re.compile(r"([\w./-]*\.md),\s+\"([^\"]+)\"((?:(?:,|\s+and)\s+\"[^\"]+\")*)")
+HEADING_CITE_RE = re.compile(r"([\w./-]*\.md|\b[A-Z][A-Z_]{2,}),\s+\"([^\"]+)\"((?:(?:,|\s+and)\s+\"[^\"]+\")*)")
 AND_RE = re.compile(r"\"([^\"]+)\"")
 ANCHOR_RE = re.compile(r"(?<![\w/])([\w./-]*\.md)#([\w-]+)")
 MD_LINK_RE = re.compile(r"\]\(([^)\s]+)\)")
@@ -206,7 +207,8 @@ def check_file(root, tree, f, heads, problems):
 
     flat, line_of = flatten(text)
     for m in HEADING_CITE_RE.finditer(flat):
-        md = resolve_md(tree, f, m.group(1))
+        name = m.group(1) if m.group(1).endswith(".md") else m.group(1) + ".md"
+        md = resolve_md(tree, f, name)
         if md is None:
             continue  # reported above as a missing file
         cited = [m.group(2)] + AND_RE.findall(m.group(3) or "")
@@ -261,7 +263,7 @@ SELF_TEST_FILES = {
                  "[bad](../README.md#gone)\n```\n# not a heading\n```\n",
     "src/lib.rs": "//! See README.md, \"Contracts\" and docs/a.md, \"The A\n"
                   "//! section\" (both found), README.md, \"not a heading\", \"Top\" and\n"
-                  "//! \"Missing\"; DESIGN.md; src/gone.rs; 848140d:src/gone.rs (history);\n"
+                  "//! \"Missing\"; README, \"Top\"; README, \"Gone\"; DESIGN.md; src/gone.rs; 848140d:src/gone.rs (history);\n"
                   "//! src/*.rs; src/<name>.rs; src/nope/<name>.rs; docs/*.txt; docs/a.md#bad-anchor\n"
                   "#[path = \"../tests/t.rs\"] mod t; // ../tests/none.rs\n",
     "tests/t.rs": "// src/lib.rs (from the root), ../src/lib.rs\n",
@@ -276,6 +278,7 @@ SELF_TEST_EXPECTED = [
     "src/lib.rs:3: no such file or folder: src/gone.rs",
     "src/lib.rs:2: no heading \"not a heading\" in README.md",
     "src/lib.rs:2: no heading \"Missing\" in README.md",
+    "src/lib.rs:3: no heading \"Gone\" in README.md",
     "src/lib.rs:4: no anchor #bad-anchor in docs/a.md",
     "src/lib.rs:4: no such file or folder: src/nope/<name>.rs",
     "src/lib.rs:4: no such file or folder: docs/*.txt",
