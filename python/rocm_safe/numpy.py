@@ -44,11 +44,12 @@ def load_file(
 
 def load(data: bytes, *, dtype: Any = None) -> Dict[str, np.ndarray]:
     """Loads a safetensors file held in memory (``bytes``), with the same
-    checks as a file."""
+    checks as a file, in file order (data offsets; safetensors' order is
+    arbitrary here)."""
     target = _dtypes.conversion_target(dtype)
     tensors, _meta = _native.load_bytes(bytes(data), target)
     wrap = _Tensors("np")
-    return {name: wrap.from_buffer(buf, dt, shape) for name, buf, dt, shape in sorted(tensors, key=lambda t: t[0])}
+    return {name: wrap.from_buffer(buf, dt, shape) for name, buf, dt, shape in tensors}
 
 
 def _items(tensor_dict: Dict[str, np.ndarray]):

@@ -21,7 +21,7 @@ Imported only when used: ``import rocm_safe`` never imports torch.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Set, Union
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
@@ -55,6 +55,10 @@ __all__ = [
     "load_file",
     "save",
     "save_file",
+    "load_model",
+    "save_model",
+    "storage_ptr",
+    "storage_size",
     "last_load_report",
     "release_memory",
     "conv3d",
@@ -104,11 +108,12 @@ def load_file(
 
 def load(data: bytes, *, dtype: Any = None) -> Dict[str, torch.Tensor]:
     """Loads a safetensors file held in memory (``bytes``), with the same
-    checks as a file, as CPU tensors."""
+    checks as a file, as CPU tensors, in file order (data offsets;
+    safetensors' order is arbitrary here)."""
     target = _dtypes.conversion_target(dtype)
     tensors, _meta = _native.load_bytes(bytes(data), target)
     wrap = _Tensors("pt")
-    return {name: wrap.from_buffer(buf, dt, shape) for name, buf, dt, shape in sorted(tensors, key=lambda t: t[0])}
+    return {name: wrap.from_buffer(buf, dt, shape) for name, buf, dt, shape in tensors}
 
 
 def _storage_span(t: torch.Tensor):
@@ -167,7 +172,8 @@ def _items(tensors: Dict[str, torch.Tensor]):
     if failing:
         raise RuntimeError(
             "Some tensors share memory, this will lead to duplicate memory on disk and potential differences"
-            f" when loading them again: {failing}. Save each shared storage once (or clone the tensors)."
+            f" when loading them again: {failing}. A potential way to correctly save your model is to use"
+            " `save_model` (or clone the tensors)."
         )
     items = []
     for name, t in tensors.items():
@@ -207,6 +213,173 @@ def save_file(
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes ``save_file`` would write."""
     return _save.write_bytes(_items(tensors), metadata)
+
+
+# --------------------------------------------------------------------------
+# Models: shared (tied) tensors saved once, as safetensors.torch does
+
+
+def storage_ptr(tensor: torch.Tensor) -> int:
+    """The address of ``tensor``'s storage (0 where it has none: a meta
+    tensor), as ``safetensors.torch.storage_ptr``."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - no storage (meta, some subclasses)
+        return 0
+
+
+def storage_size(tensor: torch.Tensor) -> int:
+    """The size of ``tensor``'s storage in bytes, as
+    ``safetensors.torch.storage_size`` (the tensor's own size where the
+    storage cannot say)."""
+    try:
+        return tensor.untyped_storage().nbytes()
+    except Exception:  # noqa: BLE001 - no storage (meta, some subclasses)
+        return tensor.nelement() * tensor.element_size()
+
+
+def _is_complete(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` covers its whole storage (first byte to last)."""
+    return tensor.data_ptr() == storage_ptr(tensor) and tensor.nelement() * tensor.element_size() == storage_size(
+        tensor
+    )
+
+
+def _find_shared_tensors(state_dict: Dict[str, torch.Tensor]) -> List[Set[str]]:
+    """The names of ``state_dict`` in groups that share memory: one group
+    per run of overlapping tensors of one storage (a tensor alone in its
+    storage is a group of one). Meta tensors and empty storages are left
+    out. The groups ``safetensors.torch._find_shared_tensors`` makes, except
+    that a tensor overlapping any earlier one of its run joins it (safetensors
+    compares with the previous tensor only)."""
+    by_storage: Dict[Any, List[Tuple[int, int, str]]] = {}
+    for name, t in state_dict.items():
+        if t.device.type == "meta":
+            continue
+        ptr, size = storage_ptr(t), storage_size(t)
+        if ptr == 0 or size == 0:
+            continue
+        start = t.data_ptr()
+        by_storage.setdefault((t.device, ptr, size), []).append((start, start + t.nelement() * t.element_size(), name))
+    groups: List[Set[str]] = []
+    for spans in by_storage.values():
+        spans.sort()
+        current: Set[str] = set()
+        end = None
+        for s, e, name in spans:
+            if end is not None and s < end:
+                current.add(name)
+                end = max(end, e)
+            else:
+                if current:
+                    groups.append(current)
+                current, end = {name}, e
+        if current:
+            groups.append(current)
+    return groups
+
+
+def _remove_duplicate_names(
+    state_dict: Dict[str, torch.Tensor],
+    *,
+    preferred_names: Optional[Iterable[str]] = None,
+    discard_names: Optional[Iterable[str]] = None,
+) -> Dict[str, List[str]]:
+    """For each group of shared tensors, the name kept -> the names dropped
+    (sorted), as ``safetensors.torch._remove_duplicate_names``: the kept
+    name covers the whole storage; among those, the first (sorted) of
+    ``preferred_names``, else the first not in ``discard_names``, else the
+    first. ``RuntimeError`` when no name of a group covers its storage
+    (saving it would store more than the tensors)."""
+    preferred = set(preferred_names or ())
+    discard = set(discard_names or ())
+    out: Dict[str, List[str]] = {}
+    for group in _find_shared_tensors(state_dict):
+        complete = {name for name in group if _is_complete(state_dict[name])}
+        if not complete:
+            raise RuntimeError(
+                f"Error while trying to find names to remove to save state dict: no name among {sorted(group)} covers"
+                " the entire storage. Refusing to save/load the model, which could store much more memory than"
+                " needed: clone the tensors that are views of a larger one."
+            )
+        keep = min(complete)
+        if complete - discard:
+            keep = min(complete - discard)
+        if preferred & complete:
+            keep = min(preferred & complete)
+        dropped = sorted(name for name in group if name != keep)
+        if dropped:
+            out[keep] = dropped
+    return out
+
+
+def save_model(
+    model: torch.nn.Module,
+    filename: Union[str, os.PathLike],
+    metadata: Optional[Dict[str, str]] = None,
+    force_contiguous: bool = True,
+) -> None:
+    """Saves ``model.state_dict()`` to ``filename`` (atomically, as
+    :func:`save_file`), as ``safetensors.torch.save_model`` does: of
+    tensors that share memory (tied weights) one name is saved (see
+    ``_remove_duplicate_names``) and each dropped name is recorded in the
+    metadata as ``{dropped: kept}`` (entries the caller gave are kept; the
+    caller's dict is not changed). ``force_contiguous``: save
+    non-contiguous tensors as contiguous copies (else ``ValueError``)."""
+    state_dict = model.state_dict()
+    for kept, dropped in _remove_duplicate_names(state_dict).items():
+        for name in dropped:
+            metadata = dict(metadata or {})  # never the caller's dict
+            metadata.setdefault(name, kept)
+            del state_dict[name]
+    if force_contiguous:
+        state_dict = {k: v.contiguous() for k, v in state_dict.items()}
+    try:
+        save_file(state_dict, filename, metadata=metadata)
+    except ValueError as e:
+        raise ValueError(
+            f"{e} Or use save_model(..., force_contiguous=True), read the docs for potential caveats."
+        ) from None
+
+
+def load_model(
+    model: torch.nn.Module,
+    filename: Union[str, os.PathLike],
+    strict: bool = True,
+    device: Union[str, int, Any] = "cpu",
+    *,
+    backend: str = "mmap",
+) -> Tuple[Set[str], List[str]]:
+    """Loads ``filename`` (a file or a ``*.safetensors.index.json``) into
+    ``model``, as ``safetensors.torch.load_model`` does: the model's shared
+    tensors are matched to the name the file has (a file written by
+    :func:`save_model` holds one name per shared storage), so the names
+    dropped at save are neither missing nor unexpected.
+
+    Returns ``(missing, unexpected)``: ``missing`` (a set) the model's
+    names the file did not fill; ``unexpected`` (a list) the file's names
+    the model did not take, and shared names of the model that the file
+    also holds. ``strict``: ``RuntimeError`` naming them when either is
+    not empty. ``device``: as :func:`load_file`."""
+    state_dict = load_file(filename, device=device, backend=backend)
+    to_removes = _remove_duplicate_names(model.state_dict(), preferred_names=state_dict.keys())
+    result = model.load_state_dict(state_dict, strict=False)
+    missing = set(result.missing_keys)
+    unexpected = list(result.unexpected_keys)
+    for dropped in to_removes.values():
+        for name in dropped:
+            if name in missing:
+                missing.remove(name)
+            else:
+                unexpected.append(name)
+    if strict and (missing or unexpected):
+        error = f"Error(s) in loading state_dict for {model.__class__.__name__}:"
+        if missing:
+            error += "\n    Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(missing))
+        if unexpected:
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in sorted(unexpected))
+        raise RuntimeError(error)
+    return missing, unexpected
 
 
 from ._panic import guard_names as _guard_names  # noqa: E402
