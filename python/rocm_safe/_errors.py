@@ -59,3 +59,9 @@ def write_error(e: OSError, filename: object) -> BaseException:
     if e.errno is None:
         return cls(msg)
     return cls(e.errno, msg, target)
+
+
+class SafetensorValueError(ValueError, SafetensorError):
+    """A value that cannot be saved (a dtype safetensors has no name for):
+    caught by ``except ValueError`` and by ``except SafetensorError`` (the
+    class the safetensors package raises for it)."""

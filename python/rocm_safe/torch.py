@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 import torch
 
 from . import _dtypes, _native, _save
+from ._errors import SafetensorValueError
 from ._open import _Tensors, safe_open
 
 # The conv3d chain and the GPU load report live in _conv3d.py, the fallback
@@ -187,7 +188,7 @@ def _items(tensors: Dict[str, torch.Tensor]):
         try:
             dtype = _dtypes.safetensors_name(t.dtype)
         except ValueError:
-            raise ValueError(f"Key `{name}`: dtype {t.dtype} cannot be saved in safetensors") from None
+            raise SafetensorValueError(f"Key `{name}`: dtype {t.dtype} cannot be saved in safetensors") from None
         flat = t.detach()
         if flat.device.type != "cpu":
             flat = flat.to("cpu")
