@@ -261,9 +261,16 @@ fn null_metadata_is_no_metadata() {
     // `null` twice is still a duplicate key; other non-objects still refused.
     let e = open_err(r#"{"__metadata__":null,"__metadata__":null}"#, &[]);
     assert!(matches!(&e, Error::DuplicateKey { .. }), "{e}");
-    for bad in [r#"{"__metadata__":1}"#, r#"{"__metadata__":"x"}"#, r#"{"__metadata__":true}"#] {
+    for bad in [
+        r#"{"__metadata__":1}"#,
+        r#"{"__metadata__":"x"}"#,
+        r#"{"__metadata__":true}"#,
+    ] {
         let e = open_err(bad, &[]);
-        assert!(matches!(&e, Error::InvalidMetadata { key: None, .. }), "{bad}: {e}");
+        assert!(
+            matches!(&e, Error::InvalidMetadata { key: None, .. }),
+            "{bad}: {e}"
+        );
     }
 }
 

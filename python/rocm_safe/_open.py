@@ -243,7 +243,10 @@ class safe_open:
             if t.device.type == "cpu":
                 t = t.to(self._device)
             out[name] = t
-        return out
+        # In the order asked for (file order for get_tensors).
+        ordered = {n: out.pop(n) for n in names if n in out}
+        ordered.update(out)
+        return ordered
 
     def _device_of(self, t):
         """A slice read on the host, moved to the open's GPU device (slices
