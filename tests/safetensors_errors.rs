@@ -221,6 +221,17 @@ fn invalid_metadata() {
         matches!(&e, Error::InvalidMetadata { key: Some(k), .. } if k == "k"),
         "{e}"
     );
+    // `null` is no metadata (safetensors_read.rs) but still a duplicate
+    // key twice; other non-objects are refused.
+    let e = open_err(r#"{"__metadata__":null,"__metadata__":null}"#, &[]);
+    assert!(matches!(&e, Error::DuplicateKey { .. }), "{e}");
+    for bad in [r#"{"__metadata__":1}"#, r#"{"__metadata__":true}"#] {
+        let e = open_err(bad, &[]);
+        assert!(
+            matches!(&e, Error::InvalidMetadata { key: None, .. }),
+            "{bad}: {e}"
+        );
+    }
     // A tensor-shaped __metadata__ is still metadata, never a tensor.
     let e = open_err(
         r#"{"__metadata__":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
@@ -230,48 +241,6 @@ fn invalid_metadata() {
         matches!(&e, Error::InvalidMetadata { key: Some(k), .. } if k == "shape"),
         "{e}"
     );
-}
-
-#[test]
-fn null_metadata_is_no_metadata() {
-    // The safetensors package reads `"__metadata__": null` as no metadata;
-    // so do we, from a file and from bytes, alone or with tensors.
-    let dir = tempfile::tempdir().unwrap();
-    for (header, data) in [
-        (r#"{"__metadata__":null}"#, &[][..]),
-        (
-            r#"{"__metadata__":null,"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
-            &[7, 9][..],
-        ),
-        (
-            r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"__metadata__":null}"#,
-            &[7, 9][..],
-        ),
-    ] {
-        let bytes = file_bytes(header, data);
-        let p = write(dir.path(), "null.safetensors", &bytes);
-        let f = SafeTensors::open(&p).unwrap();
-        assert!(f.metadata().is_none(), "{header}");
-        assert_eq!(f.tensors().len(), data.len() / 2, "{header}");
-        let b = parse_bytes(&p, &bytes).unwrap();
-        assert!(b.metadata().is_none(), "{header}");
-        let c = Checkpoint::open(&p).unwrap();
-        assert!(c.metadata().is_none(), "{header}");
-    }
-    // `null` twice is still a duplicate key; other non-objects still refused.
-    let e = open_err(r#"{"__metadata__":null,"__metadata__":null}"#, &[]);
-    assert!(matches!(&e, Error::DuplicateKey { .. }), "{e}");
-    for bad in [
-        r#"{"__metadata__":1}"#,
-        r#"{"__metadata__":"x"}"#,
-        r#"{"__metadata__":true}"#,
-    ] {
-        let e = open_err(bad, &[]);
-        assert!(
-            matches!(&e, Error::InvalidMetadata { key: None, .. }),
-            "{bad}: {e}"
-        );
-    }
 }
 
 #[test]
