@@ -154,6 +154,17 @@ impl Checkpoint {
         self.lock().take();
     }
 
+    /// A second handle on the same open files (`SafetensorError` once this
+    /// one is closed). It stays open when this one is closed, until it is
+    /// closed or freed itself: a slice holds one, so that it can still be
+    /// read after its `safe_open` closed, as with the safetensors package.
+    fn share(&self) -> PyResult<Checkpoint> {
+        Ok(Checkpoint {
+            path: self.path.clone(),
+            inner: Mutex::new(Some(self.get()?)),
+        })
+    }
+
     /// Whether this is a sharded checkpoint (opened from an index).
     fn is_sharded(&self) -> PyResult<bool> {
         let c = self.get()?;
