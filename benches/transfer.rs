@@ -2,7 +2,7 @@
 //!
 //! * Without `TRANSFER_CKPT`: criterion, on the host backend, a synthetic
 //!   16 MiB bf16 checkpoint loaded to f32 (pinned ring, fingerprint checks)
-//!   against the plain CPU reader (`Checkpoint::read_as_bytes`) as baseline.
+//!   against the plain CPU reader (`Checkpoint::read_converted_bytes`) as baseline.
 //! * With `TRANSFER_CKPT=path` (a `.safetensors` file or an index): loads
 //!   the whole checkpoint `TRANSFER_REPEAT` times (default 3) onto
 //!   `TRANSFER_BACKEND` (`cuda`, `hip` or `host`; default cuda when built)
@@ -392,7 +392,10 @@ fn host_load(c: &mut Criterion) {
     g.bench_function("baseline_cpu_reader_read_as_f32", |b| {
         b.iter(|| {
             for (_, t) in ckpt.tensors() {
-                black_box(ckpt.read_as_bytes(&t.name, DType::F32).expect("read"));
+                black_box(
+                    ckpt.read_converted_bytes(&t.name, DType::F32)
+                        .expect("read"),
+                );
             }
         })
     });

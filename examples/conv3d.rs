@@ -201,7 +201,7 @@ fn run(
         b.as_deref().map(Conv3dData::F32),
     )?;
     let mut chain = match args.device {
-        None => Conv3dChain::new(),
+        None => Conv3dChain::first_gpu(),
         Some(kind) => Conv3dChain::for_device(&Device::open(kind, 0)?),
     };
     chain.options_mut().force = args.tier;

@@ -1,4 +1,4 @@
-// Exact, integer-only dtype conversions (DESIGN.md contract 1).
+// Exact, integer-only dtype conversions (the crate's contract 1: src/lib.rs, "# Contracts").
 //
 // Each function reproduces src/convert/scalar.rs bit for bit, NaN handling
 // included; no float arithmetic is used. Kernels read the source with 16-byte

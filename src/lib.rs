@@ -52,8 +52,8 @@
 //! Bottom to top; a module imports only from the layers below it (see
 //! `ARCHITECTURE.md`): [`error`], [`dtype`] -> [`convert`], [`conv3d`] (the
 //! problem), [`fallback`] -> [`safetensors`] -> [`device`] -> [`verify`] ->
-//! [`transfer`], [`conv3d_chain`] -> [`diagnostics`] (the engine behind the
-//! `doctor` example), [`dlpack`] (device memory and loaded tensors handed
+//! [`transfer`], [`conv3d_chain`] -> `diagnostics` (the engine behind the
+//! `doctor` example; compiled with the `doctor` feature only), [`dlpack`] (device memory and loaded tensors handed
 //! to and taken from other frameworks).
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -64,6 +64,8 @@ pub mod conv3d;
 pub mod conv3d_chain;
 pub mod convert;
 pub mod device;
+#[cfg(feature = "doctor")]
+#[cfg_attr(docsrs, doc(cfg(feature = "doctor")))]
 pub mod diagnostics;
 pub mod dlpack;
 pub mod dtype;

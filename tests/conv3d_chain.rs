@@ -94,7 +94,7 @@ fn data() -> (common::conv3d::Case, Data) {
 #[test]
 fn default_chain_order_and_cpu_serves_without_gpu() {
     let (case, data) = data();
-    let mut chain = Conv3dChain::new();
+    let mut chain = Conv3dChain::first_gpu();
     let kinds: Vec<TierKind> = chain.tiers().into_iter().map(|(k, _)| k).collect();
     assert_eq!(kinds, TierKind::ALL);
     if cfg!(feature = "cuda") {
@@ -336,7 +336,7 @@ fn host_device_chain_serves_every_case() {
 fn forbid_skips_kinds_and_no_tier_left_is_a_typed_error() {
     let (case, data) = data();
     let p = data.problem(&case, true);
-    let mut chain = Conv3dChain::new();
+    let mut chain = Conv3dChain::first_gpu();
     // Every kind forbidden (on a default build the GPU tiers would be
     // skipped as unavailable anyway).
     chain.options_mut().forbid = TierKind::ALL.to_vec();
@@ -395,7 +395,7 @@ fn run_into_checks_the_output_length() {
     let (case, data) = data();
     let p = data.problem(&case, false);
     let mut out = vec![0f32; 3];
-    let e = Conv3dChain::new().run_into(&p, &mut out).unwrap_err();
+    let e = Conv3dChain::first_gpu().run_into(&p, &mut out).unwrap_err();
     assert!(
         matches!(
             e,
@@ -418,7 +418,7 @@ fn empty_outputs_are_served() {
     {
         let data = Data::new(case);
         let p = data.problem(case, false);
-        let (out, report) = Conv3dChain::new().run(&p).unwrap();
+        let (out, report) = Conv3dChain::first_gpu().run(&p).unwrap();
         assert!(out.is_empty());
         assert_eq!(report.served_by(), Some(TierKind::Cpu), "{}", case.name);
     }
@@ -641,4 +641,38 @@ fn wrong_lengths_and_dtypes_are_typed_errors() {
         Some(Conv3dData::BF16(&bb)),
     )
     .unwrap();
+}
+
+#[test]
+fn the_cpu_chain_serves_on_the_cpu_tier_and_names_say_where_they_look() {
+    let x: Vec<f32> = (0..2 * 4 * 4 * 4).map(|i| (i % 7) as f32 * 0.25).collect();
+    let w: Vec<f32> = (0..3 * 2 * 27)
+        .map(|i| (i % 5) as f32 * 0.1 - 0.2)
+        .collect();
+    let p = Conv3dProblem::new(
+        Conv3dParams::default().with_padding([1, 1, 1]),
+        Conv3dData::F32(&x),
+        &[1, 2, 4, 4, 4],
+        Conv3dData::F32(&w),
+        &[3, 2, 3, 3, 3],
+        None,
+    )
+    .unwrap();
+    let cpu = Conv3dChain::cpu();
+    assert_eq!(cpu.tiers(), vec![(TierKind::Cpu, "cpu".to_owned())]);
+    let (out, report) = cpu.run(&p).unwrap();
+    assert_eq!(report.served_by(), Some(TierKind::Cpu));
+    let want = rocm_safe::conv3d::reference(&p);
+    for (o, r) in out.iter().zip(&want) {
+        assert!(
+            (f64::from(*o) - r).abs() <= 1e-5 * (1.0 + r.abs()),
+            "{o} vs {r}"
+        );
+    }
+    // The first-GPU chain has the GPU tiers first (unavailable without a
+    // GPU, so the CPU tier serves here) and the CPU tier last.
+    let first = Conv3dChain::first_gpu();
+    let kinds: Vec<TierKind> = first.tiers().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(kinds.first(), Some(&TierKind::Vendor));
+    assert_eq!(kinds.last(), Some(&TierKind::Cpu));
 }

@@ -348,7 +348,7 @@ fn default_chain_is_served_on_the_gpu(dev: &Device) {
     use rocm_safe::fallback::Outcome;
     let case = &cases()[0];
     let data = Data::new(case);
-    for chain in [Conv3dChain::new(), Conv3dChain::for_device(dev)] {
+    for chain in [Conv3dChain::first_gpu(), Conv3dChain::for_device(dev)] {
         for bf16 in [false, true] {
             let p = data.problem(case, bf16);
             let (out, report) = chain.run(&p).unwrap();

@@ -84,7 +84,7 @@ fn a_sharded_checkpoint_becomes_one_converted_file() {
     assert_eq!(f.info("w").unwrap().dtype, DType::F32);
     assert_eq!(
         f.read_bytes("w").unwrap(),
-        ck.read_as_bytes("w", DType::F32).unwrap()
+        ck.read_converted_bytes("w", DType::F32).unwrap()
     );
     assert_eq!(f.info("i").unwrap().dtype, DType::I32);
     assert_eq!(f.read_bytes("i").unwrap(), ck.read_bytes("i").unwrap());
@@ -137,4 +137,36 @@ fn unconvertible_floats_are_refused_or_kept_inputs_never_overwritten_and_cancel_
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(names.iter().all(|n| !n.contains(".tmp-")), "{names:?}");
+}
+
+#[test]
+fn a_file_with_null_metadata_converts_with_no_metadata() {
+    // `"__metadata__": null` (which the safetensors package accepts) is read
+    // as no metadata, and the converted file has none.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let header = r#"{"__metadata__":null,"w":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&bf16_bytes(4));
+    let input = d.join("null.safetensors");
+    std::fs::write(&input, &bytes).unwrap();
+    let out = d.join("out.safetensors");
+    let done = convert_file(
+        &input,
+        &out,
+        &ConvertOptions::to_dtype(DType::F32),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(done.tensors, 1);
+    let f = SafeTensors::open(&out).unwrap();
+    assert!(f.metadata().is_none());
+    assert_eq!(
+        f.read_bytes("w").unwrap(),
+        Checkpoint::open(&input)
+            .unwrap()
+            .read_converted_bytes("w", DType::F32)
+            .unwrap()
+    );
 }

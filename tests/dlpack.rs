@@ -790,8 +790,8 @@ fn loaded_tensors_export_from_the_device_or_the_host() {
     let s = dev.stream().unwrap();
     let bytes = pattern(24, 5);
     for data in [
-        TensorData::Device(s.clone_htod(&bytes).unwrap()),
-        TensorData::Host(bytes.clone()),
+        TensorData::Buffer(s.clone_htod(&bytes).unwrap()),
+        TensorData::KeptOnHost(bytes.clone()),
     ] {
         let t = LoadedTensor {
             name: "w".into(),
@@ -822,4 +822,14 @@ fn loaded_tensors_export_from_the_device_or_the_host() {
     assert_eq!(t.view::<u64>().unwrap().to_vec(&s).unwrap(), v);
     let e = Export::from_host(v, DType::U32, &[6]).unwrap_err();
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
+}
+
+#[test]
+fn debug_output_names_the_dlpack_device() {
+    let dev = Device::host();
+    let s = dev.stream().unwrap();
+    let e = Export::from_device(s.clone_htod(&[1u8, 2, 3, 4]).unwrap(), DType::F32, &[1]).unwrap();
+    let text = format!("{e:?}");
+    assert!(text.contains("\"cpu:0\""), "{text}");
+    assert!(!text.contains("DLDeviceType"), "{text}");
 }

@@ -1420,7 +1420,7 @@ fn kernels_that_never_ran_are_never_reported_correct() {
                 st.launches().len() > launches,
                 "the GPU tiers launched nothing"
             );
-            let (cpu, _) = Conv3dChain::new().run(&p).map_err(err("CPU chain"))?;
+            let (cpu, _) = Conv3dChain::first_gpu().run(&p).map_err(err("CPU chain"))?;
             ensure!(out == cpu, "the chain's output is not the CPU's");
             Ok(())
         },
@@ -1507,7 +1507,7 @@ fn load_through_the_standin(policy: Policy) -> R {
     );
     for t in &loaded.tensors {
         let want = ckpt
-            .read_as_bytes(&t.name, t.dtype)
+            .read_converted_bytes(&t.name, t.dtype)
             .map_err(err("reader"))?;
         let got = t.data.to_host().map_err(err("to_host"))?;
         ensure!(

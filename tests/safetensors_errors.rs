@@ -221,6 +221,17 @@ fn invalid_metadata() {
         matches!(&e, Error::InvalidMetadata { key: Some(k), .. } if k == "k"),
         "{e}"
     );
+    // `null` is no metadata (safetensors_read.rs) but still a duplicate
+    // key twice; other non-objects are refused.
+    let e = open_err(r#"{"__metadata__":null,"__metadata__":null}"#, &[]);
+    assert!(matches!(&e, Error::DuplicateKey { .. }), "{e}");
+    for bad in [r#"{"__metadata__":1}"#, r#"{"__metadata__":true}"#] {
+        let e = open_err(bad, &[]);
+        assert!(
+            matches!(&e, Error::InvalidMetadata { key: None, .. }),
+            "{bad}: {e}"
+        );
+    }
     // A tensor-shaped __metadata__ is still metadata, never a tensor.
     let e = open_err(
         r#"{"__metadata__":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
@@ -509,7 +520,7 @@ fn conversion_not_supported() {
         ),
         "{e}"
     );
-    let e = f.read_as_bytes("w", DType::I32).unwrap_err();
+    let e = f.read_converted_bytes("w", DType::I32).unwrap_err();
     assert!(matches!(&e, Error::UnsupportedConversion { .. }), "{e}");
 }
 
@@ -547,7 +558,7 @@ fn buffer_length() {
     ));
     let mut b = vec![0u8; 11];
     assert!(matches!(
-        f.read_as_bytes_into("w", DType::F16, &mut b),
+        f.read_converted_bytes_into("w", DType::F16, &mut b),
         Err(Error::LengthMismatch { .. })
     ));
     let mut r = vec![0f32; 3];

@@ -654,7 +654,7 @@ fn a_tensor_larger_than_memory_is_an_error_not_an_abort() {
     for r in [
         f.read::<f32>("x").map(drop),
         f.read_bytes("x").map(drop),
-        f.read_as_bytes("x", DType::F32).map(drop),
+        f.read_converted_bytes("x", DType::F32).map(drop),
         f.read_rows::<half::bf16>("x", 0..elems).map(drop),
     ] {
         match r {

@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use half::{bf16, f16};
-use rocm_safe::safetensors::{Checkpoint, SafeTensors, SafeTensorsWriter, TensorSpec, CHUNK_BYTES};
+use rocm_safe::safetensors::{
+    parse_bytes, Checkpoint, SafeTensors, SafeTensorsWriter, TensorSpec, CHUNK_BYTES,
+};
 use rocm_safe::DType;
 
 fn pattern(n: usize, seed: u64) -> Vec<u8> {
@@ -60,16 +62,20 @@ fn conversions_cross_chunks_at_unaligned_offsets() {
         for to in [DType::F32, DType::F16, DType::BF16] {
             let mut want = vec![0u8; bytes.len() / dtype.size().unwrap() * to.size().unwrap()];
             rocm_safe::convert::convert_bytes(*dtype, bytes, to, &mut want).unwrap();
-            assert_eq!(f.read_as_bytes(name, to).unwrap(), want, "{name} -> {to}");
+            assert_eq!(
+                f.read_converted_bytes(name, to).unwrap(),
+                want,
+                "{name} -> {to}"
+            );
             let mut into = vec![0u8; want.len()];
-            f.read_as_bytes_into(name, to, &mut into).unwrap();
+            f.read_converted_bytes_into(name, to, &mut into).unwrap();
             assert_eq!(into, want);
         }
         let typed_f16: Vec<f16> = f.read(name).unwrap();
         let typed_bf16: Vec<bf16> = f.read(name).unwrap();
         assert_eq!(typed_f16.len(), typed_bf16.len());
         // Same dtype: a plain copy.
-        assert_eq!(f.read_as_bytes(name, *dtype).unwrap(), *bytes);
+        assert_eq!(f.read_converted_bytes(name, *dtype).unwrap(), *bytes);
         assert_eq!(f.read_bytes(name).unwrap(), *bytes);
     }
     let d: Vec<f64> = f.read("d").unwrap();
@@ -245,10 +251,11 @@ fn checkpoint_delegates_every_read() {
     let mut b = vec![0u8; raw.len()];
     c.read_bytes_into("w", &mut b).unwrap();
     assert_eq!(b, raw);
-    let as_f32 = c.read_as_bytes("w", DType::F32).unwrap();
+    let as_f32 = c.read_converted_bytes("w", DType::F32).unwrap();
     assert_eq!(as_f32, bytemuck::cast_slice::<f32, u8>(&want));
     let mut b = vec![0u8; 48];
-    c.read_as_bytes_into("w", DType::F32, &mut b).unwrap();
+    c.read_converted_bytes_into("w", DType::F32, &mut b)
+        .unwrap();
     assert_eq!(b, as_f32);
     assert_eq!(c.read_rows::<f32>("w", 1..3).unwrap(), want[3..9]);
     let mut r = vec![0f32; 3];
@@ -260,4 +267,40 @@ fn checkpoint_delegates_every_read() {
     assert_eq!(rb, raw[12..18]);
     assert_eq!(c.info("i").unwrap().dtype, DType::I32);
     assert!(c.read::<f32>("i").is_err());
+}
+
+#[test]
+fn null_metadata_is_no_metadata() {
+    // The safetensors package reads `"__metadata__": null` as no metadata;
+    // so do we, from a file and from bytes, alone or with tensors.
+    let dir = tempfile::tempdir().unwrap();
+    for (header, data) in [
+        (r#"{"__metadata__":null}"#, &[][..]),
+        (
+            r#"{"__metadata__":null,"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
+            &[7, 9][..],
+        ),
+        (
+            r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"__metadata__":null}"#,
+            &[7, 9][..],
+        ),
+    ] {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(data);
+        let p = dir.path().join("null.safetensors");
+        std::fs::write(&p, &bytes).unwrap();
+        let f = SafeTensors::open(&p).unwrap();
+        assert!(f.metadata().is_none(), "{header}");
+        assert_eq!(f.tensors().len(), data.len() / 2, "{header}");
+        assert!(
+            parse_bytes(&p, &bytes).unwrap().metadata().is_none(),
+            "{header}"
+        );
+        let c = Checkpoint::open(&p).unwrap();
+        assert!(c.metadata().is_none(), "{header}");
+        if !data.is_empty() {
+            assert_eq!(c.read_bytes("a").unwrap(), data);
+        }
+    }
 }

@@ -80,7 +80,7 @@ fn load_into_fills_caller_memory(dev: &Device) {
     ] {
         let stored = ckpt.info(name).unwrap().dtype;
         let want = if stored.is_convertible_float() {
-            ckpt.read_as_bytes(name, DType::F32).unwrap()
+            ckpt.read_converted_bytes(name, DType::F32).unwrap()
         } else {
             ckpt.read_bytes(name).unwrap()
         };
@@ -98,7 +98,7 @@ fn load_into_fills_caller_memory(dev: &Device) {
     let rows = Request::rows("w", 10..20);
     let mut dst = s.alloc::<u8>(10 * 33 * 4).unwrap();
     loader.load_into(&ckpt, &rows, &mut dst.view_mut()).unwrap();
-    let all = ckpt.read_as_bytes("w", DType::F32).unwrap();
+    let all = ckpt.read_converted_bytes("w", DType::F32).unwrap();
     assert_eq!(dst.to_vec().unwrap(), all[10 * 33 * 4..20 * 33 * 4]);
     // Wrong length, another device: typed errors, nothing written.
     let mut short = s.alloc_zeros::<u8>(16).unwrap();
@@ -166,7 +166,7 @@ fn load_into_goes_down_the_ladder_and_refuses_a_bad_host_copy() {
     // it, into the caller's memory, exactly.
     let (dev, h) = faulty(FaultKind::CopyLandsZeros, When::Nth(0));
     let s = dev.stream().unwrap();
-    let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
+    let want = ckpt.read_converted_bytes("w", DType::F32).unwrap();
     let mut dst = s.alloc::<u8>(want.len()).unwrap();
     let rep = Loader::new(&dev, opts())
         .unwrap()
@@ -211,7 +211,7 @@ fn four_tensors(dir: &Path) -> Checkpoint {
 
 fn assert_four_exact(ckpt: &Checkpoint, loaded: &rocm_safe::transfer::Loaded) {
     for n in FOUR {
-        let want = ckpt.read_as_bytes(n, DType::F32).unwrap();
+        let want = ckpt.read_converted_bytes(n, DType::F32).unwrap();
         assert_eq!(loaded.get(n).unwrap().data.to_host().unwrap(), want, "{n}");
     }
 }
@@ -420,7 +420,7 @@ fn the_first_load_makes_the_whole_ring() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
     let slot = (64 * 1024 + 2 * 256 * 8) as u64;
-    let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
+    let want = ckpt.read_converted_bytes("w", DType::F32).unwrap();
     let owned = |ring_buffers: usize, self_test: bool, memory_budget: Option<u64>| {
         let dev = Device::from_backend(Box::new(HostBackend::new()));
         let o = LoadOptions {
@@ -473,7 +473,7 @@ fn the_load_s_own_self_test_decides_the_first_rung() {
         ),
         "{t}"
     );
-    let want = ckpt.read_as_bytes("w", DType::F32).unwrap();
+    let want = ckpt.read_converted_bytes("w", DType::F32).unwrap();
     assert_eq!(loaded.get("w").unwrap().data.to_host().unwrap(), want);
 
     let (dev, _h) = faulty(FaultKind::InvalidValueOnCopy, When::Always);

@@ -41,24 +41,23 @@ def features() -> list:
 def doctor(json: bool = False) -> Any:
     """The doctor's report: this machine, the GPU runtimes rocm-safe sees,
     and the self-tests of the conversions, the staged copy and the conv3d
-    chain (the library's ``diagnostics`` engine, as ``cargo run --example
-    doctor``).
+    chain (the library's ``diagnostics`` engine and its one renderer, as
+    ``cargo run --example doctor``; the commands it suggests are written for
+    a pip install of this package).
 
     ``json=True``: returns the report as a JSON document (the same as
     ``doctor --json``; its ``schema_version`` field names the schema, which
-    the crate's ``diagnostics`` docs describe) and prints nothing. ``json=False``: prints
-    the report as a table and returns it as a dict.
+    the crate's ``diagnostics`` docs describe) and prints nothing.
+    ``json=False``: prints the report as the doctor's table (the verdict
+    first and last) and returns it as a dict.
     """
-    text, all_passed, usable = _native.doctor_json()
+    text, table, _all_passed, _usable = _native.doctor_report()
     if json:
         return text
     import json as _json
 
-    from ._doctor import render
-
-    report = _json.loads(text)
-    print(render(report, all_passed, usable))
-    return report
+    print(table, end="")
+    return _json.loads(text)
 
 
 guard_names(globals(), ("doctor", "features"))

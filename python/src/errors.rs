@@ -65,7 +65,15 @@ pub fn op_to_py(what: &str, e: Error) -> PyErr {
 /// set where it names a path.
 fn io_to_py(e: Error, msg: String) -> PyErr {
     match e {
-        Error::Io { path, source, .. } => os_error(&msg, source.raw_os_error(), &path),
+        Error::Io { path, source, .. } => {
+            let errno = source.raw_os_error().or(match source.kind() {
+                // The library's own I/O refusals carry no errno ("path has
+                // no file name" for "/", "."): EINVAL, as the OS would say.
+                std::io::ErrorKind::InvalidInput => Some(libc_errno::EINVAL),
+                _ => None,
+            });
+            os_error(&msg, errno, &path)
+        }
         Error::NotRegularFile { path, kind } => {
             // The safetensors package fails on these with an OSError
             // (ENODEV from its mmap); we refuse them before reading, with
@@ -80,18 +88,21 @@ fn io_to_py(e: Error, msg: String) -> PyErr {
     }
 }
 
-/// Linux errno values used above (the `libc` crate is not needed for two).
+/// Linux errno values used above (the `libc` crate is not needed for three).
 mod libc_errno {
+    pub const EINVAL: i32 = 22;
     pub const EISDIR: i32 = 21;
     pub const ENODEV: i32 = 19;
 }
 
 /// `OSError(errno, message)` (Python picks the subclass from the errno),
-/// with `filename` set to `path`.
+/// with `filename` set to `path`; without an errno a plain
+/// `OSError(message)` (with `filename` set, Python would print it as
+/// `[Errno None] None: 'path'`).
 fn os_error(msg: &str, errno: Option<i32>, path: &std::path::Path) -> PyErr {
     let err = match errno {
         Some(n) => PyOSError::new_err((n, msg.to_owned())),
-        None => PyOSError::new_err(msg.to_owned()),
+        None => return PyOSError::new_err(msg.to_owned()),
     };
     Python::attach(|py| {
         // Best effort: the exception is right without the attribute.

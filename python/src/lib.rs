@@ -154,6 +154,17 @@ impl Checkpoint {
         self.lock().take();
     }
 
+    /// A second handle on the same open files (`SafetensorError` once this
+    /// one is closed). It stays open when this one is closed, until it is
+    /// closed or freed itself: a slice holds one, so that it can still be
+    /// read after its `safe_open` closed, as with the safetensors package.
+    fn share(&self) -> PyResult<Checkpoint> {
+        Ok(Checkpoint {
+            path: self.path.clone(),
+            inner: Mutex::new(Some(self.get()?)),
+        })
+    }
+
     /// Whether this is a sharded checkpoint (opened from an index).
     fn is_sharded(&self) -> PyResult<bool> {
         let c = self.get()?;
@@ -247,7 +258,7 @@ impl Checkpoint {
         let buf = PyByteArray::new_with(py, len, |dst: &mut [u8]| {
             py.detach(|| match rows {
                 None if out == info.dtype => c.read_bytes_into(name, dst),
-                None => c.read_as_bytes_into(name, out, dst),
+                None => c.read_converted_bytes_into(name, out, dst),
                 Some((s, e)) if out == info.dtype => c.read_rows_bytes_into(name, s..e, dst),
                 Some((s, e)) => read_rows_converted(&c, &info, s..e, out, dst),
             })
@@ -443,17 +454,20 @@ impl Writer {
     }
 }
 
-/// The doctor's report (the library's `diagnostics::Report`, schema
-/// version 2: the JSON of `cargo run --example doctor -- --json`), with
-/// its two verdicts: `(json, all_passed, usable)`. `usable` is false only
-/// when a check failed with no fallback left.
+/// The doctor's report (the library's `diagnostics::Report`, the JSON of
+/// `cargo run --example doctor -- --json`) with its commands written for a
+/// pip user, and the doctor's table from the library's one renderer:
+/// `(json, text, all_passed, usable)`. `usable` is false only when a check
+/// failed with no fallback left.
 #[pyfunction]
-fn doctor_json(py: Python<'_>) -> PyResult<(String, bool, bool)> {
-    let report = py.detach(rocm_safe::diagnostics::Report::collect);
+fn doctor_report(py: Python<'_>) -> PyResult<(String, String, bool, bool)> {
+    use rocm_safe::diagnostics::{render_text, Audience, Report};
+    let report = py.detach(|| Report::collect().for_audience(Audience::Pip));
     let json = serde_json::to_string_pretty(&report).map_err(|e| {
         PyRuntimeError::new_err(format!("doctor: cannot serialise the report: {e}"))
     })?;
-    Ok((json, report.all_passed(), report.usable()))
+    let text = render_text(&report);
+    Ok((json, text, report.all_passed(), report.usable()))
 }
 
 /// The cargo features this extension was built with (`"cuda"`, `"hip"`).
@@ -477,7 +491,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Checkpoint>()?;
     m.add_class::<Writer>()?;
     m.add_function(wrap_pyfunction!(load_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(doctor_json, m)?)?;
+    m.add_function(wrap_pyfunction!(doctor_report, m)?)?;
     m.add_function(wrap_pyfunction!(features, m)?)?;
     m.add_function(wrap_pyfunction!(device::parse_device_py, m)?)?;
     m.add_function(wrap_pyfunction!(device::parse_verify_py, m)?)?;

@@ -153,7 +153,7 @@ def test_framework_device_backend(tmp_path):
     p = tmp_path / "m.safetensors"
     save_file({"a": np.zeros(2, np.float32)}, p)
     with pytest.raises(SafetensorError, match="framework"):
-        safe_open(p, "jax")
+        safe_open(p, "tpu")
     with pytest.raises(SafetensorError, match="not supported for framework numpy"):
         safe_open(p, "np", device="cuda")
     with pytest.raises(SafetensorError):
@@ -247,3 +247,18 @@ def test_doctor_table(capsys):
     lines = out.strip().splitlines()
     assert lines[0] == report["verdict"]["line"] == lines[-1]
     assert report["verdict"]["level"] in ("ready", "cpu_only", "fix", "failed")
+    # One renderer (the library's): every section of the Rust doctor, the
+    # host memory figures as the platform reports them, and commands for a
+    # pip user rather than cargo.
+    for section in (
+        "Platform", "Libraries in use (this process)", "HIP kernels in this build",
+        "Environment", "Self-tests", "Backends and devices",
+    ):
+        assert section in lines, section
+    total = report["platform"]["memory_total_bytes"]
+    if total:
+        assert f"{total / (1 << 30):.1f} GiB total" in out
+    assert "cargo run" not in out
+    if not report["hip_build"]["built"]:
+        assert report["hip_build"]["rebuild_command"].endswith('pip install ./python')
+        assert 'MATURIN_PEP517_ARGS="--features hip" pip install ./python' in out

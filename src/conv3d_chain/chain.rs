@@ -67,7 +67,7 @@ impl Default for Conv3dOptions {
 ///     Conv3dData::F32(&w), &[1, 2, 3, 3, 3],
 ///     None,
 /// )?;
-/// let chain = Conv3dChain::new();
+/// let chain = Conv3dChain::first_gpu();
 /// let (out, report) = chain.run(&p)?;
 /// assert_eq!(out.len(), 27);
 /// assert_eq!(out[13], 27.0); // centre: 2 channels x 27 taps x 0.5
@@ -118,26 +118,42 @@ impl fmt::Debug for Conv3dChain {
 }
 
 impl Default for Conv3dChain {
+    /// [`Conv3dChain::first_gpu`].
     fn default() -> Self {
-        Self::new()
+        Self::first_gpu()
     }
 }
 
 impl Conv3dChain {
-    /// The default chain for this build, with default options: the tiers
-    /// of the first GPU this build and machine have (HIP, then CUDA; see
-    /// [`Conv3dChain::for_device`]), then the CPU tier. Without a GPU the
-    /// GPU tiers are [`UnavailableTier`](super::UnavailableTier)s, so the report says why they were
-    /// skipped. The GPU is opened once per process and shared by these
-    /// chains.
-    pub fn new() -> Self {
+    /// The chain of the first GPU this build and machine have (HIP, then
+    /// CUDA; see [`Conv3dChain::for_device`]), then the CPU tier, with
+    /// default options. Without a GPU the GPU tiers are
+    /// [`UnavailableTier`](super::UnavailableTier)s, so the report says why
+    /// they were skipped and the CPU tier serves. The GPU is opened once per
+    /// process and shared by these chains.
+    pub fn first_gpu() -> Self {
         Self::with_tiers(super::default_tiers(), Conv3dOptions::default())
+    }
+
+    /// Renamed [`Conv3dChain::first_gpu`]: `new()` did not say that it
+    /// looks for a GPU (and serves on the CPU without one).
+    #[deprecated(since = "0.1.0", note = "renamed first_gpu (or cpu, for_device)")]
+    pub fn new() -> Self {
+        Self::first_gpu()
+    }
+
+    /// The CPU tier alone (rayon over host memory), with default options:
+    /// the chain for a machine, or a caller, that wants no GPU.
+    pub fn cpu() -> Self {
+        Self::with_tiers(vec![Box::new(super::CpuTier)], Conv3dOptions::default())
     }
 
     /// The chain of `device` with default options: its vendor library,
     /// tiled and naive kernels ([`device_tiers`](super::device_tiers)), then the CPU.
-    /// On the host backend the "GPU" tiers run the CPU code over host
-    /// memory and the vendor tier is skipped as unavailable.
+    /// On the host backend (a test and CI device) the "tiled" and "naive"
+    /// tiers run the GPU kernels' code on the CPU over host memory, and the
+    /// vendor tier is skipped as unavailable: for CPU work use
+    /// [`Conv3dChain::cpu`].
     pub fn for_device(device: &Device) -> Self {
         Self::with_tiers(super::device_tiers(device), Conv3dOptions::default())
     }

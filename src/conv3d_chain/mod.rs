@@ -5,7 +5,7 @@
 //! kernel -> naive GPU kernel -> CPU.
 //!
 //! This layer sits above [`device`](crate::device) and below
-//! [`diagnostics`](crate::diagnostics); the problem it solves (parameters,
+//! `diagnostics` (feature `doctor`); the problem it solves (parameters,
 //! geometry, the f64 reference, the CPU kernel) is [`crate::conv3d`], below
 //! the device layer.
 //!
@@ -31,7 +31,7 @@
 //! the host backend (the CPU standing in for a GPU, which runs the whole
 //! GPU path in CI) and under [`Faults`](crate::device::faults::Faults).
 //! [`Conv3dChain::for_device`] builds the chain of one device;
-//! [`Conv3dChain::new`] uses the first GPU this build and machine have
+//! [`Conv3dChain::first_gpu`] uses the first GPU this build and machine have
 //! (HIP, then CUDA) and otherwise puts [`UnavailableTier`]s (saying why)
 //! before the CPU tier.
 //!
@@ -68,7 +68,7 @@ use crate::device::{BackendKind, Device};
 
 /// The first GPU device this build has and this machine shows (HIP, then
 /// CUDA), or why there is none; opened once per process and shared, so
-/// every [`Conv3dChain::new`] reuses its loaded kernels and vendor-library
+/// every [`Conv3dChain::first_gpu`] reuses its loaded kernels and vendor-library
 /// handle and plans.
 fn default_gpu() -> std::result::Result<Device, String> {
     static GPU: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
@@ -93,7 +93,7 @@ fn open_default_gpu() -> std::result::Result<Device, String> {
     }
 }
 
-/// The tiers of [`Conv3dChain::new`].
+/// The tiers of [`Conv3dChain::first_gpu`].
 pub(crate) fn default_tiers() -> Vec<Box<dyn Conv3dTier>> {
     match default_gpu() {
         Ok(device) => device_tiers(&device),

@@ -11,6 +11,38 @@ mod generated {
 /// The command that builds and runs the doctor with the HIP backend.
 pub const HIP_DOCTOR_COMMAND: &str = "cargo run --release --features hip --example doctor";
 
+/// The command that installs the Python package with the HIP backend, from
+/// a checkout of the repository (the package is built from source).
+pub const HIP_PIP_COMMAND: &str = "MATURIN_PEP517_ARGS=\"--features hip\" pip install ./python";
+
+/// Who reads the report, which decides how its commands are written: a
+/// Rust user runs cargo in a checkout, a Python user reinstalls the package
+/// with pip. Not part of the JSON (the commands in it are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Audience {
+    /// `cargo run --release --features hip --example doctor`.
+    #[default]
+    Cargo,
+    /// `MATURIN_PEP517_ARGS="--features hip" pip install ./python`.
+    Pip,
+}
+
+impl Audience {
+    /// The command that rebuilds with the HIP backend, for the gfx targets
+    /// `archs` (comma-separated; `None`: the build's default list).
+    pub fn hip_rebuild(self, archs: Option<&str>) -> String {
+        let command = match self {
+            Audience::Cargo => HIP_DOCTOR_COMMAND,
+            Audience::Pip => HIP_PIP_COMMAND,
+        };
+        match archs {
+            Some(a) => format!("ROCM_SAFE_OFFLOAD_ARCH={a} {command}"),
+            None => command.to_owned(),
+        }
+    }
+}
+
 /// The HIP side of this build, and whether it covers the HIP devices seen.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HipBuild {
@@ -63,7 +95,41 @@ pub fn compiler_needed(arch: &str) -> &'static str {
     }
 }
 
+/// The command that rebuilds for the HIP devices seen: with the `hip`
+/// feature when it is off (for the devices' archs when there are some), or
+/// for every device's arch when one has no kernels in this build; `None`
+/// when nothing needs rebuilding.
+fn rebuild_command(built: bool, devices: &[HipDeviceBuild], audience: Audience) -> Option<String> {
+    // Every device's arch, so the rebuild serves them all.
+    let mut want: Vec<&str> = devices
+        .iter()
+        .map(|d| d.arch.split(':').next().unwrap_or(&d.arch))
+        .filter(|a| *a != "unknown")
+        .collect();
+    want.sort_unstable();
+    want.dedup();
+    let archs = if !want.is_empty() {
+        Some(want.join(","))
+    } else if !devices.is_empty() {
+        // Devices whose arch nobody could tell.
+        Some("<your gfx arch>".to_owned())
+    } else {
+        None
+    };
+    if !built || devices.iter().any(|d| !d.built) {
+        Some(audience.hip_rebuild(archs.as_deref()))
+    } else {
+        None
+    }
+}
+
 impl HipBuild {
+    /// The rebuild command written for `audience` (the report is collected
+    /// with cargo's; see [`Report::for_audience`](super::Report::for_audience)).
+    pub fn retarget(&mut self, audience: Audience) {
+        self.rebuild_command = rebuild_command(self.built, &self.devices, audience);
+    }
+
     /// This build's record, checked against the HIP devices `(ordinal,
     /// arch)` seen on this machine.
     pub fn for_devices(devices: &[(usize, String)]) -> HipBuild {
@@ -96,23 +162,7 @@ impl HipBuild {
                 }
             })
             .collect();
-        let rebuild_command = if !built {
-            Some(HIP_DOCTOR_COMMAND.to_owned())
-        } else if devices.iter().any(|d| !d.built) {
-            // Every device's arch, so the rebuild serves them all.
-            let mut want: Vec<&str> = devices
-                .iter()
-                .map(|d| d.arch.split(':').next().unwrap_or(&d.arch))
-                .collect();
-            want.sort_unstable();
-            want.dedup();
-            Some(format!(
-                "ROCM_SAFE_OFFLOAD_ARCH={} {HIP_DOCTOR_COMMAND}",
-                want.join(",")
-            ))
-        } else {
-            None
-        };
+        let rebuild_command = rebuild_command(built, &devices, Audience::Cargo);
         HipBuild {
             built,
             archs: archs.iter().map(|a| a.to_string()).collect(),
@@ -168,6 +218,35 @@ mod tests {
         );
         assert_eq!(ok.rebuild_command, None);
         assert!(ok.devices[0].built);
+    }
+
+    #[test]
+    fn a_pip_user_gets_a_pip_command_for_the_same_archs() {
+        let devices = [(0, "gfx1151".to_owned())];
+        let mut b = HipBuild::from_parts(true, &["gfx90a"], None, Some(5), &[], &devices);
+        b.retarget(Audience::Pip);
+        assert_eq!(
+            b.rebuild_command.as_deref(),
+            Some("ROCM_SAFE_OFFLOAD_ARCH=gfx1151 MATURIN_PEP517_ARGS=\"--features hip\" pip install ./python")
+        );
+        b.retarget(Audience::Cargo);
+        assert_eq!(
+            b.rebuild_command.as_deref(),
+            Some("ROCM_SAFE_OFFLOAD_ARCH=gfx1151 cargo run --release --features hip --example doctor")
+        );
+        let mut none = HipBuild::from_parts(false, &[], None, None, &[], &[]);
+        none.retarget(Audience::Pip);
+        assert_eq!(none.rebuild_command.as_deref(), Some(HIP_PIP_COMMAND));
+    }
+
+    #[test]
+    fn a_device_of_unknown_arch_gets_no_rebuild_for_an_arch_called_unknown() {
+        let devices = [(0, "unknown".to_owned())];
+        let b = HipBuild::from_parts(true, &["gfx1151"], None, Some(5), &[], &devices);
+        assert_eq!(
+            b.rebuild_command.as_deref(),
+            Some("ROCM_SAFE_OFFLOAD_ARCH=<your gfx arch> cargo run --release --features hip --example doctor")
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod env;
 pub mod libraries;
 pub mod matrix;
 pub mod platform;
+pub mod render;
 pub mod selftest;
 pub mod verdict;
 
@@ -23,7 +24,9 @@ pub use amdgpu::{
     amdgpu_memory, assess_memory, attach_runtime, AmdgpuMemory, MemoryAssessment, MemoryFigures,
     RuntimeMemory,
 };
-pub use build_info::{compiler_needed, HipBuild, HipDeviceBuild, HIP_DOCTOR_COMMAND};
+pub use build_info::{
+    compiler_needed, Audience, HipBuild, HipDeviceBuild, HIP_DOCTOR_COMMAND, HIP_PIP_COMMAND,
+};
 pub use code_object::{
     read_code_object, CodeObjectError, CodeObjectInfo, KernelArgInfo, KernelResources,
 };
@@ -34,6 +37,7 @@ pub use libraries::{
 };
 pub use matrix::{Compat, MatrixEntry};
 pub use platform::{Library, Platform, RuntimeVersion};
+pub use render::render_text;
 
 use crate::device::BackendKind;
 use crate::error::{Error, Result};
@@ -63,6 +67,10 @@ pub struct Report {
     /// One line on what this machine can do, or the one thing to fix
     /// first ([`Report::judge`]); the doctor prints it first and last.
     pub verdict: verdict::Verdict,
+    /// Who the commands in the report are written for ([`Report::for_audience`]);
+    /// not serialised (the commands themselves are).
+    #[serde(skip)]
+    pub audience: Audience,
     /// rocm-safe's version.
     pub crate_version: String,
     /// Cargo features this build was compiled with.
@@ -149,12 +157,22 @@ impl std::str::FromStr for DeviceSelector {
     }
 }
 
-/// What [`Report::collect_with`] does beyond the defaults.
+/// What [`Report::collect_with`] does beyond the defaults
+/// (`CollectOptions::default().with_device(...)`).
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct CollectOptions {
     /// Run the device self-tests and the matrix only on these devices
     /// (`None`: every device).
     pub device: Option<DeviceSelector>,
+}
+
+impl CollectOptions {
+    /// Self-tests and matrix on the devices `selector` picks only.
+    pub fn with_device(mut self, selector: DeviceSelector) -> Self {
+        self.device = Some(selector);
+        self
+    }
 }
 
 /// Progress of [`Report::collect_with`]: reported before each step and once
@@ -236,6 +254,7 @@ impl Report {
             device_filter: None,
             matrix: Vec::new(),
             verdict: verdict::Verdict::pending(),
+            audience: Audience::Cargo,
         }
     }
 

@@ -2,7 +2,7 @@
 //! the one thing to fix first. A pure function of the [`Report`] (and
 //! whether `/dev/kfd` exists), so each machine kind is tested without it.
 
-use super::{Report, Verdict as TestVerdict};
+use super::{Audience, Report, Verdict as TestVerdict};
 
 /// How the machine stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -116,11 +116,26 @@ pub fn verdict_of(r: &Report, kfd_present: bool) -> Verdict {
     }
     // 4. A HIP device this build has no kernels for.
     if let Some(d) = r.hip_build.devices.iter().find(|d| !d.built) {
+        if d.arch == "unknown" {
+            // No KFD topology said what the GPU is: name how to find out
+            // rather than a rebuild for an arch called "unknown".
+            return Verdict::new(
+                Level::Fix,
+                format!(
+                    "fix: the gfx arch of hip:{} is unknown (no KFD topology under /sys/class/kfd): `rocminfo | grep gfx` names it; rebuild with {} if this build lacks it",
+                    d.ordinal,
+                    r.audience.hip_rebuild(Some("<that arch>"))
+                ),
+            );
+        }
         return Verdict::new(
             Level::Fix,
             format!(
-                "fix: {} (hip:{}) has no kernels in this build: rebuild with ROCM_SAFE_OFFLOAD_ARCH={} cargo run --release --features hip --example doctor",
-                d.arch, d.ordinal, d.arch
+                "fix: {} (hip:{}) has no kernels in this build: rebuild with {}",
+                d.arch,
+                d.ordinal,
+                r.audience
+                    .hip_rebuild(Some(d.arch.split(':').next().unwrap_or(&d.arch)))
             ),
         );
     }
@@ -169,7 +184,10 @@ pub fn verdict_of(r: &Report, kfd_present: bool) -> Verdict {
         if !r.features.iter().any(|f| f == "hip") {
             return Verdict::new(
                 Level::Fix,
-                "fix: an AMD GPU driver is loaded (/dev/kfd) but this build has no HIP backend: rebuild with ROCM_SAFE_OFFLOAD_ARCH=<your gfx arch> cargo run --release --features hip --example doctor (`rocminfo | grep gfx` names the arch, e.g. gfx1151)",
+                format!(
+                    "fix: an AMD GPU driver is loaded (/dev/kfd) but this build has no HIP backend: rebuild with {} (`rocminfo | grep gfx` names the arch, e.g. gfx1151)",
+                    r.audience.hip_rebuild(Some("<your gfx arch>"))
+                ),
             );
         }
         if hip_error.contains("permission") || hip_error.contains("/dev/kfd") {
@@ -192,6 +210,15 @@ pub fn verdict_of(r: &Report, kfd_present: bool) -> Verdict {
 }
 
 impl Report {
+    /// The report for `audience`: its commands (the rebuild command and the
+    /// verdict's) written as that reader runs them.
+    pub fn for_audience(mut self, audience: Audience) -> Report {
+        self.audience = audience;
+        self.hip_build.retarget(audience);
+        self.verdict = self.judge();
+        self
+    }
+
     /// The verdict on this machine ([`verdict_of`] with whether `/dev/kfd`
     /// exists here), as [`Report::collect_with`] stores it.
     pub fn judge(&self) -> Verdict {

@@ -35,7 +35,7 @@ impl std::fmt::Debug for Export {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Export")
             .field("data", &format_args!("{:#x}", self.data))
-            .field("device", &self.device)
+            .field("device", &super::types::device_name(self.device))
             .field("dtype", &self.dtype)
             .field("shape", &self.shape)
             .finish()
@@ -191,8 +191,8 @@ impl Export {
     /// or on the host ([`Export::from_host`]), with its dtype and shape.
     pub fn from_loaded(tensor: LoadedTensor) -> Result<Export> {
         match tensor.data {
-            TensorData::Device(b) => Export::from_device(b, tensor.dtype, &tensor.shape),
-            TensorData::Host(v) => Export::from_host(v, tensor.dtype, &tensor.shape),
+            TensorData::Buffer(b) => Export::from_device(b, tensor.dtype, &tensor.shape),
+            TensorData::KeptOnHost(v) => Export::from_host(v, tensor.dtype, &tensor.shape),
         }
     }
 

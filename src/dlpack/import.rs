@@ -43,7 +43,7 @@ impl std::fmt::Debug for Imported {
             .field("dtype", &self.dtype)
             .field("shape", &self.shape)
             .field("read_only", &self.read_only)
-            .field("dl_device", &self.dl_device)
+            .field("dl_device", &super::types::device_name(self.dl_device))
             .finish()
     }
 }

@@ -232,7 +232,9 @@ impl SafeTensors {
 
     // ----- raw bytes ------------------------------------------------------
 
-    /// Reads a tensor's bytes, as stored (little-endian), into `dst`, which
+    /// Reads a tensor's raw bytes, as stored (little-endian, never converted:
+    /// [`read_converted_bytes_into`](Self::read_converted_bytes_into)
+    /// converts), into `dst`, which
     /// must have exactly [`TensorInfo::num_bytes`] bytes
     /// ([`Error::LengthMismatch`] otherwise). Any dtype.
     pub fn read_bytes_into(&self, name: &str, dst: &mut [u8]) -> Result<()> {
@@ -288,13 +290,27 @@ impl SafeTensors {
     /// (`num_elements * to.size()` bytes, any alignment). `to` equal to the
     /// stored dtype copies the raw bytes (any dtype); otherwise the
     /// conversion rules of [`read_into`](Self::read_into) apply.
-    pub fn read_as_bytes_into(&self, name: &str, to: DType, dst: &mut [u8]) -> Result<()> {
+    pub fn read_converted_bytes_into(&self, name: &str, to: DType, dst: &mut [u8]) -> Result<()> {
         let info = self.info(name)?;
         self.read_span(info, (0, info.num_bytes()), to, dst)
     }
 
-    /// Reads a tensor as little-endian bytes of dtype `to` into a new buffer.
+    /// Renamed [`read_converted_bytes_into`](Self::read_converted_bytes_into)
+    /// (beside `read_bytes_into`, which never converts, the old name misled).
+    #[deprecated(since = "0.1.0", note = "renamed read_converted_bytes_into")]
+    pub fn read_as_bytes_into(&self, name: &str, to: DType, dst: &mut [u8]) -> Result<()> {
+        self.read_converted_bytes_into(name, to, dst)
+    }
+
+    /// Renamed [`read_converted_bytes`](Self::read_converted_bytes).
+    #[deprecated(since = "0.1.0", note = "renamed read_converted_bytes")]
     pub fn read_as_bytes(&self, name: &str, to: DType) -> Result<Vec<u8>> {
+        self.read_converted_bytes(name, to)
+    }
+
+    /// Reads a tensor as little-endian bytes of dtype `to` into a new buffer
+    /// (the raw, stored bytes are [`read_bytes`](Self::read_bytes)).
+    pub fn read_converted_bytes(&self, name: &str, to: DType) -> Result<Vec<u8>> {
         let info = self.info(name)?;
         self.check_convertible(info, to)?;
         let len = self.out_bytes(info, info.num_elements(), to)?;

@@ -27,7 +27,7 @@
 //!   shape, `data_offsets` within the data section.
 //! * Reads: `read_bytes[_into]` (raw stored bytes, any dtype),
 //!   `read[_into]::<T>` (typed, `T` = `f32`, `half::bf16`, `half::f16`,
-//!   or `f64` for F64 tensors), `read_as_bytes[_into]` (converted
+//!   or `f64` for F64 tensors), `read_converted_bytes[_into]` (converted
 //!   little-endian bytes of a chosen dtype), `read_rows*` (rows `a..b` of
 //!   the first dimension only). The `_into` forms fill a caller's buffer.
 //!

@@ -6,36 +6,53 @@ use crate::device::{DeviceBuffer, DeviceView};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// Where a loaded tensor's bytes are.
+/// Where a loaded tensor's bytes are: where the load was asked to put them,
+/// or kept on the host instead.
+///
+/// (Renamed from `Device`/`Host`: a load onto the host backend returns
+/// `Buffer`s of host memory, which the old name called "Device".)
 #[derive(Debug)]
 pub enum TensorData {
-    /// Device memory (cast its views to the dtype:
-    /// `buf.view().cast::<f32>()`).
-    Device(DeviceBuffer<u8>),
-    /// Host memory (the keep-on-host rung, or offloaded by the budget).
-    Host(Vec<u8>),
+    /// A buffer of the load's device: GPU memory on a GPU, host memory when
+    /// the device is the host backend. Cast its views to the dtype:
+    /// `buf.view().cast::<f32>()`.
+    Buffer(DeviceBuffer<u8>),
+    /// Kept in host memory although the load's device is a GPU (the
+    /// keep-on-host rung of the ladder, or offloaded by the memory budget).
+    KeptOnHost(Vec<u8>),
 }
 
 impl TensorData {
-    /// The device buffer, if on the device.
+    /// The buffer of the load's device, unless the data was kept on the host.
     pub fn device_buffer(&self) -> Option<&DeviceBuffer<u8>> {
         match self {
-            TensorData::Device(b) => Some(b),
-            TensorData::Host(_) => None,
+            TensorData::Buffer(b) => Some(b),
+            TensorData::KeptOnHost(_) => None,
         }
     }
 
     /// The bytes (copied back from the device when there).
     pub fn to_host(&self) -> Result<Vec<u8>> {
         match self {
-            TensorData::Device(b) => b.to_vec(),
-            TensorData::Host(v) => Ok(v.clone()),
+            TensorData::Buffer(b) => b.to_vec(),
+            TensorData::KeptOnHost(v) => Ok(v.clone()),
         }
     }
 
-    /// Whether the data is on the device.
+    /// Whether the data is in a buffer of the load's device (not
+    /// [`TensorData::KeptOnHost`]). On the host backend that buffer is host
+    /// memory: [`TensorData::is_host_memory`] says where the bytes live.
     pub fn is_device(&self) -> bool {
-        matches!(self, TensorData::Device(_))
+        matches!(self, TensorData::Buffer(_))
+    }
+
+    /// Whether the bytes are in host memory: kept on the host, or a buffer
+    /// of the host backend.
+    pub fn is_host_memory(&self) -> bool {
+        match self {
+            TensorData::Buffer(b) => b.device().kind() == crate::device::BackendKind::Host,
+            TensorData::KeptOnHost(_) => true,
+        }
     }
 }
 
@@ -54,15 +71,15 @@ pub struct LoadedTensor {
 
 impl LoadedTensor {
     /// Its elements as `T` on the device, borrowed; `None` when it was kept
-    /// on the host ([`TensorData::Host`]).
+    /// on the host ([`TensorData::KeptOnHost`]).
     ///
     /// Errors: [`Error::DTypeMismatch`] when `T` is not its dtype,
     /// [`Error::Misaligned`] / [`Error::LengthMismatch`] from the cast.
     pub fn device_view<T: Element>(&self) -> Result<Option<DeviceView<'_, T>>> {
         self.check::<T>()?;
         match &self.data {
-            TensorData::Device(b) => Ok(Some(b.view().cast::<T>()?)),
-            TensorData::Host(_) => Ok(None),
+            TensorData::Buffer(b) => Ok(Some(b.view().cast::<T>()?)),
+            TensorData::KeptOnHost(_) => Ok(None),
         }
     }
 
@@ -74,10 +91,10 @@ impl LoadedTensor {
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check::<T>()?;
         let bytes = match &self.data {
-            TensorData::Device(b) => {
+            TensorData::Buffer(b) => {
                 return b.view().cast::<T>()?.to_vec(b.stream());
             }
-            TensorData::Host(v) => v,
+            TensorData::KeptOnHost(v) => v,
         };
         let size = std::mem::size_of::<T>();
         if bytes.len() % size != 0 {

@@ -258,12 +258,12 @@ impl Loader {
             });
         };
         match t.data {
-            TensorData::Device(b) if b.device_ptr() == dst.device_ptr() => {}
-            TensorData::Device(b) => {
+            TensorData::Buffer(b) if b.device_ptr() == dst.device_ptr() => {}
+            TensorData::Buffer(b) => {
                 dst.copy_dtod(&self.compute, &b.view())?;
                 self.compute.synchronize()?;
             }
-            TensorData::Host(v) => {
+            TensorData::KeptOnHost(v) => {
                 dst.copy_htod(&self.compute, &v)?;
                 let expected = crate::convert::fingerprint::fingerprint_bytes(&v);
                 let actual = self.compute.fingerprint(&dst.as_view())?;
@@ -383,9 +383,9 @@ impl Loader {
         let mut tensors = Vec::with_capacity(items.len());
         for (item, st) in items.into_iter().zip(states) {
             let data = match (st.host, st.out) {
-                (Some(h), _) => TensorData::Host(h),
-                (None, Some(b)) => TensorData::Device(b),
-                (None, None) => TensorData::Host(Vec::new()),
+                (Some(h), _) => TensorData::KeptOnHost(h),
+                (None, Some(b)) => TensorData::Buffer(b),
+                (None, None) => TensorData::KeptOnHost(Vec::new()),
             };
             report.file_bytes += item.src_bytes;
             report.out_bytes += item.out_bytes;
