@@ -16,7 +16,8 @@ timed decodes (median reported). Paths:
 - ``nocudnn``: torch's conv3d with ``torch.backends.cudnn.enabled = False``
   (what an AMD user gets with MIOpen turned off).
 - ``chain``: every conv3d through rocm-safe's chain with its vendor tier
-  failing (``_inject_conv3d_failures(["vendor"])``): the tiled kernel serves,
+  failing (``_inject_conv3d_failures(["vendor"])``, so the wheel is built
+  with ``--features cuda,testing``): the tiled kernel serves,
   checks on.
 - ``chain_vendor``: every conv3d through the chain, vendor tier on (inside
   this PyTorch process it must be cuDNN that serves).

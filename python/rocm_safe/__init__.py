@@ -34,7 +34,8 @@ __all__ = ["SafetensorError", "InternalError", "safe_open", "doctor", "features"
 
 def features() -> list:
     """The cargo features the native extension was built with (``"cuda"``,
-    ``"hip"``; empty for the default CPU-only build)."""
+    ``"hip"``, ``"testing"`` for a test build; empty for the default
+    CPU-only build)."""
     return list(_native.features())
 
 

@@ -458,8 +458,16 @@ def _inject_conv3d_failures(kinds: Sequence[str]) -> List[str]:
     ``"tiled"``, ``"naive"``, ``"cpu"``) fail with an injected error, so
     the next tier serves (``[]`` stops it); returns the previous list. The
     environment variable ``ROCM_SAFE_CONV3D_FAIL=vendor,tiled`` sets it at
-    start-up."""
-    return list(_native.inject_conv3d_failures(list(kinds)))
+    start-up. Only in a build with the ``testing`` feature (the package's
+    test runs: ``maturin build --features testing``); a release wheel
+    raises ``RuntimeError``."""
+    hook = getattr(_native, "inject_conv3d_failures", None)
+    if hook is None:
+        raise RuntimeError(
+            "this build of rocm_safe has no test hooks: build it with "
+            "`--features testing` to inject conv3d failures"
+        )
+    return list(hook(list(kinds)))
 
 
 from ._panic import guard_names as _guard_names  # noqa: E402

@@ -21,9 +21,12 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod conv3d;
 mod device;
 mod errors;
 mod gpu;
+#[cfg(feature = "testing")]
+mod inject;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -480,6 +483,9 @@ fn features() -> Vec<&'static str> {
     if cfg!(feature = "hip") {
         f.push("hip");
     }
+    if cfg!(feature = "testing") {
+        f.push("testing");
+    }
     f
 }
 
@@ -500,12 +506,13 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu::last_load_report, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::device_owned_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::device_synchronize, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu::conv3d, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu::conv3d_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu::conv3d_verify, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu::conv3d_backward, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu::conv_transpose3d, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu::conv_transpose3d_verify, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu::inject_conv3d_failures, m)?)?;
+    m.add_function(wrap_pyfunction!(conv3d::conv3d, m)?)?;
+    m.add_function(wrap_pyfunction!(conv3d::conv3d_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(conv3d::conv3d_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(conv3d::conv3d_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(conv3d::conv_transpose3d, m)?)?;
+    m.add_function(wrap_pyfunction!(conv3d::conv_transpose3d_verify, m)?)?;
+    #[cfg(feature = "testing")]
+    m.add_function(wrap_pyfunction!(inject::inject_conv3d_failures, m)?)?;
     Ok(())
 }

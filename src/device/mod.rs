@@ -84,6 +84,8 @@ mod backend;
 mod buffer;
 mod conv3d;
 pub(crate) mod dynlib;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod faults;
 mod gpu;
 mod handle;

@@ -71,7 +71,7 @@ impl fmt::Display for NotFound {
 impl std::error::Error for NotFound {}
 
 /// A failure mode to inject (the fault-injection backend,
-/// [`crate::device::faults`], re-exported there).
+/// `crate::device::faults` (feature `testing`), re-exported there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum FaultKind {
     /// A host-to-device copy lands zeros.
@@ -112,6 +112,7 @@ pub enum FaultKind {
     Conv3dBackwardWritesNonFinite,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl FaultKind {
     pub(crate) const ALL: [FaultKind; 18] = [
         FaultKind::CopyLandsZeros,

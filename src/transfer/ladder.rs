@@ -323,7 +323,7 @@ mod tests {
                 bytes: 1,
             },
             Error::InjectedFault {
-                fault: crate::device::faults::FaultKind::LaunchFailure,
+                fault: crate::error::FaultKind::LaunchFailure,
                 op: "convert",
             },
             Error::VerificationFailed {
