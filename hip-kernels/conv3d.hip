@@ -91,28 +91,96 @@ RS_DEVICE void rs_conv3d_point(const rs_conv3d_args& a, rs_u64 p, rs_u64 g, rs_u
     *base = (n * a.c + g * cg) * a.d * a.h * a.w;
 }
 
+// The fast gathers' limit on KD * KH * KW (one bit per tap in a u64).
+#define RS_FAST_TAPS 64
+
+// Whether the tiled kernels gather with rs_conv3d_tap_mask and tap offsets:
+// at most RS_FAST_TAPS taps and an input of fewer than 2^31 elements.
+RS_DEVICE bool rs_conv3d_fast_gather(const rs_conv3d_args& a) {
+    return a.kd * a.kh * a.kw <= RS_FAST_TAPS && a.n * a.c * a.d * a.h * a.w < (1ull << 31);
+}
+
+// For each tap t < kvol (kvol <= RS_FAST_TAPS, an input of fewer than 2^31
+// elements), its offset in the input: the dilated d, h, w offsets folded
+// into one int.
+RS_DEVICE void rs_conv3d_tap_offsets(const rs_conv3d_args& a, rs_u32 tid, rs_u32 kvol,
+                                     rs_u32 khw, int* tap_off) {
+    for (rs_u32 t = tid; t < kvol; t += blockDim.x) {
+        const rs_u32 kd = t / khw;
+        const rs_u32 kh = (t - kd * khw) / (rs_u32)a.kw;
+        const rs_u32 kw = t - kd * khw - kh * (rs_u32)a.kw;
+        tap_off[t] = (int)(kd * a.dd * a.h * a.w + kh * a.dh * a.w + kw * a.dw);
+    }
+}
+
+// Bit t set when the point whose first tap is at (z, y, x) reads inside the
+// input at tap t < kvol (kvol <= 64; the tap tables after a barrier); 0 when
+// !on.
+RS_DEVICE rs_u64 rs_conv3d_tap_mask(const rs_conv3d_args& a, bool on, rs_u32 kvol, long long z,
+                                    long long y, long long x, const int* tap_d,
+                                    const int* tap_h, const int* tap_w) {
+    rs_u64 m = 0;
+    if (!on) return 0;
+    const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
+    for (rs_u32 t = 0; t < kvol; ++t) {
+        const long long zz = z + tap_d[t], yy = y + tap_h[t], xx = x + tap_w[t];
+        if (zz >= 0 && zz < D && yy >= 0 && yy < H && xx >= 0 && xx < W) m |= 1ull << t;
+    }
+    return m;
+}
+
 #define RS_TBM 128
 #define RS_TBN 128
 #define RS_TBK 8
 // Largest KD * KH * KW the tiled kernel takes (its tap table in shared memory).
 #define RS_MAX_TAPS 1024
 
-// Grid: x = ceil(P / 128) point tiles, y = ceil((K / G) / 128) channel
+// Grid: x = ceil(P / 128) point tiles, y = ceil((K / G) / BM) channel
 // tiles, z = groups. Exactly 256 threads per block. The weights come
 // transposed per group, wt_t[g][r][m] = w[g * K/G + m][r], so that a tile's
 // weight loads are coalesced. The host checks that KD * KH * KW <=
 // RS_MAX_TAPS, that C / G fits 32 bits and that every (tap * dilation) fits
 // an int.
-template <typename T>
+// Two floats, 8-byte aligned: one 8-byte shared-memory read.
+struct __align__(8) rs_f2 {
+    float x, y;
+};
+
+// The tiled kernels' shared memory (declared once per kernel: both tile
+// heights use it).
+struct rs_tiled_smem {
+    __align__(16) float As[2][RS_TBK][RS_TBM];
+    __align__(16) float Bs[2][RS_TBK][RS_TBN];
+    // Per kernel tap t: its dilated offsets along d, h, w, and (fast
+    // gather) along the flat input.
+    int tap_d[RS_MAX_TAPS], tap_h[RS_MAX_TAPS], tap_w[RS_MAX_TAPS];
+    int tap_off[RS_FAST_TAPS];
+};
+
+// Whether the tiles of the K/G = kg output channels are 96 rows high rather
+// than 128 (no padded rows for 96, 192, 384 channels; the 96-row tiles also
+// need fewer registers): conv3d_tiled_* where kg is a multiple of 96,
+// conv3d_tiled_bf16_mma where it is a multiple of 96 and not of 128. The
+// host's grids follow the same rules (`tile_m` in src/device/conv3d).
+RS_DEVICE bool rs_conv3d_tiled_bm96(rs_u64 kg) { return kg % 96 == 0; }
+RS_DEVICE bool rs_conv3d_mma_bm96(rs_u64 kg) { return kg % 96 == 0 && kg % 128 != 0; }
+
+template <typename T, int BM, bool FAST>
 static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
                                                        const T* __restrict__ wt_t,
                                                        const float* __restrict__ bias,
                                                        float* __restrict__ y,
-                                                       const rs_conv3d_args a) {
-    __shared__ __align__(16) float As[2][RS_TBK][RS_TBM];
-    __shared__ __align__(16) float Bs[2][RS_TBK][RS_TBN];
-    // Per kernel tap t: its dilated offsets along d, h, w.
-    __shared__ int tap_d[RS_MAX_TAPS], tap_h[RS_MAX_TAPS], tap_w[RS_MAX_TAPS];
+                                                       const rs_conv3d_args a,
+                                                       rs_tiled_smem& sm) {
+    // Rows of the tile per thread: ty * 4 + {0..3} and 64 + ty * (MI - 4) +
+    // {0..MI - 5}.
+    constexpr int MI = BM == 128 ? 8 : 6;
+    auto& As = sm.As;
+    auto& Bs = sm.Bs;
+    int* tap_d = sm.tap_d;
+    int* tap_h = sm.tap_h;
+    int* tap_w = sm.tap_w;
+    int* tap_off = sm.tap_off;
     const rs_u32 tid = threadIdx.x;
     const rs_u64 cg = a.c / a.groups, kg = a.k / a.groups;
     const rs_u32 khw = (rs_u32)(a.kh * a.kw);
@@ -121,12 +189,13 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     const rs_u64 osp = a.od * a.oh * a.ow;
     const rs_u64 P = a.n * osp;
     const rs_u64 g = blockIdx.z;
-    const rs_u64 m0 = (rs_u64)blockIdx.y * RS_TBM;
+    const rs_u64 m0 = (rs_u64)blockIdx.y * BM;
     const rs_u64 p0 = (rs_u64)blockIdx.x * RS_TBN;
 
     rs_conv3d_tap_table(a, tid, kvol, khw, tap_d, tap_h, tap_w);
 
-    // A (weight) loads from the transposed weights wt_t [G][R][K/G]:
+    // A (weight) loads (128 columns also for 96-row tiles: the last 32 are
+    // read, not used) from the transposed weights wt_t [G][R][K/G]:
     // column m = tid % 128 (coalesced), rows (tid / 128) * 4 + q.
     const rs_u32 am = tid & 127u;
     const rs_u32 ar = (tid >> 7) * 4u;
@@ -155,16 +224,24 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     const rs_u64 hw = a.h * a.w;
     // Inputs of fewer than 2^31 elements: 32-bit address arithmetic.
     const bool b_small = a.n * a.c * dhw < (1ull << 31);
+    // FAST (rs_conv3d_fast_gather): the point's valid taps as a bit mask,
+    // each tap's offset from the tap table. A template parameter, so that
+    // neither loop keeps the other's state live.
+    const bool fast = FAST;
+    if (fast) rs_conv3d_tap_offsets(a, tid, kvol, khw, tap_off);
     __syncthreads();
+    int b_pt = 0;
+    const rs_u64 b_mask = rs_conv3d_tap_mask(a, fast && b_ok, kvol, bz, by, bx, tap_d, tap_h, tap_w);
+    if (fast && b_ok) b_pt = (int)b_base + (int)(bz * (long long)hw + by * W + bx);
 
-    // Compute: 8 x 8 per thread; rows ty * 4 + {0..3} and + 64, columns
+    // Compute: MI x 8 per thread; rows as above (acc[i]), columns
     // tx * 4 + {0..3} and + 64 (16-byte reads of shared memory). Two
     // shared-memory stages: the next slice is loaded into registers while
     // the current one is multiplied, then stored into the other stage.
     const rs_u32 tx = tid & 15u, ty = tid >> 4;
-    float acc[8][8];
+    float acc[MI][8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
 
@@ -179,7 +256,12 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
         }                                                                                    \
         _Pragma("unroll") for (rs_u32 q = 0; q < 4; ++q) {                                   \
             float v = 0.0f;                                                                  \
-            if (b_ok && bci[q] < cg) {                                                       \
+            if (fast) {                                                                      \
+                const rs_u32 t = btap[q];                                                    \
+                if (bci[q] < cg && ((b_mask >> t) & 1ull))                                   \
+                    v = rs_ld(x, (rs_u64)(rs_u32)(b_pt + (int)(bci[q] * (rs_u32)dhw) +         \
+                                                  tap_off[t]));                              \
+            } else if (b_ok && bci[q] < cg) {                                                \
                 const rs_u32 t = btap[q];                                                    \
                 const long long z = bz + tap_d[t];                                           \
                 const long long yy = by + tap_h[t];                                          \
@@ -220,13 +302,19 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
 #pragma unroll
         for (int kk = 0; kk < RS_TBK; ++kk) {
             const float4 a0 = *reinterpret_cast<const float4*>(&As[cur][kk][ty * 4]);
-            const float4 a1 = *reinterpret_cast<const float4*>(&As[cur][kk][ty * 4 + 64]);
+            float av[MI] = {a0.x, a0.y, a0.z, a0.w};
+            if (MI == 8) {
+                const float4 a1 = *reinterpret_cast<const float4*>(&As[cur][kk][ty * 4 + 64]);
+                av[MI - 4] = a1.x, av[MI - 3] = a1.y, av[MI - 2] = a1.z, av[MI - 1] = a1.w;
+            } else {
+                const rs_f2 a1 = *reinterpret_cast<const rs_f2*>(&As[cur][kk][ty * 2 + 64]);
+                av[MI - 2] = a1.x, av[MI - 1] = a1.y;
+            }
             const float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][kk][tx * 4]);
             const float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][kk][tx * 4 + 64]);
-            const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
             const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
+            for (int i = 0; i < MI; ++i)
 #pragma unroll
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
         }
@@ -244,8 +332,8 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
         const rs_u64 n = pj / osp;
         const rs_u64 s = pj - n * osp;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const rs_u64 mi = m0 + ty * 4 + (i & 3) + (i >> 2) * 64;
+        for (int i = 0; i < MI; ++i) {
+            const rs_u64 mi = m0 + (i < 4 ? ty * 4 + i : 64 + ty * (MI - 4) + (i - 4));
             if (mi >= kg) continue;
             const rs_u64 k = g * kg + mi;
             const float b = a.has_bias ? bias[k] : 0.0f;
@@ -254,27 +342,59 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
     }
 }
 
-KERNEL void RS_HIP_BLOCK(256)
+// Two blocks per SM on CUDA (128 registers: the fast gather's state would
+// otherwise take the count past it and halve the resident blocks).
+#if defined(RS_CUDA)
+#define RS_TILED_CUDA_BOUNDS __launch_bounds__(256, 2)
+#else
+#define RS_TILED_CUDA_BOUNDS
+#endif
+KERNEL void RS_HIP_BLOCK(256) RS_TILED_CUDA_BOUNDS
     conv3d_tiled_f32(const float* x, const float* w_t, const float* bias, float* y,
                      rs_conv3d_args a) {
-    rs_conv3d_tiled<float>(x, w_t, bias, y, a);
+    __shared__ rs_tiled_smem sm;
+    const bool bm96 = rs_conv3d_tiled_bm96(a.k / a.groups);
+    if (rs_conv3d_fast_gather(a)) {
+        if (bm96) {
+            rs_conv3d_tiled<float, 96, true>(x, w_t, bias, y, a, sm);
+        } else {
+            rs_conv3d_tiled<float, 128, true>(x, w_t, bias, y, a, sm);
+        }
+    } else if (bm96) {
+        rs_conv3d_tiled<float, 96, false>(x, w_t, bias, y, a, sm);
+    } else {
+        rs_conv3d_tiled<float, 128, false>(x, w_t, bias, y, a, sm);
+    }
 }
-KERNEL void RS_HIP_BLOCK(256)
+KERNEL void RS_HIP_BLOCK(256) RS_TILED_CUDA_BOUNDS
     conv3d_tiled_bf16(const rs_u16* x, const rs_u16* w_t, const float* bias, float* y,
                       rs_conv3d_args a) {
-    rs_conv3d_tiled<rs_u16>(x, w_t, bias, y, a);
+    __shared__ rs_tiled_smem sm;
+    const bool bm96 = rs_conv3d_tiled_bm96(a.k / a.groups);
+    if (rs_conv3d_fast_gather(a)) {
+        if (bm96) {
+            rs_conv3d_tiled<rs_u16, 96, true>(x, w_t, bias, y, a, sm);
+        } else {
+            rs_conv3d_tiled<rs_u16, 128, true>(x, w_t, bias, y, a, sm);
+        }
+    } else if (bm96) {
+        rs_conv3d_tiled<rs_u16, 96, false>(x, w_t, bias, y, a, sm);
+    } else {
+        rs_conv3d_tiled<rs_u16, 128, false>(x, w_t, bias, y, a, sm);
+    }
 }
 
 // conv3d_tiled_bf16_mma: the tiled kernel for bf16 on tensor cores (CUDA,
 // sm_80 and newer; the symbol does not exist elsewhere, and the host then
 // uses conv3d_tiled_bf16). Implicit GEMM out[m][p] = sum_r W[m][r] X[r][p]
-// in 128 x 128 tiles per 256-thread block, 32-deep slices of r, each warp a
-// 64 x 32 sub-tile of m16n8k16 bf16 products with f32 accumulation (bf16
+// in 128 x 128 tiles per 256-thread block (96 x 128 where rs_conv3d_mma_bm96),
+// 32-deep slices of r, each warp a 64 (48) x 32 sub-tile of m16n8k16 bf16
+// products with f32 accumulation (bf16
 // products are exact in f32). Weights come packed per group, zero padded:
 // wp[g][mp][rp], mp = K/G rounded up to 128, rp = R rounded up to 32, so
 // their loads are unconditional 16-byte vectors. The input column is
 // gathered on the fly as in the scalar kernel. Grid: x = ceil(P / 128),
-// y = mp / 128, z = groups.
+// y = ceil(K/G / BM), z = groups.
 #if defined(RS_CUDA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
 #define RS_TC_BM 128
 #define RS_TC_BN 128
@@ -286,6 +406,19 @@ KERNEL void RS_HIP_BLOCK(256)
 // static shared memory under 48 KiB).
 #define RS_TC_MAX_TAPS 512
 
+// Four 8 x 8 bf16 matrices from shared memory (ldmatrix.x4): lane l names
+// row l % 8 of matrix l / 8 (16-byte aligned); r[j] is this lane's part of
+// matrix j (row lane / 4, columns (lane % 4) * 2 and + 1).
+RS_DEVICE void rs_ldmatrix_x4(rs_u32* r, const rs_u16* p) {
+    rs_u32 s;
+    asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
+                 : "=r"(s)
+                 : "l"(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
 RS_DEVICE void rs_mma_bf16(float* c, const rs_u32* a, const rs_u32* b) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
@@ -296,13 +429,30 @@ RS_DEVICE void rs_mma_bf16(float* c, const rs_u32* a, const rs_u32* b) {
 
 // Two blocks per SM (at most 128 registers): NVRTC's build otherwise takes
 // 158 registers, one block per SM, and runs 1.45x slower.
-KERNEL void __launch_bounds__(256, 2)
-    conv3d_tiled_bf16_mma(const rs_u16* __restrict__ x, const rs_u16* __restrict__ wp,
-                          const float* __restrict__ bias, float* __restrict__ y,
-                          rs_conv3d_args a, rs_u64 rp, rs_u64 mp) {
-    __shared__ __align__(16) rs_u16 As[2][RS_TC_BM * RS_TC_LD];
-    __shared__ __align__(16) rs_u16 Bs[2][RS_TC_BN * RS_TC_LD];
-    __shared__ int tap_d[RS_TC_MAX_TAPS], tap_h[RS_TC_MAX_TAPS], tap_w[RS_TC_MAX_TAPS];
+struct rs_mma_smem {
+    __align__(16) rs_u16 As[2][RS_TC_BM * RS_TC_LD];
+    __align__(16) rs_u16 Bs[2][RS_TC_BN * RS_TC_LD];
+    int tap_d[RS_TC_MAX_TAPS], tap_h[RS_TC_MAX_TAPS], tap_w[RS_TC_MAX_TAPS];
+    int tap_off[RS_FAST_TAPS];
+};
+
+// BM: the tile's rows, 128 or 96 (rs_conv3d_mma_bm96; A is still staged 128
+// rows high, within the packed weight's padding, and the warps' 64-row
+// halves become 48).
+template <int BM, bool FAST>
+static __device__ __forceinline__ void rs_conv3d_tiled_mma(const rs_u16* __restrict__ x,
+                                                           const rs_u16* __restrict__ wp,
+                                                           const float* __restrict__ bias,
+                                                           float* __restrict__ y,
+                                                           const rs_conv3d_args& a, rs_u64 rp,
+                                                           rs_u64 mp, rs_mma_smem& sm) {
+    constexpr int MI = BM / 32;  // m16 tiles per warp
+    auto& As = sm.As;
+    auto& Bs = sm.Bs;
+    int* tap_d = sm.tap_d;
+    int* tap_h = sm.tap_h;
+    int* tap_w = sm.tap_w;
+    int* tap_off = sm.tap_off;
     const rs_u32 tid = threadIdx.x;
     const rs_u64 cg = a.c / a.groups, kg = a.k / a.groups;
     const rs_u32 khw = (rs_u32)(a.kh * a.kw);
@@ -310,7 +460,7 @@ KERNEL void __launch_bounds__(256, 2)
     const rs_u64 osp = a.od * a.oh * a.ow;
     const rs_u64 P = a.n * osp;
     const rs_u64 g = blockIdx.z;
-    const rs_u64 m0 = (rs_u64)blockIdx.y * RS_TC_BM;
+    const rs_u64 m0 = (rs_u64)blockIdx.y * BM;
     const rs_u64 p0 = (rs_u64)blockIdx.x * RS_TC_BN;
 
     rs_conv3d_tap_table(a, tid, kvol, khw, tap_d, tap_h, tap_w);
@@ -333,7 +483,12 @@ KERNEL void __launch_bounds__(256, 2)
     const rs_u64 dhw = a.d * a.h * a.w;
     const rs_u64 hw = a.h * a.w;
     const bool b_small = a.n * a.c * dhw < (1ull << 31);
+    const bool fast = FAST;  // rs_conv3d_fast_gather, as in rs_conv3d_tiled
+    if (fast) rs_conv3d_tap_offsets(a, tid, kvol, khw, tap_off);
     __syncthreads();
+    int b_pt = 0;
+    const rs_u64 b_mask = rs_conv3d_tap_mask(a, fast && b_ok, kvol, bz, by, bx, tap_d, tap_h, tap_w);
+    if (fast && b_ok) b_pt = (int)b_base + (int)(bz * (long long)hw + by * W + bx);
 
     rs_v4 ra[2];
     rs_u32 rb[8];
@@ -346,7 +501,10 @@ KERNEL void __launch_bounds__(256, 2)
         rs_u32 ci = bci, t = btap;                                                           \
         _Pragma("unroll") for (rs_u32 q = 0; q < 16; ++q) {                                  \
             rs_u32 v = 0;                                                                    \
-            if (b_ok && ci < cg) {                                                           \
+            if (fast) {                                                                      \
+                if (ci < cg && ((b_mask >> t) & 1ull))                                       \
+                    v = x[(rs_u32)(b_pt + (int)(ci * (rs_u32)dhw) + tap_off[t])];            \
+            } else if (b_ok && ci < cg) {                                                    \
                 const long long z = bz + tap_d[t];                                           \
                 const long long yy = by + tap_h[t];                                          \
                 const long long xx = bx + tap_w[t];                                          \
@@ -388,10 +546,10 @@ KERNEL void __launch_bounds__(256, 2)
 
     const rs_u32 lane = tid & 31u, warp = tid >> 5;
     const rs_u32 gid = lane >> 2, tig = lane & 3u;
-    const rs_u32 wm = (warp & 1u) * 64u, wn = (warp >> 1) * 32u;
-    float acc[4][4][4];
+    const rs_u32 wm = (warp & 1u) * (rs_u32)(BM / 2), wn = (warp >> 1) * 32u;
+    float acc[MI][4][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -409,24 +567,24 @@ KERNEL void __launch_bounds__(256, 2)
         const rs_u16* bs = Bs[cur];
 #pragma unroll
         for (rs_u32 kk = 0; kk < RS_TC_BK; kk += 16) {
-            rs_u32 af[4][4], bf[4][2];
+            // ldmatrix.x4: lane l gives the row address of matrix l / 8.
+            rs_u32 af[MI][4], bf[4][2];
 #pragma unroll
-            for (int mi = 0; mi < 4; ++mi) {
-                const rs_u16* r0 = as + (wm + mi * 16 + gid) * RS_TC_LD + kk + tig * 2;
-                const rs_u16* r1 = r0 + 8 * RS_TC_LD;
-                af[mi][0] = *reinterpret_cast<const rs_u32*>(r0);
-                af[mi][1] = *reinterpret_cast<const rs_u32*>(r1);
-                af[mi][2] = *reinterpret_cast<const rs_u32*>(r0 + 8);
-                af[mi][3] = *reinterpret_cast<const rs_u32*>(r1 + 8);
+            for (int mi = 0; mi < MI; ++mi)
+                rs_ldmatrix_x4(af[mi], as + (wm + mi * 16 + (lane & 15u)) * RS_TC_LD + kk +
+                                           (lane >> 4) * 8u);
+#pragma unroll
+            for (int pi = 0; pi < 2; ++pi) {
+                rs_u32 b4[4];
+                rs_ldmatrix_x4(b4, bs + (wn + pi * 16 + (lane >> 4) * 8u + (lane & 7u)) * RS_TC_LD +
+                                       kk + ((lane >> 3) & 1u) * 8u);
+                bf[2 * pi][0] = b4[0];
+                bf[2 * pi][1] = b4[1];
+                bf[2 * pi + 1][0] = b4[2];
+                bf[2 * pi + 1][1] = b4[3];
             }
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
-                const rs_u16* c0 = bs + (wn + ni * 8 + gid) * RS_TC_LD + kk + tig * 2;
-                bf[ni][0] = *reinterpret_cast<const rs_u32*>(c0);
-                bf[ni][1] = *reinterpret_cast<const rs_u32*>(c0 + 8);
-            }
-#pragma unroll
-            for (int mi = 0; mi < 4; ++mi)
+            for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
                 for (int ni = 0; ni < 4; ++ni) rs_mma_bf16(acc[mi][ni], af[mi], bf[ni]);
         }
@@ -446,7 +604,7 @@ KERNEL void __launch_bounds__(256, 2)
             const rs_u64 n = pj / osp;
             const rs_u64 s = pj - n * osp;
 #pragma unroll
-            for (int mi = 0; mi < 4; ++mi) {
+            for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const rs_u64 mi_row = m0 + wm + mi * 16 + gid + h * 8;
@@ -457,6 +615,25 @@ KERNEL void __launch_bounds__(256, 2)
                 }
             }
         }
+    }
+}
+
+KERNEL void __launch_bounds__(256, 2)
+    conv3d_tiled_bf16_mma(const rs_u16* __restrict__ x, const rs_u16* __restrict__ wp,
+                          const float* __restrict__ bias, float* __restrict__ y,
+                          rs_conv3d_args a, rs_u64 rp, rs_u64 mp) {
+    __shared__ rs_mma_smem sm;
+    const bool bm96 = rs_conv3d_mma_bm96(a.k / a.groups);
+    if (rs_conv3d_fast_gather(a)) {
+        if (bm96) {
+            rs_conv3d_tiled_mma<96, true>(x, wp, bias, y, a, rp, mp, sm);
+        } else {
+            rs_conv3d_tiled_mma<128, true>(x, wp, bias, y, a, rp, mp, sm);
+        }
+    } else if (bm96) {
+        rs_conv3d_tiled_mma<96, false>(x, wp, bias, y, a, rp, mp, sm);
+    } else {
+        rs_conv3d_tiled_mma<128, false>(x, wp, bias, y, a, rp, mp, sm);
     }
 }
 #endif
@@ -476,7 +653,6 @@ KERNEL void conv3d_widen_bias_bf16(const rs_u16* src, float* y, const float* bia
         y[i] = v;
     }
 }
-
 // ---------------------------------------------------------------- weight layouts
 //
 // conv3d_layout_{u32,u16}: the standard weight [G][KG][R] (R = C/G*KD*KH*KW)
