@@ -64,7 +64,7 @@ const TILE_M_96: usize = 96;
 /// and 384 channels, and fewer registers), else [`TILE_M`]. The kernel
 /// makes the same choice (`rs_conv3d_tiled_bm96`).
 pub(crate) fn tiled_tile_m(kg: usize) -> usize {
-    if kg % TILE_M_96 == 0 {
+    if kg.is_multiple_of(TILE_M_96) {
         TILE_M_96
     } else {
         TILE_M
@@ -76,7 +76,7 @@ pub(crate) fn tiled_tile_m(kg: usize) -> usize {
 /// [`TILE_M`] (`rs_conv3d_mma_bm96`). Its 96-row tiles stage 128 rows of
 /// the packed weight, which its padding to a multiple of 128 holds.
 pub(crate) fn mma_tile_m(kg: usize) -> usize {
-    if kg % TILE_M_96 == 0 && kg % TILE_M != 0 {
+    if kg.is_multiple_of(TILE_M_96) && !kg.is_multiple_of(TILE_M) {
         TILE_M_96
     } else {
         TILE_M
