@@ -13,7 +13,7 @@
 //!   was asked for and cannot be built is a build error naming the compiler,
 //!   its version and what to install.
 //! - feature `cuda`: two modules (`core.hip`: conversions, fingerprints,
-//!   scans; `conv3d.hip`), each flattened into one source (embedded, compiled
+//!   scans; `conv3d.hip` with the `conv3d_*.hip` files it includes), each flattened into one source (embedded, compiled
 //!   with NVRTC at run time) and, when nvcc is found, also PTX built here for
 //!   `ROCM_SAFE_CUDA_ARCH` (default `compute_75`, the oldest target CUDA 13
 //!   still accepts; the driver JIT-compiles it for newer GPUs). If nvcc
@@ -45,6 +45,9 @@ const KERNEL_FILES: &[&str] = &[
     "hip-kernels/convert_fingerprint.hip",
     "hip-kernels/nonfinite.hip",
     "hip-kernels/conv3d.hip",
+    "hip-kernels/conv3d_naive.hip",
+    "hip-kernels/conv3d_check.hip",
+    "hip-kernels/conv3d_backward.hip",
 ];
 /// The translation unit that includes every kernel file (HIP).
 const ENTRY: &str = "hip-kernels/kernels.hip";

@@ -490,7 +490,8 @@ impl KernelCall {
     /// `conv3d_tiled_bf16_mma(const u16* x, const u16* wp, const float*
     /// bias, float* y, rs_conv3d_args a, u64 rp, u64 mp)`: the weight packed
     /// `[G][mp][rp]` ([`super::Conv3dWeightLayout::TiledPacked`] with
-    /// `rows = mp`, `cols = rp`); grid `(ceil(P / 128), mp / 128, G)`.
+    /// `rows = mp`, `cols = rp`); grid `(ceil(P / 128), ceil(K/G / BM), G)`
+    /// with BM = [`super::conv3d::mma_tile_m`] (96 or 128).
     pub(crate) fn conv3d_tiled_mma(
         a: &Conv3dLaunch,
         rows: usize,
@@ -509,8 +510,12 @@ impl KernelCall {
         let [gx, _, gz] = Conv3dKernel::Tiled.grid(g)?;
         Ok(KernelCall {
             kernel: Kernel::Conv3dTiledBf16Mma,
-            // rows / 128 <= 65535: checked by `packed_for`.
-            grid: [gx, u32::try_from(rows / 128).unwrap_or(u32::MAX), gz],
+            // At most 65535 channel tiles: checked by `packed_for`.
+            grid: [
+                gx,
+                u32::try_from(super::conv3d::mma_tiles_m(g.out_per_group())).unwrap_or(u32::MAX),
+                gz,
+            ],
             block: BLOCK,
             shared_bytes: 0,
             args: vec![

@@ -61,10 +61,10 @@ static void run(const Case& cs, bool timeit) {
             if (which<2) { int blocks=(int)std::min<size_t>((ny+255)/256, 132*32); if(blocks<1)blocks=1;
                 if(which==0) conv3d_naive_f32<<<blocks,256>>>((float*)dxf,(float*)dwf,(float*)db,(float*)dy,a);
                 else conv3d_naive_bf16<<<blocks,256>>>((rs_u16*)dxb,(rs_u16*)dwb,(float*)db,(float*)dy,a); }
-            else if (which<4) { dim3 gr((P+127)/128,(kg+127)/128,a.groups);
+            else if (which<4) { dim3 gr((P+127)/128,(kg%96==0)?kg/96:(kg+127)/128,a.groups);
                 if(which==2) conv3d_tiled_f32<<<gr,256>>>((float*)dxf,(float*)dwtf,(float*)db,(float*)dy,a);
                 else conv3d_tiled_bf16<<<gr,256>>>((rs_u16*)dxb,(rs_u16*)dwtb,(float*)db,(float*)dy,a); }
-            else { dim3 gr((P+127)/128,mp/128,a.groups); conv3d_tiled_bf16_mma<<<gr,256>>>((rs_u16*)dxb,(rs_u16*)dwp,(float*)db,(float*)dy,a,rp,mp); }
+            else { dim3 gr((P+127)/128,(kg%96==0&&kg%128!=0)?kg/96:mp/128,a.groups); conv3d_tiled_bf16_mma<<<gr,256>>>((rs_u16*)dxb,(rs_u16*)dwp,(float*)db,(float*)dy,a,rp,mp); }
         };
         CK(cudaMemset(dy,0xff,ny*4)); launch(); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(y.data(),dy,ny*4,cudaMemcpyDeviceToHost));
@@ -84,6 +84,10 @@ int main() {
         {2,8,6,6,6, 8,3,3,3, 2,2,2, 1,1,1, 1,1,1, 8,1},
         {1,16,3,17,33, 200,3,3,3, 1,1,1, 1,1,1, 1,2,1, 1,1},
         {1,64,8,64,64, 64,3,3,3, 1,1,1, 1,1,1, 1,1,1, 1,0},
+        {1,5,6,7,8, 9,4,4,5, 1,1,1, 1,2,2, 1,1,1, 1,1},
+        {1,32,5,9,70, 40,3,3,3, 1,1,1, 0,1,1, 1,1,1, 1,1},
+        {2,16,3,6,20, 192,3,3,3, 1,1,1, 1,1,1, 1,1,1, 2,1},
+        {1,8,4,5,37, 288,3,3,3, 1,1,1, 1,1,1, 1,1,1, 1,0},
     };
     for (auto& c : cases) { printf("case n%d c%d %dx%dx%d k%d %dx%dx%d g%d\n", c.n,c.c,c.d,c.h,c.w,c.k,c.kd,c.kh,c.kw,c.g); run(c, false); }
     Case big = {1,128,9,128,128, 128,3,3,3, 1,1,1, 1,1,1, 1,1,1, 1,0};

@@ -23,6 +23,7 @@ struct float4 { float x, y, z, w; };
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline int __clz(int x) { return __builtin_clz((unsigned)x); }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { auto o = *p; *p += v; return o; }
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) { auto o = *p; if (v > o) *p = v; return o; }
 std::barrier<>* g_bar;
 inline void __syncthreads() { g_bar->arrive_and_wait(); }
 template <class F> void emu_launch(unsigned grid, unsigned block, F f) {

@@ -67,7 +67,7 @@ impl Conv3dWeightLayout {
         let r = g.in_per_group() * g.kernel.iter().product::<usize>();
         let rows = g.out_per_group().checked_next_multiple_of(TILE_M)?;
         let cols = r.checked_next_multiple_of(32)?;
-        if rows / TILE_M > 65_535 {
+        if super::mma_tiles_m(g.out_per_group()) > 65_535 {
             return None;
         }
         g.params.groups.checked_mul(rows)?.checked_mul(cols)?;

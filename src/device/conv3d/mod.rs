@@ -37,7 +37,8 @@ use crate::error::{Error, Result};
 /// Which GPU conv3d kernel of `hip-kernels/conv3d.hip` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Conv3dKernel {
-    /// `conv3d_tiled_{f32,bf16}`: implicit GEMM on 128 x 128 output tiles.
+    /// `conv3d_tiled_{f32,bf16}`: implicit GEMM on 128 x 128 output tiles
+    /// (96 x 128 where the output channels per group are a multiple of 96).
     /// Its weight is in [`tiled_weight_layout`] (transposed per group).
     Tiled,
     /// `conv3d_naive_{f32,bf16}`: one thread per output point. A 256-thread
@@ -55,6 +56,38 @@ pub enum Conv3dKernel {
 pub(crate) const TILE_M: usize = 128;
 pub(crate) const TILE_N: usize = 128;
 const MAX_TAPS: usize = 1024;
+/// The shorter tile of both tiled kernels (`rs_conv3d_*_bm96`).
+const TILE_M_96: usize = 96;
+
+/// Rows of a `conv3d_tiled_{f32,bf16}` output tile for `kg` output channels
+/// per group: 96 where `kg` is a multiple of 96 (no padded rows for 96, 192
+/// and 384 channels, and fewer registers), else [`TILE_M`]. The kernel
+/// makes the same choice (`rs_conv3d_tiled_bm96`).
+pub(crate) fn tiled_tile_m(kg: usize) -> usize {
+    if kg.is_multiple_of(TILE_M_96) {
+        TILE_M_96
+    } else {
+        TILE_M
+    }
+}
+
+/// Rows of a `conv3d_tiled_bf16_mma` output tile for `kg` output channels
+/// per group: 96 where `kg` is a multiple of 96 and not of 128, else
+/// [`TILE_M`] (`rs_conv3d_mma_bm96`). Its 96-row tiles stage 128 rows of
+/// the packed weight, which its padding to a multiple of 128 holds.
+pub(crate) fn mma_tile_m(kg: usize) -> usize {
+    if kg.is_multiple_of(TILE_M_96) && !kg.is_multiple_of(TILE_M) {
+        TILE_M_96
+    } else {
+        TILE_M
+    }
+}
+
+/// The channel tiles (grid y) of `conv3d_tiled_bf16_mma` for `kg` output
+/// channels per group.
+pub(crate) fn mma_tiles_m(kg: usize) -> usize {
+    kg.div_ceil(mma_tile_m(kg))
+}
 
 impl Conv3dKernel {
     /// `"tiled"` or `"naive"`.
@@ -82,7 +115,7 @@ impl Conv3dKernel {
         if points.div_ceil(TILE_N) > i32::MAX as usize {
             return Some("more output points than the grid's x dimension holds");
         }
-        if g.out_per_group().div_ceil(TILE_M) > 65_535 || g.params.groups > 65_535 {
+        if g.out_per_group().div_ceil(TILE_M_96) > 65_535 || g.params.groups > 65_535 {
             return Some("more channel tiles or groups than the grid's y/z dimensions hold");
         }
         let taps: usize = g.kernel.iter().product();
@@ -126,7 +159,7 @@ impl Conv3dKernel {
                 let points = g.batch * g.output.iter().product::<usize>();
                 [
                     clamp(points.div_ceil(TILE_N)),
-                    clamp(g.out_per_group().div_ceil(TILE_M)),
+                    clamp(g.out_per_group().div_ceil(tiled_tile_m(g.out_per_group()))),
                     clamp(g.params.groups),
                 ]
             }
@@ -303,5 +336,43 @@ impl Stream {
             self.backend()
                 .run(&KernelOp::Conv3dVendor { args: &launch }, self.raw())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv3d::Conv3dParams;
+
+    #[test]
+    fn tile_heights_follow_the_kernels_rules() {
+        // (kg, SIMT rows, mma rows): 96 where kg is a multiple of 96 (the
+        // mma kernel: and not of 128).
+        for (kg, simt, mma) in [
+            (16, 128, 128),
+            (96, 96, 96),
+            (128, 128, 128),
+            (192, 96, 96),
+            (288, 96, 96),
+            (384, 96, 128),
+            (512, 128, 128),
+        ] {
+            assert_eq!((tiled_tile_m(kg), mma_tile_m(kg)), (simt, mma), "kg {kg}");
+        }
+        // A 96-row mma tile stages 128 rows of the packed weight (K/G
+        // rounded up to 128): the last tile's stay inside.
+        for kg in (96..20_000).step_by(96) {
+            if mma_tile_m(kg) == 96 {
+                let rows = kg.next_multiple_of(TILE_M);
+                assert!((mma_tiles_m(kg) - 1) * 96 + 128 <= rows, "kg {kg}");
+            }
+        }
+        // The SIMT grid's y is the 96-row tile count for 192 channels.
+        let params = Conv3dParams::default().with_padding([1; 3]);
+        let g = Conv3dGeometry::new(params, &[1, 8, 3, 4, 5], &[192, 8, 3, 3, 3]).unwrap();
+        assert_eq!(Conv3dKernel::Tiled.grid(&g).unwrap(), [1, 2, 1]);
+        assert_eq!(mma_tiles_m(192), 2);
+        let g = Conv3dGeometry::new(params, &[1, 8, 3, 4, 5], &[130, 8, 3, 3, 3]).unwrap();
+        assert_eq!(Conv3dKernel::Tiled.grid(&g).unwrap(), [1, 2, 1]);
     }
 }
