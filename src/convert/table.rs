@@ -122,51 +122,10 @@ macro_rules! b {
 
 use DType::{BF16, F16, F32, F64, F8_E4M3, F8_E5M2};
 
-/// Every conversion the crate performs, by source then target.
+/// Every conversion the crate performs, by source (bf16, f16, f32, f64,
+/// f8; the device rows in [`ConvertOp::DEVICE`](crate::device::ConvertOp)'s
+/// order) then target.
 pub const CONVERSIONS: [Conversion; 18] = [
-    // f64 sources: CPU only (the loader converts them on its CPU rung).
-    row(
-        F64,
-        F32,
-        |b| sc::f64_to_f32(b) as u64,
-        b!(f64_f32, f64_f32_stream, f64_f32_portable),
-        On::Cpu,
-        false,
-    ),
-    row(
-        F64,
-        BF16,
-        |b| sc::f64_to_bf16(b) as u64,
-        b!(f64_bf16, f64_bf16_stream, f64_bf16_portable),
-        On::Cpu,
-        false,
-    ),
-    row(
-        F64,
-        F16,
-        |b| sc::f64_to_f16(b) as u64,
-        b!(f64_f16, f64_f16_stream, f64_f16_portable),
-        On::Cpu,
-        false,
-    ),
-    // f32 sources.
-    row(F32, F32, |b| b as u32 as u64, b!(copy), On::Cpu, true),
-    row(
-        F32,
-        BF16,
-        |b| sc::f32_to_bf16(b as u32) as u64,
-        b!(f32_bf16, f32_bf16_stream, f32_bf16_portable),
-        On::Device("convert_f32_bf16", 8),
-        false,
-    ),
-    row(
-        F32,
-        F16,
-        |b| sc::f32_to_f16(b as u32) as u64,
-        b!(f32_f16, f32_f16_stream, f32_f16_portable),
-        On::Device("convert_f32_f16", 8),
-        false,
-    ),
     // bf16 sources.
     row(
         BF16,
@@ -203,6 +162,49 @@ pub const CONVERSIONS: [Conversion; 18] = [
         false,
     ),
     row(F16, F16, |b| b as u16 as u64, b!(copy), On::Cpu, true),
+    // f32 sources.
+    row(F32, F32, |b| b as u32 as u64, b!(copy), On::Cpu, true),
+    row(
+        F32,
+        BF16,
+        |b| sc::f32_to_bf16(b as u32) as u64,
+        b!(f32_bf16, f32_bf16_stream, f32_bf16_portable),
+        On::Device("convert_f32_bf16", 8),
+        false,
+    ),
+    row(
+        F32,
+        F16,
+        |b| sc::f32_to_f16(b as u32) as u64,
+        b!(f32_f16, f32_f16_stream, f32_f16_portable),
+        On::Device("convert_f32_f16", 8),
+        false,
+    ),
+    // f64 sources: CPU only (the loader converts them on its CPU rung).
+    row(
+        F64,
+        F32,
+        |b| sc::f64_to_f32(b) as u64,
+        b!(f64_f32, f64_f32_stream, f64_f32_portable),
+        On::Cpu,
+        false,
+    ),
+    row(
+        F64,
+        BF16,
+        |b| sc::f64_to_bf16(b) as u64,
+        b!(f64_bf16, f64_bf16_stream, f64_bf16_portable),
+        On::Cpu,
+        false,
+    ),
+    row(
+        F64,
+        F16,
+        |b| sc::f64_to_f16(b) as u64,
+        b!(f64_f16, f64_f16_stream, f64_f16_portable),
+        On::Cpu,
+        false,
+    ),
     // f8 sources (e4m3fn, e5m2): exact widenings.
     row(
         F8_E4M3,
