@@ -427,6 +427,8 @@ fn self_test_passes(dev: &Device) {
     let r = verify::self_test(&s).unwrap();
     assert!(r.all_passed(), "{r:#?}");
     let names: Vec<&str> = r.kernels.iter().map(|k| k.kernel.as_str()).collect();
+    // One test per kernel of every device row of the conversion table,
+    // then the fingerprint kernel.
     assert_eq!(
         names,
         [
@@ -434,13 +436,18 @@ fn self_test_passes(dev: &Device) {
             "fused bf16->f32",
             "convert f16->f32",
             "fused f16->f32",
-            "fingerprint",
             "convert f32->bf16",
-            "convert f32->f16"
+            "convert f32->f16",
+            "convert f8_e4m3->f32",
+            "convert f8_e5m2->f32",
+            "fingerprint",
         ]
     );
-    assert_eq!(r.kernels[0].tested, 65_536);
-    assert_eq!(r.kernels[5].tested, 65_536 * 12);
+    let tested = |name: &str| r.kernels.iter().find(|k| k.kernel == name).unwrap().tested;
+    assert_eq!(tested("convert bf16->f32"), 65_536);
+    assert_eq!(tested("convert f32->f16"), 65_536 * 12);
+    assert_eq!(tested("convert f8_e4m3->f32"), 256);
+    assert_eq!(tested("convert f8_e5m2->f32"), 256);
     // Cached: the second call returns the same report.
     let again = verify::self_test(&s).unwrap();
     assert!(Arc::ptr_eq(&r, &again));

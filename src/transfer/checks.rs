@@ -10,8 +10,7 @@ use super::source::{self, Item, Source, Sums};
 use super::{Check, Failure, Loader};
 use crate::convert::fingerprint::{self, finish};
 use crate::device::{ConvertOp, DeviceBuffer, DeviceView, DeviceViewMut, Stream};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::verify::{self, Policy};
 
 impl Loader {
@@ -157,55 +156,18 @@ pub(super) fn piece_ops(
     match op {
         None => dst.copy_dtod(s, src)?,
         Some(op) => {
-            let fused = fp && policy == Policy::FusedFingerprint && op.to == DType::F32;
-            device_convert(
-                s,
-                op,
-                src,
-                dst,
-                if fused { Some(&mut *a_out) } else { None },
-            )?;
-            fused_done = fused;
+            // The fused kernel where the row has one (it sums the output as
+            // it writes it); otherwise the separate pass below.
+            if fp && policy == Policy::FusedFingerprint && op.fused_symbol().is_some() {
+                s.convert_fingerprint_raw(src, op.from, dst, op.to, a_out)?;
+                fused_done = true;
+            } else {
+                s.convert_raw(src, op.from, dst, op.to)?;
+            }
         }
     }
     if fp && !fused_done {
         s.fingerprint_sum_into(&dst.as_view(), a_out)?;
     }
     Ok(())
-}
-
-/// Dispatches a device conversion on runtime dtypes.
-fn device_convert(
-    s: &Stream,
-    op: ConvertOp,
-    src: &DeviceView<'_, u8>,
-    dst: &mut DeviceViewMut<'_, u8>,
-    acc: Option<&mut DeviceViewMut<'_, u64>>,
-) -> Result<()> {
-    use half::{bf16, f16};
-    match (op.from, op.to) {
-        (DType::BF16, DType::F32) => {
-            let sv = src.cast::<bf16>()?;
-            let mut dv = dst.cast_mut::<f32>()?;
-            match acc {
-                Some(a) => s.convert_fingerprint_into(&sv, &mut dv, a),
-                None => s.convert(&sv, &mut dv),
-            }
-        }
-        (DType::F16, DType::F32) => {
-            let sv = src.cast::<f16>()?;
-            let mut dv = dst.cast_mut::<f32>()?;
-            match acc {
-                Some(a) => s.convert_fingerprint_into(&sv, &mut dv, a),
-                None => s.convert(&sv, &mut dv),
-            }
-        }
-        (DType::F32, DType::BF16) => s.convert(&src.cast::<f32>()?, &mut dst.cast_mut::<bf16>()?),
-        (DType::F32, DType::F16) => s.convert(&src.cast::<f32>()?, &mut dst.cast_mut::<f16>()?),
-        (from, to) => Err(Error::UnsupportedConversion {
-            op: "transfer convert",
-            from,
-            to,
-        }),
-    }
 }
