@@ -366,7 +366,10 @@ mod tests {
             }
             if let Some(f) = r.fused {
                 assert_eq!(r.to, DType::F32);
-                assert_eq!(f, format!("convert_fingerprint_{}", r.label().replace("->", "_")));
+                assert_eq!(
+                    f,
+                    format!("convert_fingerprint_{}", r.label().replace("->", "_"))
+                );
             }
         }
     }
@@ -394,10 +397,7 @@ mod tests {
                 let mut b = [0u8; 8];
                 b[..r.src_size].copy_from_slice(code);
                 let bits = u64::from_le_bytes(b);
-                let (x, y) = (
-                    decode(r.from, bits),
-                    decode(r.to, (r.scalar)(bits)),
-                );
+                let (x, y) = (decode(r.from, bits), decode(r.to, (r.scalar)(bits)));
                 assert!(
                     x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
                     "{} of {bits:#x}: {x} -> {y}",
@@ -419,14 +419,22 @@ mod tests {
             _ => unreachable!("{d}"),
         };
         let width = 1 + e_bits + m_bits;
-        let sign = if (bits >> (width - 1)) & 1 == 1 { -1.0 } else { 1.0 };
+        let sign = if (bits >> (width - 1)) & 1 == 1 {
+            -1.0
+        } else {
+            1.0
+        };
         let e = ((bits >> m_bits) & ((1 << e_bits) - 1)) as i32;
         let m = (bits & ((1 << m_bits) - 1)) as f64;
         let bias = (1 << (e_bits - 1)) - 1;
         let emax = (1 << e_bits) - 1;
         let scale = f64::from(1u32 << m_bits);
         if inf_nan && e == emax {
-            return if m == 0.0 { sign * f64::INFINITY } else { f64::NAN };
+            return if m == 0.0 {
+                sign * f64::INFINITY
+            } else {
+                f64::NAN
+            };
         }
         if !inf_nan && e == emax && m == scale - 1.0 {
             return f64::NAN;

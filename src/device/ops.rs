@@ -150,11 +150,7 @@ impl Stream {
         self.check_device(op, src.device())?;
         self.check_device(op, dst.device())?;
         let c = ConvertOp { from, to };
-        let kernel = if fused {
-            c.fused_symbol()
-        } else {
-            c.symbol()
-        };
+        let kernel = if fused { c.fused_symbol() } else { c.symbol() };
         let (Some(_), Some(row)) = (kernel, c.row()) else {
             return Err(Error::UnsupportedConversion { op, from, to });
         };

@@ -227,9 +227,10 @@ fn reference() -> &'static Reference {
         // Parallel, table-driven (the sequential reference fingerprint of
         // these few MB would dominate the first call).
         for t in &mut rows {
-            let src = image.get(t.src..t.src + t.n * t.row.src_size).unwrap_or(&[]);
-            t.expected =
-                expected_fingerprint(t.op.from, src, t.op.to).unwrap_or(Fingerprint(0));
+            let src = image
+                .get(t.src..t.src + t.n * t.row.src_size)
+                .unwrap_or(&[]);
+            t.expected = expected_fingerprint(t.op.from, src, t.op.to).unwrap_or(Fingerprint(0));
         }
         let base = image.get(..image.len().min(1 << 17)).unwrap_or(&[]);
         let fp_cases: Vec<(usize, usize, Fingerprint)> = crate::par::install(|| {
@@ -344,7 +345,10 @@ pub fn self_test_uncached(stream: &Stream) -> Result<SelfTestReport> {
             } else {
                 let at = t.out + k * round_up(len);
                 let mut got = vec![0u8; len];
-                arena.view().slice(at..at + len)?.copy_dtoh(stream, &mut got)?;
+                arena
+                    .view()
+                    .slice(at..at + len)?
+                    .copy_dtoh(stream, &mut got)?;
                 let want = r.expected(t)?;
                 compare_rows(name, t, r.src(t), &want, &got)
             };

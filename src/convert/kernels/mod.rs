@@ -262,16 +262,54 @@ macro_rules! f8_kernel {
             1,
             $d,
             1,
-            |s: &[u8], d: &mut [u8]| { map(s, d, |b: [u8; 1]| $table[usize::from(b[0])].to_le_bytes()) }
+            |s: &[u8], d: &mut [u8]| {
+                map(s, d, |b: [u8; 1]| $table[usize::from(b[0])].to_le_bytes())
+            }
         );
     };
 }
-f8_kernel!(f8e4m3_f32, f8e4m3_f32_stream, f8e4m3_f32_portable, 4, E4M3_F32);
-f8_kernel!(f8e5m2_f32, f8e5m2_f32_stream, f8e5m2_f32_portable, 4, E5M2_F32);
-f8_kernel!(f8e4m3_bf16, f8e4m3_bf16_stream, f8e4m3_bf16_portable, 2, E4M3_BF16);
-f8_kernel!(f8e5m2_bf16, f8e5m2_bf16_stream, f8e5m2_bf16_portable, 2, E5M2_BF16);
-f8_kernel!(f8e4m3_f16, f8e4m3_f16_stream, f8e4m3_f16_portable, 2, E4M3_F16);
-f8_kernel!(f8e5m2_f16, f8e5m2_f16_stream, f8e5m2_f16_portable, 2, E5M2_F16);
+f8_kernel!(
+    f8e4m3_f32,
+    f8e4m3_f32_stream,
+    f8e4m3_f32_portable,
+    4,
+    E4M3_F32
+);
+f8_kernel!(
+    f8e5m2_f32,
+    f8e5m2_f32_stream,
+    f8e5m2_f32_portable,
+    4,
+    E5M2_F32
+);
+f8_kernel!(
+    f8e4m3_bf16,
+    f8e4m3_bf16_stream,
+    f8e4m3_bf16_portable,
+    2,
+    E4M3_BF16
+);
+f8_kernel!(
+    f8e5m2_bf16,
+    f8e5m2_bf16_stream,
+    f8e5m2_bf16_portable,
+    2,
+    E5M2_BF16
+);
+f8_kernel!(
+    f8e4m3_f16,
+    f8e4m3_f16_stream,
+    f8e4m3_f16_portable,
+    2,
+    E4M3_F16
+);
+f8_kernel!(
+    f8e5m2_f16,
+    f8e5m2_f16_stream,
+    f8e5m2_f16_portable,
+    2,
+    E5M2_F16
+);
 
 /// The identity pairs: a plain copy (the standard library's `memcpy`
 /// already uses the best stores for large sizes).

@@ -262,5 +262,8 @@ fn every_supported_pair_has_a_kernel() {
             }
         }
     }
-    assert_eq!(FROM.len() * TO.len(), crate::convert::table::CONVERSIONS.len());
+    assert_eq!(
+        FROM.len() * TO.len(),
+        crate::convert::table::CONVERSIONS.len()
+    );
 }
