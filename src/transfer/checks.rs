@@ -11,21 +11,17 @@ use super::{Check, Failure, Loader};
 use crate::convert::fingerprint::{self, finish};
 use crate::device::{ConvertOp, DeviceBuffer, DeviceView, DeviceViewMut, Stream};
 use crate::error::Result;
-use crate::verify::{self, Policy};
+use crate::verify::{self, staged, Policy};
 
 impl Loader {
-    /// The policy actually applied: without a trusted fingerprint kernel,
-    /// fingerprints prove nothing, so the output is read back.
+    /// The policy actually applied: the staged check's one rule
+    /// (`verify::staged`) over every conversion of the load (without a
+    /// trusted fingerprint kernel, fingerprints prove nothing, so the
+    /// output is read back; without trusted fused kernels, the separate
+    /// pass fingerprints it).
     pub(super) fn policy(&self) -> Policy {
-        let p = self.opts.policy;
-        if p == Policy::Fingerprint || p == Policy::FusedFingerprint {
-            if let Some(st) = self.device_self_test() {
-                if !st.fingerprint_trusted() {
-                    return Policy::ReadBack;
-                }
-            }
-        }
-        p
+        let st = self.device_self_test();
+        staged::applied_policy(self.opts.policy, st.as_deref(), None)
     }
 
     /// Runs `work` while the device's self-test, when loading `items` calls
@@ -139,7 +135,8 @@ pub(super) fn compare(sums: &Sums, item: &Item, len: usize, acc: [u64; 2]) -> Op
 }
 
 /// Queues the device work of one staged piece: the copy check, the
-/// conversion (or device copy) into `dst`, the output check.
+/// conversion (or device copy) into `dst` and the output check, as the
+/// staged check (`verify::staged`) queues them for the applied `policy`.
 pub(super) fn piece_ops(
     s: &Stream,
     op: Option<ConvertOp>,
@@ -148,26 +145,10 @@ pub(super) fn piece_ops(
     dst: &mut DeviceViewMut<'_, u8>,
     [a_copy, a_out]: [&mut DeviceViewMut<'_, u64>; 2],
 ) -> Result<()> {
-    let fp = matches!(policy, Policy::Fingerprint | Policy::FusedFingerprint);
-    if fp {
+    if staged::fingerprints(policy) {
         s.fingerprint_sum_into(src, a_copy)?;
     }
-    let mut fused_done = false;
-    match op {
-        None => dst.copy_dtod(s, src)?,
-        Some(op) => {
-            // The fused kernel where the row has one (it sums the output as
-            // it writes it); otherwise the separate pass below.
-            if fp && policy == Policy::FusedFingerprint && op.fused_symbol().is_some() {
-                s.convert_fingerprint_raw(src, op.from, dst, op.to, a_out)?;
-                fused_done = true;
-            } else {
-                s.convert_raw(src, op.from, dst, op.to)?;
-            }
-        }
-    }
-    if fp && !fused_done {
-        s.fingerprint_sum_into(&dst.as_view(), a_out)?;
-    }
+    let fused = staged::queue_convert(s, op, policy, src, dst, a_out)?;
+    staged::queue_output_check(s, policy, fused, &dst.as_view(), a_out)?;
     Ok(())
 }

@@ -23,12 +23,14 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `mod.rs` | [`Policy`], [`VerifyOptions`], [`Served`], [`ConvertReport`] |
+//! | `mod.rs` | [`Policy`], [`VerifyOptions`], [`ConvertReport`] (its [`Outcome`]) |
+//! | `staged.rs` | the staged check: policy and self-test -> device operations, the one rule (also the loader's) |
 //! | `selftest.rs` | [`self_test`]: the exhaustive per-device kernel test, cached per device |
 //! | `convert.rs` | [`convert_verified`], [`upload_convert`]: one verified call |
 
 mod convert;
 mod selftest;
+pub(crate) mod staged;
 
 pub use convert::{convert_verified, upload_convert};
 pub(crate) use selftest::self_test_cached;
@@ -36,6 +38,7 @@ pub use selftest::{self_test, self_test_uncached, KernelTest, SelfTestReport};
 
 use crate::convert::fingerprint::Fingerprint;
 use crate::device::{ConvertOp, Device};
+use crate::fallback::{Failure, Outcome};
 
 /// What is checked on each conversion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -73,24 +76,8 @@ impl Default for VerifyOptions {
     }
 }
 
-/// Which path produced the output.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub enum Served {
-    /// The device kernel, checked as the policy says.
-    Device,
-    /// The CPU, because the kernel failed its self-test on this device.
-    CpuKernelUntrusted,
-    /// The CPU, because the device result failed the per-call check.
-    CpuAfterMismatch {
-        /// Expected fingerprint (host).
-        expected: Fingerprint,
-        /// Fingerprint of the device's output.
-        actual: Fingerprint,
-    },
-}
-
 /// What a verified conversion did.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, serde::Serialize)]
 pub struct ConvertReport {
     /// The conversion.
     pub op: ConvertOp,
@@ -98,10 +85,19 @@ pub struct ConvertReport {
     pub elements: u64,
     /// The device (`"cuda:0 sm_90"`).
     pub device: String,
-    /// The policy applied.
+    /// The policy applied: the one asked for, or what the staged check's
+    /// rule made of it on this device ([`Policy::ReadBack`] where the
+    /// fingerprint kernel failed its self-test; [`Policy::Fingerprint`]
+    /// where the fused kernel did).
     pub policy: Policy,
-    /// Which path served.
-    pub served: Served,
+    /// What happened on the device: [`Outcome::Served`] (the device's
+    /// output, checked as the policy says, is the result), or
+    /// [`Outcome::Failed`] and the CPU served (with
+    /// [`Failure::NoTrustedKernel`]: the kernel failed its self-test; with
+    /// [`Failure::FingerprintMismatch`]: the output failed the per-call
+    /// check). Serialised as its description.
+    #[serde(serialize_with = "outcome_text")]
+    pub outcome: Outcome,
     /// The fingerprint the host computed from the source (when checked).
     pub expected: Option<Fingerprint>,
     /// The device's fingerprint of its output (when checked).
@@ -125,21 +121,35 @@ impl std::fmt::Display for ConvertReport {
             "convert {} of {} elements on {} ({:?}): ",
             self.op, self.elements, self.device, self.policy
         )?;
-        match &self.served {
-            Served::Device => f.write_str("served by the device")?,
-            Served::CpuKernelUntrusted => {
-                f.write_str("served by the CPU (the device kernel failed its self-test)")?
-            }
-            Served::CpuAfterMismatch { expected, actual } => write!(
-                f,
-                "served by the CPU after a mismatch (expected {expected}, device gave {actual})"
-            )?,
-        }
+        f.write_str(&describe(&self.outcome))?;
         if let (Some(e), Some(a)) = (self.expected, self.actual) {
             write!(f, ", fingerprints {e} / {a}")?;
         }
         write!(f, ", in {:.3} ms", self.total_ms)
     }
+}
+
+/// What [`ConvertReport::outcome`] says, in words.
+fn describe(o: &Outcome) -> String {
+    match o {
+        Outcome::Served => "served by the device".into(),
+        Outcome::Failed(Failure::NoTrustedKernel { .. }) => {
+            "served by the CPU (the device kernel failed its self-test)".into()
+        }
+        Outcome::Failed(Failure::FingerprintMismatch {
+            expected, actual, ..
+        }) => {
+            format!(
+                "served by the CPU after a mismatch (expected {expected}, device gave {actual})"
+            )
+        }
+        Outcome::Failed(f) => format!("served by the CPU ({f})"),
+        Outcome::Skipped(why) => format!("served by the CPU (device skipped: {why})"),
+    }
+}
+
+fn outcome_text<S: serde::Serializer>(o: &Outcome, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&describe(o))
 }
 
 /// `"cuda:0 sm_90"`: the device in reports and errors.
