@@ -1,15 +1,16 @@
-//! Per-piece checks: device work of a staged piece, host sums against the device's.
+//! Per-piece checks: the policy applied, host sums against the device's.
 //!
-//! The checks of each piece: the policy applied, the device work of one
-//! staged piece (copy check, conversion, output check), the host's sums
-//! against the device's, and the read-back.
+//! The checks of each piece: the policy applied (the staged check's rule,
+//! `verify::staged`, which also queues each piece's device work: copy
+//! check, conversion, output check), the host's sums against the device's,
+//! and the read-back.
 
 use std::sync::Arc;
 
 use super::source::{self, Item, Source, Sums};
 use super::{Check, Failure, Loader};
 use crate::convert::fingerprint::{self, finish};
-use crate::device::{ConvertOp, DeviceBuffer, DeviceView, DeviceViewMut, Stream};
+use crate::device::{DeviceBuffer, DeviceViewMut};
 use crate::error::Result;
 use crate::verify::{self, staged, Policy};
 
@@ -132,23 +133,4 @@ pub(super) fn compare(sums: &Sums, item: &Item, len: usize, acc: [u64; 2]) -> Op
         });
     }
     None
-}
-
-/// Queues the device work of one staged piece: the copy check, the
-/// conversion (or device copy) into `dst` and the output check, as the
-/// staged check (`verify::staged`) queues them for the applied `policy`.
-pub(super) fn piece_ops(
-    s: &Stream,
-    op: Option<ConvertOp>,
-    policy: Policy,
-    src: &DeviceView<'_, u8>,
-    dst: &mut DeviceViewMut<'_, u8>,
-    [a_copy, a_out]: [&mut DeviceViewMut<'_, u64>; 2],
-) -> Result<()> {
-    if staged::fingerprints(policy) {
-        s.fingerprint_sum_into(src, a_copy)?;
-    }
-    let fused = staged::queue_convert(s, op, policy, src, dst, a_out)?;
-    staged::queue_output_check(s, policy, fused, &dst.as_view(), a_out)?;
-    Ok(())
 }

@@ -130,21 +130,17 @@ pub fn convert_verified<S: Element, D: Element>(
     let e2 = dev.event()?;
     let mut acc = stream.alloc_zeros::<u64>(1)?;
     stream.record(&e0)?;
-    let fused = staged::queue_convert(
+    let queued = staged::queue(
         stream,
         Some(op),
         policy,
         &src.cast::<u8>()?,
         &mut dst.cast_mut::<u8>()?,
-        &mut acc.view_mut(),
-    )?;
-    stream.record(&e1)?;
-    let separate = staged::queue_output_check(
-        stream,
-        policy,
-        fused,
-        &dst.as_view().cast::<u8>()?,
-        &mut acc.view_mut(),
+        staged::Accumulators {
+            copy: None,
+            out: &mut acc.view_mut(),
+            between: Some(&e1),
+        },
     )?;
     stream.record(&e2)?;
     // The host's share, overlapped with the device work queued above.
@@ -157,7 +153,7 @@ pub fn convert_verified<S: Element, D: Element>(
     report.host_expected_ms = th.elapsed().as_secs_f32() * 1e3;
     stream.synchronize()?;
     report.kernel_ms = e0.elapsed_ms(&e1).ok();
-    if separate {
+    if queued.separate {
         report.verify_ms = e1.elapsed_ms(&e2).ok();
     }
     let mismatch = match (policy, check) {

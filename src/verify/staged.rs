@@ -11,7 +11,7 @@
 //! leaves [`Policy::FusedFingerprint`] to the separate fingerprint pass.
 
 use super::{Policy, SelfTestReport};
-use crate::device::{ConvertOp, DeviceView, DeviceViewMut, Stream};
+use crate::device::{ConvertOp, DeviceView, DeviceViewMut, Event, Stream};
 use crate::error::Result;
 
 /// The policy a staged check applies: `asked`, under the rule above, for
@@ -44,50 +44,68 @@ pub(crate) fn fingerprints(policy: Policy) -> bool {
     matches!(policy, Policy::Fingerprint | Policy::FusedFingerprint)
 }
 
-/// Queues the conversion `op` of `src` into `dst` (a device copy when `op`
-/// is `None`) under the applied `policy`: with the fused kernel, which
-/// adds the output's fingerprint sum to `acc`, where the policy is
-/// [`Policy::FusedFingerprint`] and the pair has one. Returns whether it
-/// did (then [`queue_output_check`] has nothing left to do).
-pub(crate) fn queue_convert(
+/// The fingerprint accumulators of one staged conversion, and an event to
+/// record between the conversion and the output check (for timing it).
+pub(crate) struct Accumulators<'a, 'v> {
+    /// Where the copy check's sum of the staged source goes; `None` where
+    /// the source was not copied (a verified call on the caller's data).
+    pub copy: Option<&'a mut DeviceViewMut<'v, u64>>,
+    /// Where the output's fingerprint sum goes (fused or separate).
+    pub out: &'a mut DeviceViewMut<'v, u64>,
+    /// Recorded after the conversion, before the separate pass.
+    pub between: Option<&'a Event>,
+}
+
+/// What [`queue`] queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Queued {
+    /// The fused kernel converted and summed the output.
+    pub fused: bool,
+    /// A separate fingerprint pass summed the stored output.
+    pub separate: bool,
+}
+
+/// Queues the device work of one staged conversion under the applied
+/// `policy`: the copy check of `src` (where `acc.copy` is given and the
+/// policy compares fingerprints); the conversion `op` into `dst` (a device
+/// copy when `op` is `None`), with the fused kernel where the policy is
+/// [`Policy::FusedFingerprint`] and the pair has one; then the separate
+/// fingerprint pass over the stored output where the policy compares
+/// fingerprints and the conversion was not fused.
+pub(crate) fn queue(
     s: &Stream,
     op: Option<ConvertOp>,
     policy: Policy,
     src: &DeviceView<'_, u8>,
     dst: &mut DeviceViewMut<'_, u8>,
-    acc: &mut DeviceViewMut<'_, u64>,
-) -> Result<bool> {
-    match op {
+    acc: Accumulators<'_, '_>,
+) -> Result<Queued> {
+    let fp = fingerprints(policy);
+    if let (true, Some(a)) = (fp, acc.copy) {
+        s.fingerprint_sum_into(src, a)?;
+    }
+    let fused = match op {
         None => {
             dst.copy_dtod(s, src)?;
-            Ok(false)
+            false
         }
         Some(op) if policy == Policy::FusedFingerprint && op.fused_symbol().is_some() => {
-            s.convert_fingerprint_raw(src, op.from, dst, op.to, acc)?;
-            Ok(true)
+            s.convert_fingerprint_raw(src, op.from, dst, op.to, acc.out)?;
+            true
         }
         Some(op) => {
             s.convert_raw(src, op.from, dst, op.to)?;
-            Ok(false)
+            false
         }
+    };
+    if let Some(e) = acc.between {
+        s.record(e)?;
     }
-}
-
-/// Queues the separate fingerprint pass over the stored output `dst` into
-/// `acc`, where the applied `policy` compares fingerprints and the
-/// conversion was not `fused`. Returns whether it queued one.
-pub(crate) fn queue_output_check(
-    s: &Stream,
-    policy: Policy,
-    fused: bool,
-    dst: &DeviceView<'_, u8>,
-    acc: &mut DeviceViewMut<'_, u64>,
-) -> Result<bool> {
-    if !fingerprints(policy) || fused {
-        return Ok(false);
+    let separate = fp && !fused;
+    if separate {
+        s.fingerprint_sum_into(&dst.as_view(), acc.out)?;
     }
-    s.fingerprint_sum_into(dst, acc)?;
-    Ok(true)
+    Ok(Queued { fused, separate })
 }
 
 #[cfg(test)]
