@@ -253,9 +253,9 @@ fn the_reader_converts_fp8_tensors() {
     let ckpt = Checkpoint::open(checkpoint(dir.path())).unwrap();
     for (name, d) in [("e4m3", DType::F8_E4M3), ("e5m2", DType::F8_E5M2)] {
         for to in [DType::F32, DType::BF16, DType::F16] {
-            assert_eq!(ckpt.read_as_bytes(name, to).unwrap(), want(d, to));
+            assert_eq!(ckpt.read_converted_bytes(name, to).unwrap(), want(d, to));
         }
-        let stored = ckpt.read_as_bytes(name, d).unwrap();
+        let stored = ckpt.read_converted_bytes(name, d).unwrap();
         assert_eq!(stored.len(), 1024);
     }
 }

@@ -86,7 +86,7 @@ const fn row(
     from: DType,
     to: DType,
     scalar: fn(u64) -> u64,
-    bulk: [fn(&[u8], &mut [u8]); 3],
+    bulk: kernels::Builds,
     on: On,
     lossless: bool,
 ) -> Conversion {

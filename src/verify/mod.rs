@@ -10,15 +10,20 @@
 //! | [`Policy::ReadBack`] | the whole output, copied back and compared byte for byte with the CPU's | a device-to-host copy |
 //!
 //! Independently of the policy, [`VerifyOptions::self_test`] runs the
-//! exhaustive self-test ([`self_test`]) once per device: all 65 536 bf16 and
-//! f16 patterns through the widening kernels (plain and fused), f32 -> bf16
-//! and f32 -> f16 over every upper half combined with rounding-critical lower
-//! halves, and the fingerprint kernel, each compared bit for bit with the
-//! CPU. A kernel that fails is untrusted on that device: its conversions run
+//! exhaustive self-test ([`self_test`]) once per device: every row of the
+//! conversion table ([`crate::convert::table`]) with a device kernel, over
+//! the patterns of its source (all 65 536 bf16 and f16 codes, all 256 fp8
+//! codes, every f32 upper half combined with rounding-critical lower
+//! halves), through its plain and fused kernels, and the fingerprint kernel,
+//! each compared bit for bit with the CPU. A kernel that fails is untrusted
+//! on that device: its conversions run
 //! on the CPU (and the report says so), or fail with
 //! [`Error::KernelUntrusted`](crate::Error::KernelUntrusted) when [`VerifyOptions::allow_cpu_fallback`] is
 //! off. A per-call mismatch is [`Error::VerificationFailed`](crate::Error::VerificationFailed) or, when
-//! fallback is allowed, a recorded CPU fallback.
+//! fallback is allowed, a recorded CPU fallback. Where the fingerprint
+//! kernel itself failed the self-test, the fingerprint policies are applied
+//! as [`Policy::ReadBack`] (the staged check's rule, shared with the
+//! loader).
 
 //!
 //! | file | holds |

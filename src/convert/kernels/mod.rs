@@ -320,6 +320,13 @@ pub(crate) fn copy(src: &[u8], dst: &mut [u8]) {
     }
 }
 
+/// A slice loop: converts `min(src.len() / src_size, dst.len() / dst_size)`
+/// elements.
+pub(crate) type Loop = fn(&[u8], &mut [u8]);
+
+/// The three builds of a loop: dispatched, streaming stores, portable.
+pub(crate) type Builds = [Loop; 3];
+
 /// A bulk conversion loop and its element sizes.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
@@ -349,7 +356,7 @@ impl Kernel {
     pub(crate) const fn of(
         src_size: usize,
         dst_size: usize,
-        [run, stream, portable]: [fn(&[u8], &mut [u8]); 3],
+        [run, stream, portable]: Builds,
     ) -> Kernel {
         Kernel {
             src_size,
