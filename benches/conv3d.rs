@@ -1,14 +1,15 @@
 //! conv3d benches.
 //!
-//! `cpu`: the CPU tier on 1x64x8x64x64, 64 out, k3 p1 (ANCHORS.md: PyTorch's
-//! CPU conv3d on the 16-core GPU machine, 6.8 ms; measure that anchor in the
-//! same run with `scripts/conv3d_anchor.py`). Throughput is counted in
-//! floating-point operations (2 per multiply-add) as "elements".
+//! `cpu`: the CPU tier on 1x64x8x64x64, 64 out, k3 p1 (anchor: PyTorch's
+//! CPU conv3d on the same machine, measured in the same run with
+//! `benches/conv3d_anchor.py`). Throughput is counted in floating-point
+//! operations (2 per multiply-add) as "elements".
 //!
 //! With `--features cuda` (or `hip`) and a device, the GPU tiers' device
 //! work (tiled, naive, vendor library; data already on the device) runs on
-//! 1x128x9x128x128, 128 out, k3 p1 (anchors: cuDNN 0.49 ms f32, PyTorch's
-//! own fallback 3.79 ms f32 / 1.43 ms bf16).
+//! 1x128x9x128x128, 128 out, k3 p1 (anchors, from the same script: cuDNN
+//! with and without TF32, PyTorch's own fallback in f32 and bf16). Figures
+//! and commands: BENCHMARKS.md, "conv3d tiers".
 //!
 //! `chain_overhead` (GPU builds with a device; issue 21): what the chain
 //! costs around the kernel that serves it. On the Wan 2.1 VAE's large

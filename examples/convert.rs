@@ -146,7 +146,11 @@ fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(e @ Error::ConversionNotSupported { .. }) => {
+        Err(
+            e @ Error::UnsupportedConversion {
+                tensor: Some(_), ..
+            },
+        ) => {
             eprintln!("convert: {e}; --keep-unsupported copies such tensors unchanged");
             ExitCode::FAILURE
         }

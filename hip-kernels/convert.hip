@@ -1,5 +1,5 @@
-// Exact, integer-only dtype conversions (DESIGN.md contract 1): the device
-// kernels of the rows of src/convert/table.rs that name one (each symbol
+// Exact, integer-only dtype conversions (the crate's contract 1: src/lib.rs,
+// "# Contracts"): the device kernels of the rows of src/convert/table.rs that name one (each symbol
 // there, `convert_{src}_{dst}`, is defined here).
 //
 // Each function reproduces src/convert/scalar.rs bit for bit, NaN handling

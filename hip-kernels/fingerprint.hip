@@ -1,4 +1,4 @@
-// The buffer fingerprint (src/convert/fingerprint.rs, version 1), as a
+// The buffer fingerprint (src/convert/fingerprint/, version 1), as a
 // reduction of the wrapping 64-bit sum S. The host applies finish(S, len).
 //
 // Word i of the buffer (little-endian u32, last one zero-padded) contributes

@@ -3,6 +3,9 @@
 
 usage: make-checkpoint.py OUT_DIR --gib 1.0 [--shards 2] [--largest-mib 64] [--dtype BF16]
 
+Used by the benches (BENCHMARKS.md, "Verified load" and "Reader"),
+scripts/gpu-validate.sh and python/bench/load_bench.py; CI runs it once.
+
 Writes OUT_DIR/model-0000i-of-0000n.safetensors and, with more than one shard,
 OUT_DIR/model.safetensors.index.json. Tensor sizes cycle through a mix (the
 largest is --largest-mib MiB); data is pseudo-random but finite floats, so a
@@ -24,12 +27,16 @@ def finite_block(dtype, n, rnd):
     return (blk * (total // len(blk) + 1))[:total]
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--gib", type=float, default=1.0)
-    ap.add_argument("--shards", type=int, default=2)
-    ap.add_argument("--largest-mib", type=float, default=64)
-    ap.add_argument("--dtype", default="BF16", choices=["BF16", "F16", "F32"])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 3)[3])
+    ap.add_argument("out", metavar="OUT_DIR", help="folder to write (created if missing)")
+    ap.add_argument("--gib", type=float, default=1.0, help="total tensor bytes, GiB (default 1.0)")
+    ap.add_argument("--shards", type=int, default=2,
+                    help="number of files; more than 1 also writes the index (default 2)")
+    ap.add_argument("--largest-mib", type=float, default=64,
+                    help="size of the largest tensor, MiB (default 64)")
+    ap.add_argument("--dtype", default="BF16", choices=["BF16", "F16", "F32"],
+                    help="dtype of every tensor (default BF16)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     size = {"BF16": 2, "F16": 2, "F32": 4}[a.dtype]

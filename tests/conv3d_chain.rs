@@ -11,7 +11,7 @@ mod common;
 use common::conv3d::{cases, Data};
 use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
 use rocm_safe::conv3d_chain::{
-    device_tiers, Conv3dChain, Conv3dOptions, Conv3dTier, CpuTier, Support, TierKind,
+    device_tiers, Conv3dChain, Conv3dOptions, Conv3dReport, Conv3dTier, CpuTier, Support, TierKind,
     UnavailableTier,
 };
 use rocm_safe::device::faults::{FaultKind, FaultPlan, Faults, When};
@@ -259,7 +259,7 @@ fn force_runs_only_that_kind() {
     // Forcing a failing tier fails fast: no fallback to the CPU.
     chain.options_mut().force = Some(TierKind::Naive);
     let e = chain.run(&p).unwrap_err();
-    let Error::Conv3dNoTier { report } = &e else {
+    let Some(report) = Conv3dReport::of(&e) else {
         panic!("{e}")
     };
     assert_eq!(report.failures().count(), 1);
@@ -341,7 +341,7 @@ fn forbid_skips_kinds_and_no_tier_left_is_a_typed_error() {
     // skipped as unavailable anyway).
     chain.options_mut().forbid = TierKind::ALL.to_vec();
     let e = chain.run(&p).unwrap_err();
-    let Error::Conv3dNoTier { report } = &e else {
+    let Some(report) = Conv3dReport::of(&e) else {
         panic!("{e}")
     };
     assert!(report.served().is_none());
@@ -367,7 +367,7 @@ fn parameters_no_tier_supports_are_a_typed_error() {
     );
     let e = chain.run(&p).unwrap_err();
     assert!(
-        matches!(&e, Error::Conv3dNoTier { report } if report.failures().count() == 0),
+        Conv3dReport::of(&e).is_some_and(|r| r.failures().count() == 0),
         "{e}"
     );
     let text = e.to_string();
@@ -402,7 +402,8 @@ fn run_into_checks_the_output_length() {
             Error::LengthMismatch {
                 op: "conv3d output",
                 expected: 630,
-                actual: 3
+                actual: 3,
+                tensor: None,
             }
         ),
         "{e}"
@@ -597,7 +598,8 @@ fn wrong_lengths_and_dtypes_are_typed_errors() {
             Error::LengthMismatch {
                 op: "conv3d input",
                 expected: 8,
-                actual: 7
+                actual: 7,
+                tensor: None,
             }
         ),
         "{e}"
@@ -625,7 +627,8 @@ fn wrong_lengths_and_dtypes_are_typed_errors() {
             Error::LengthMismatch {
                 op: "conv3d bias",
                 expected: 2,
-                actual: 3
+                actual: 3,
+                tensor: None,
             }
         ),
         "{e}"

@@ -21,8 +21,8 @@ use rocm_safe::conv3d::{reference_point, sample_index, Conv3dData, Conv3dParams,
 use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dReport, DeviceConv3dData, TierKind};
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
 use rocm_safe::device::{
-    Backend, CheckedPoint, Conv3dKernel, Conv3dWeightLayout, CopyOp, Device, DeviceInfo, Driver,
-    RawStream, Stream, CHECK_WORDS,
+    Backend, CheckedPoint, Conv3dKernel, Conv3dWeightLayout, CopyOp, Device, Driver, RawStream,
+    Stream, Wrap, CHECK_WORDS,
 };
 use rocm_safe::fallback::Failure;
 use rocm_safe::{Error, Result};
@@ -730,14 +730,34 @@ struct CountCopies {
     dtoh_bytes: Arc<AtomicUsize>,
 }
 
+impl Wrap for CountCopies {
+    type Inner = dyn Backend;
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+}
+
 // SAFETY: forwards every call unchanged to a correct backend.
 unsafe impl Driver for CountCopies {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
-    }
-    fn forward(&self) -> Option<&dyn Driver> {
-        Some(&*self.inner)
-    }
+    rocm_safe::forward_driver!(
+        info,
+        alloc,
+        free,
+        alloc_pinned,
+        free_pinned,
+        stream_create,
+        stream_destroy,
+        stream_synchronize,
+        synchronize,
+        event_create,
+        event_destroy,
+        event_record,
+        event_synchronize,
+        stream_wait_event,
+        event_elapsed_ms,
+        memset_zero,
+        mem_info,
+    );
     unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> Result<()> {
         match op {
             CopyOp::HtoD { .. } => {
@@ -756,9 +776,7 @@ unsafe impl Driver for CountCopies {
 
 // SAFETY: as above.
 unsafe impl Backend for CountCopies {
-    fn forward_backend(&self) -> Option<&dyn Backend> {
-        Some(&*self.inner)
-    }
+    rocm_safe::forward_backend!(all);
 }
 
 /// The point of the issue: a served call copies no operand to the device

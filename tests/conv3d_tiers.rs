@@ -194,7 +194,7 @@ fn device_errors_are_typed(dev: &Device) {
         )
         .unwrap_err();
     assert!(
-        matches!(e, Error::LengthMismatch { op: "conv3d device output", expected, actual: 3 } if expected == g.output_len()),
+        matches!(e, Error::LengthMismatch { op: "conv3d device output", expected, actual: 3, tensor: None } if expected == g.output_len()),
         "{e}"
     );
     let e = s

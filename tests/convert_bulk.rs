@@ -174,7 +174,7 @@ fn unsupported_pairs_are_rejected() {
             let mut dst = [0u8; 64];
             let e = convert::convert_bytes(from, &[0u8; 16], to, &mut dst).unwrap_err();
             assert!(
-                matches!(e, Error::UnsupportedConversion { op: "convert_bytes", from: f, to: t } if f == from && t == to),
+                matches!(e, Error::UnsupportedConversion { op: "convert_bytes", from: f, to: t, tensor: None } if f == from && t == to),
                 "{e}"
             );
             assert!(e.to_string().contains("cannot convert"));
@@ -223,6 +223,7 @@ fn a_source_that_is_not_whole_elements_is_rejected() {
                 op,
                 expected,
                 actual,
+                tensor: None,
             } => {
                 assert_eq!(op, "convert_bytes");
                 assert_eq!(actual, len);
@@ -254,6 +255,7 @@ fn a_destination_of_the_wrong_length_is_rejected_and_left_untouched() {
                 op,
                 expected,
                 actual,
+                tensor: None,
             } => {
                 assert_eq!(op, "convert_bytes");
                 assert_eq!((expected, actual), (16, len));
@@ -272,6 +274,7 @@ fn a_destination_of_the_wrong_length_is_rejected_and_left_untouched() {
             op,
             expected,
             actual,
+            tensor: None,
         } => {
             assert_eq!((op, expected, actual), ("convert_slice", 4, 3));
         }

@@ -112,7 +112,7 @@ fn unconvertible_floats_are_refused_or_kept_inputs_never_overwritten_and_cancel_
         &mut |_| {},
     );
     assert!(
-        matches!(r, Err(Error::ConversionNotSupported { ref tensor, .. }) if tensor == "q"),
+        matches!(r, Err(Error::UnsupportedConversion { tensor: Some(ref t), .. }) if t.tensor == "q"),
         "{r:?}"
     );
     assert!(!out.exists());
@@ -138,4 +138,36 @@ fn unconvertible_floats_are_refused_or_kept_inputs_never_overwritten_and_cancel_
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(names.iter().all(|n| !n.contains(".tmp-")), "{names:?}");
+}
+
+#[test]
+fn a_file_with_null_metadata_converts_with_no_metadata() {
+    // `"__metadata__": null` (which the safetensors package accepts) is read
+    // as no metadata, and the converted file has none.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let header = r#"{"__metadata__":null,"w":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&bf16_bytes(4));
+    let input = d.join("null.safetensors");
+    std::fs::write(&input, &bytes).unwrap();
+    let out = d.join("out.safetensors");
+    let done = convert_file(
+        &input,
+        &out,
+        &ConvertOptions::to_dtype(DType::F32),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(done.tensors, 1);
+    let f = SafeTensors::open(&out).unwrap();
+    assert!(f.metadata().is_none());
+    assert_eq!(
+        f.read_bytes("w").unwrap(),
+        Checkpoint::open(&input)
+            .unwrap()
+            .read_converted_bytes("w", DType::F32)
+            .unwrap()
+    );
 }

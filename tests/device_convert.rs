@@ -519,7 +519,8 @@ fn copies_and_length_errors(dev: &Device) {
             Error::LengthMismatch {
                 op: "copy_htod",
                 expected: 10,
-                actual: 3
+                actual: 3,
+                tensor: None,
             }
         ),
         "{e}"
@@ -579,7 +580,8 @@ fn copies_and_length_errors(dev: &Device) {
             Error::LengthMismatch {
                 op: "convert",
                 expected: 5,
-                actual: 4
+                actual: 4,
+                tensor: None,
             }
         ),
         "{e}"

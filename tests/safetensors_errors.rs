@@ -221,6 +221,17 @@ fn invalid_metadata() {
         matches!(&e, Error::InvalidMetadata { key: Some(k), .. } if k == "k"),
         "{e}"
     );
+    // `null` is no metadata (safetensors_read.rs) but still a duplicate
+    // key twice; other non-objects are refused.
+    let e = open_err(r#"{"__metadata__":null,"__metadata__":null}"#, &[]);
+    assert!(matches!(&e, Error::DuplicateKey { .. }), "{e}");
+    for bad in [r#"{"__metadata__":1}"#, r#"{"__metadata__":true}"#] {
+        let e = open_err(bad, &[]);
+        assert!(
+            matches!(&e, Error::InvalidMetadata { key: None, .. }),
+            "{bad}: {e}"
+        );
+    }
     // A tensor-shaped __metadata__ is still metadata, never a tensor.
     let e = open_err(
         r#"{"__metadata__":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#,
@@ -478,17 +489,17 @@ fn conversion_not_supported() {
     for name in ["i", "f8"] {
         let e = f.read::<f32>(name).unwrap_err();
         assert!(
-            matches!(&e, Error::ConversionNotSupported { to: DType::F32, tensor, .. } if tensor == name),
+            matches!(&e, Error::UnsupportedConversion { to: DType::F32, tensor: Some(t), .. } if t.tensor == name),
             "{e}"
         );
         let mut out = vec![0f32; 2];
         assert!(matches!(
             f.read_into(name, &mut out),
-            Err(Error::ConversionNotSupported { .. })
+            Err(Error::UnsupportedConversion { .. })
         ));
         assert!(matches!(
             f.read_rows::<half::bf16>(name, 0..1),
-            Err(Error::ConversionNotSupported { .. })
+            Err(Error::UnsupportedConversion { .. })
         ));
         // Raw bytes always work.
         assert_eq!(
@@ -501,7 +512,7 @@ fn conversion_not_supported() {
     assert!(
         matches!(
             &e,
-            Error::ConversionNotSupported {
+            Error::UnsupportedConversion {
                 from: DType::BF16,
                 to: DType::F64,
                 ..
@@ -510,7 +521,7 @@ fn conversion_not_supported() {
         "{e}"
     );
     let e = f.read_converted_bytes("w", DType::I32).unwrap_err();
-    assert!(matches!(&e, Error::ConversionNotSupported { .. }), "{e}");
+    assert!(matches!(&e, Error::UnsupportedConversion { .. }), "{e}");
 }
 
 #[test]
@@ -519,10 +530,16 @@ fn buffer_length() {
     let f = SafeTensors::open(sample(dir.path())).unwrap();
     let mut small = vec![0f32; 5];
     let e = f.read_into("w", &mut small).unwrap_err();
+    // The file and tensor are named.
+    assert!(
+        e.to_string()
+            .contains("tensor \"w\": read: length mismatch"),
+        "{e}"
+    );
     assert!(
         matches!(
             &e,
-            Error::BufferLength {
+            Error::LengthMismatch {
                 expected: 6,
                 actual: 5,
                 ..
@@ -533,7 +550,7 @@ fn buffer_length() {
     let mut b = vec![0u8; 3];
     assert!(matches!(
         f.read_bytes_into("i", &mut b),
-        Err(Error::BufferLength {
+        Err(Error::LengthMismatch {
             expected: 8,
             actual: 3,
             ..
@@ -542,12 +559,12 @@ fn buffer_length() {
     let mut b = vec![0u8; 11];
     assert!(matches!(
         f.read_converted_bytes_into("w", DType::F16, &mut b),
-        Err(Error::BufferLength { .. })
+        Err(Error::LengthMismatch { .. })
     ));
     let mut r = vec![0f32; 3];
     assert!(matches!(
         f.read_rows_into("w", 0..2, &mut r),
-        Err(Error::BufferLength { expected: 4, .. })
+        Err(Error::LengthMismatch { expected: 4, .. })
     ));
 }
 

@@ -8,7 +8,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use half::{bf16, f16};
-use rocm_safe::safetensors::{Checkpoint, SafeTensors, SafeTensorsWriter, TensorSpec, CHUNK_BYTES};
+use rocm_safe::safetensors::{
+    parse_bytes, Checkpoint, SafeTensors, SafeTensorsWriter, TensorSpec, CHUNK_BYTES,
+};
 use rocm_safe::DType;
 
 fn pattern(n: usize, seed: u64) -> Vec<u8> {
@@ -265,4 +267,40 @@ fn checkpoint_delegates_every_read() {
     assert_eq!(rb, raw[12..18]);
     assert_eq!(c.info("i").unwrap().dtype, DType::I32);
     assert!(c.read::<f32>("i").is_err());
+}
+
+#[test]
+fn null_metadata_is_no_metadata() {
+    // The safetensors package reads `"__metadata__": null` as no metadata;
+    // so do we, from a file and from bytes, alone or with tensors.
+    let dir = tempfile::tempdir().unwrap();
+    for (header, data) in [
+        (r#"{"__metadata__":null}"#, &[][..]),
+        (
+            r#"{"__metadata__":null,"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#,
+            &[7, 9][..],
+        ),
+        (
+            r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"__metadata__":null}"#,
+            &[7, 9][..],
+        ),
+    ] {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(data);
+        let p = dir.path().join("null.safetensors");
+        std::fs::write(&p, &bytes).unwrap();
+        let f = SafeTensors::open(&p).unwrap();
+        assert!(f.metadata().is_none(), "{header}");
+        assert_eq!(f.tensors().len(), data.len() / 2, "{header}");
+        assert!(
+            parse_bytes(&p, &bytes).unwrap().metadata().is_none(),
+            "{header}"
+        );
+        let c = Checkpoint::open(&p).unwrap();
+        assert!(c.metadata().is_none(), "{header}");
+        if !data.is_empty() {
+            assert_eq!(c.read_bytes("a").unwrap(), data);
+        }
+    }
 }

@@ -10,7 +10,7 @@ mod common;
 
 use half::bf16;
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, Faults, When};
-use rocm_safe::device::{host::HostBackend, Backend, Device, DeviceInfo, Driver};
+use rocm_safe::device::{host::HostBackend, Backend, Device, Driver, Wrap};
 use rocm_safe::fallback::Failure;
 use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
 use rocm_safe::transfer::{LoadOptions, Loader, Request, Rung};
@@ -311,15 +311,34 @@ struct SlowPins {
     live: Arc<AtomicI64>,
 }
 
+impl Wrap for SlowPins {
+    type Inner = HostBackend;
+    fn inner(&self) -> &HostBackend {
+        &self.inner
+    }
+}
+
 // SAFETY: every operation is the host backend's; `alloc_pinned` only waits
 // before it.
 unsafe impl Driver for SlowPins {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
-    }
-    fn forward(&self) -> Option<&dyn Driver> {
-        Some(&self.inner)
-    }
+    rocm_safe::forward_driver!(
+        info,
+        alloc,
+        free,
+        stream_create,
+        stream_destroy,
+        stream_synchronize,
+        synchronize,
+        event_create,
+        event_destroy,
+        event_record,
+        event_synchronize,
+        stream_wait_event,
+        event_elapsed_ms,
+        copy,
+        memset_zero,
+        mem_info,
+    );
     fn alloc_pinned(&self, bytes: usize) -> rocm_safe::Result<*mut u8> {
         let p = self.inner.alloc_pinned(bytes)?;
         self.made.fetch_add(1, Ordering::SeqCst);
@@ -339,9 +358,7 @@ unsafe impl Driver for SlowPins {
 
 // SAFETY: every kernel operation is the host backend's.
 unsafe impl Backend for SlowPins {
-    fn forward_backend(&self) -> Option<&dyn Backend> {
-        Some(&self.inner)
-    }
+    rocm_safe::forward_backend!(all);
 }
 
 fn slow_pins() -> (Device, Arc<AtomicI64>, Arc<AtomicI64>) {

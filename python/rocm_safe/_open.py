@@ -10,21 +10,63 @@ import numpy as np
 from . import _dtypes, _native
 from ._native import SafetensorError
 
-_FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np"}
+# The framework names safetensors accepts (case-sensitive, as there).
+_FRAMEWORKS = {
+    "pt": "pt",
+    "torch": "pt",
+    "pytorch": "pt",
+    "np": "np",
+    "numpy": "np",
+    "jax": "flax",
+    "flax": "flax",
+    "tf": "tf",
+    "tensorflow": "tf",
+    "mlx": "mlx",
+    "paddle": "paddle",
+}
 
 
 def _framework(framework: str) -> str:
-    fw = _FRAMEWORKS.get(str(framework).lower())
+    fw = _FRAMEWORKS.get(framework) if isinstance(framework, str) else None
     if fw is None:
         raise SafetensorError(
-            f"framework {framework!r} is not supported by rocm_safe: use \"pt\" (torch) or \"np\" (numpy)"
+            f"framework {framework!r} is invalid: use one of {', '.join(repr(k) for k in _FRAMEWORKS)}"
         )
+    if fw == "paddle":
+        import paddle  # noqa: F401 - as safetensors: fails at open without paddle
     return fw
+
+
+def _from_numpy(framework: str, arr: np.ndarray):
+    """A numpy array as an array of ``framework`` (jax/flax, tf, mlx,
+    paddle), imported on first use: ``ModuleNotFoundError`` without it, as
+    with safetensors."""
+    if framework == "flax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(arr)
+    if framework == "tf":
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(arr)
+    if framework == "mlx":
+        import mlx.core as mx
+
+        if arr.dtype.name == "bfloat16":  # mlx takes no ml_dtypes arrays
+            return mx.array(arr.astype(np.float32)).astype(mx.bfloat16)
+        return mx.array(arr)
+    if framework == "paddle":
+        import paddle
+
+        return paddle.to_tensor(arr)
+    raise SafetensorError(f"framework {framework!r} is invalid")
 
 
 def _device(device: Union[str, int, Any]) -> str:
     """Normalises a device as safetensors accepts it: "cpu", "cuda",
     "cuda:N", an int N, or a torch.device."""
+    if device is None:
+        return "cpu"  # as safetensors
     if isinstance(device, bool):
         raise SafetensorError(f"invalid device {device!r}")
     if isinstance(device, int):
@@ -57,12 +99,13 @@ class _Tensors:
         self.framework = framework
 
     def wrap(self, storage: np.ndarray, dtype: str):
-        if self.framework == "np":
-            return _dtypes.to_numpy(storage, dtype)
-        return _dtypes.to_torch(storage, dtype)
+        if self.framework == "pt":
+            return _dtypes.to_torch(storage, dtype)
+        arr = _dtypes.to_numpy(storage, dtype)
+        return arr if self.framework == "np" else _from_numpy(self.framework, arr)
 
     def from_buffer(self, buf, dtype: str, shape) -> Any:
-        if self.framework == "np":
+        if self.framework != "pt":
             # Fail before any array is made when numpy cannot hold the dtype.
             _dtypes.numpy_dtype(dtype)
         return self.wrap(_dtypes.storage_array(buf, dtype, shape), dtype)
@@ -81,8 +124,12 @@ class safe_open:
 
     Args:
         filename: a ``.safetensors`` file or a ``.safetensors.index.json``.
-        framework: ``"pt"``/``"torch"`` (torch tensors) or ``"np"``/``"numpy"``.
-        device: ``"cpu"`` (the default), ``"cuda"``, ``"cuda:N"`` or ``N``
+        framework: ``"pt"``/``"torch"``/``"pytorch"`` (torch tensors),
+            ``"np"``/``"numpy"``, or, as safetensors takes them, ``"jax"``/``"flax"``,
+            ``"tf"``/``"tensorflow"``, ``"mlx"``, ``"paddle"`` (that framework's
+            arrays, made from numpy ones; ``ModuleNotFoundError`` when reading
+            without it installed).
+        device: ``"cpu"`` (the default; also ``None``), ``"cuda"``, ``"cuda:N"`` or ``N``
             (framework ``"pt"``; also on ROCm, where torch calls the GPU
             ``cuda``): ``get_tensor`` / ``get_tensors`` load through the
             staged, verified GPU loader into device memory handed to torch
@@ -120,9 +167,10 @@ class safe_open:
         self._verify = _verify(verify)
         self._tensors = _Tensors(self._framework)
         self._ckpt = _native.Checkpoint(os.fspath(filename))
-        if self._device != "cpu" and self._framework == "np":
+        if self._device != "cpu" and self._framework != "pt":
             self._ckpt.close()
-            raise SafetensorError(f"Device {self._device} is not supported for framework numpy")
+            shown = "numpy" if self._framework == "np" else framework
+            raise SafetensorError(f"Device {self._device} is not supported for framework {shown}")
 
     # -- context manager ------------------------------------------------
     def __enter__(self) -> "safe_open":
@@ -164,15 +212,19 @@ class safe_open:
         return self._tensors.from_buffer(buf, out, shape)
 
     def get_tensors(self) -> Dict[str, Any]:
-        """Every tensor, by name (sorted)."""
+        """Every tensor, by name, in file order (:meth:`offset_keys`), as
+        safetensors orders them."""
+        names = self.offset_keys()
         if self._device != "cpu":
-            return self._to_device(self.keys(), self._dtype)
-        return {name: self.get_tensor(name) for name in self.keys()}
+            return self._to_device(names, self._dtype)
+        return {name: self.get_tensor(name) for name in names}
 
     def get_slice(self, name: str) -> "_Slice":
         """A lazy view of tensor ``name``: ``get_shape()``, ``get_dtype()``
         and indexing (``[a:b]``, ``[a:b, c:d]``, ``[i]``, ``[..., j]``); only
-        the rows of the first dimension that the index selects are read."""
+        the rows of the first dimension that the index selects are read.
+        The slice keeps the file open: it can be read after the ``with``
+        block, as with safetensors."""
         dtype, shape = self._ckpt.describe(name)
         return _Slice(self, name, dtype, shape)
 
@@ -191,7 +243,10 @@ class safe_open:
             if t.device.type == "cpu":
                 t = t.to(self._device)
             out[name] = t
-        return out
+        # In the order asked for (file order for get_tensors).
+        ordered = {n: out.pop(n) for n in names if n in out}
+        ordered.update(out)
+        return ordered
 
     def _device_of(self, t):
         """A slice read on the host, moved to the open's GPU device (slices
@@ -204,6 +259,11 @@ class safe_open:
         return f"rocm_safe.safe_open({os.fspath(self._ckpt.path)!r}, framework={self._framework!r}, device={self._device!r})"
 
 
+# safetensors reads True/False as 1/0, numpy and torch as a mask (a new
+# axis): the same index would give another result on the loaded tensor.
+_BOOL_INDEX = "a bool is not an index here (safetensors reads it as 0/1, numpy and torch as a mask): use 0 or 1"
+
+
 def _slice_error(name: str, index, shape, why: str) -> SafetensorError:
     return SafetensorError(f"tensor {name!r}: error during slicing {index!r} with shape {list(shape)}: {why}")
 
@@ -213,6 +273,9 @@ class _Slice:
 
     def __init__(self, owner: safe_open, name: str, dtype: str, shape: List[int]):
         self._owner = owner
+        # A handle of its own on the open files: readable after the owner
+        # closes, as safetensors' slices are.
+        self._ckpt = owner._ckpt.share()
         self._name = name
         self._dtype = dtype
         self._shape = list(shape)
@@ -248,8 +311,14 @@ class _Slice:
         for axis, (x, dim) in enumerate(zip(idx, shape)):
             if isinstance(x, slice):
                 for part in (x.start, x.stop, x.step):
+                    if isinstance(part, bool):
+                        raise _slice_error(self._name, index, shape, _BOOL_INDEX)
                     if part is not None and not _is_int(part):
-                        raise _slice_error(self._name, index, shape, f"slice bounds must be integers (dimension #{axis})")
+                        # As safetensors (and range()): a TypeError.
+                        raise TypeError(
+                            f"tensor {self._name!r}: slice bounds must be integers, not {type(part).__name__}"
+                            f" (dimension #{axis} of {index!r})"
+                        )
                 if x.step == 0:
                     raise _slice_error(self._name, index, shape, "slice step cannot be zero")
                 out.append(x)
@@ -260,6 +329,8 @@ class _Slice:
                         self._name, index, shape, f"index {i} out of bounds for tensor dimension #{axis} of size {dim}"
                     )
                 out.append(i + dim if i < 0 else i)
+            elif isinstance(x, (bool, np.bool_)):
+                raise _slice_error(self._name, index, shape, _BOOL_INDEX)
             else:
                 raise SafetensorError(
                     f"tensor {self._name!r}: unsupported slice index at position {axis}: expected slice, int, or ellipsis"
@@ -269,7 +340,7 @@ class _Slice:
     def __getitem__(self, index):
         idx = self._normalize(index)
         owner = self._owner
-        ckpt = owner._ckpt
+        ckpt = self._ckpt
         target = owner._dtype
         if not self._shape or not idx:
             buf, out, shape = ckpt.read(self._name, to=target, floats_only=True)

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _native
+from ._errors import write_error
 
 # Bytes handed to the writer per call: the only copy made while saving.
 _CHUNK = 64 << 20
@@ -32,14 +33,20 @@ def write_file(items: List[Item], filename: Union[str, os.PathLike], metadata: O
     """Writes ``items`` to ``filename``: a temporary file in its folder,
     fsynced, renamed into place. A file this process is reading (an open
     ``safe_open``, a loaded checkpoint still open) is never replaced
-    (``SafetensorError``), nor is anything that is not a regular file."""
+    (``SafetensorError``), nor is anything that is not a regular file.
+    An I/O error (a missing folder, a full disk) raises its ``OSError``
+    subclass, which is also a ``SafetensorError`` (as the safetensors
+    package raises it), ``filename`` the file being saved."""
     metadata = check_metadata(metadata)
     by_name = {}
     for name, dtype, shape, raw in items:
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, not {type(name).__name__}: {name!r}")
         by_name[name] = raw
-    w = _native.Writer(os.fspath(filename), [(n, d, list(s)) for n, d, s, _ in items], metadata)
+    try:
+        w = _native.Writer(os.fspath(filename), [(n, d, list(s)) for n, d, s, _ in items], metadata)
+    except OSError as e:
+        raise write_error(e, filename) from None
     try:
         for name in w.order():
             raw = by_name[name]
@@ -48,6 +55,9 @@ def write_file(items: List[Item], filename: Union[str, os.PathLike], metadata: O
             for off in range(0, raw.nbytes, _CHUNK):
                 w.write(name, raw[off : off + _CHUNK].tobytes())
         w.finish()
+    except OSError as e:
+        w.abort()
+        raise write_error(e, filename) from None
     except BaseException:
         w.abort()
         raise

@@ -18,6 +18,7 @@ from typing import Any, Dict, Optional, Union
 import numpy as np
 
 from . import _dtypes, _native, _save
+from ._errors import SafetensorValueError
 from ._open import _Tensors, safe_open
 
 __all__ = ["load", "load_file", "save", "save_file"]
@@ -44,11 +45,12 @@ def load_file(
 
 def load(data: bytes, *, dtype: Any = None) -> Dict[str, np.ndarray]:
     """Loads a safetensors file held in memory (``bytes``), with the same
-    checks as a file."""
+    checks as a file, in file order (data offsets; safetensors' order is
+    arbitrary here)."""
     target = _dtypes.conversion_target(dtype)
     tensors, _meta = _native.load_bytes(bytes(data), target)
     wrap = _Tensors("np")
-    return {name: wrap.from_buffer(buf, dt, shape) for name, buf, dt, shape in sorted(tensors, key=lambda t: t[0])}
+    return {name: wrap.from_buffer(buf, dt, shape) for name, buf, dt, shape in tensors}
 
 
 def _items(tensor_dict: Dict[str, np.ndarray]):
@@ -61,7 +63,7 @@ def _items(tensor_dict: Dict[str, np.ndarray]):
         try:
             dtype = _dtypes.safetensors_name(arr.dtype)
         except ValueError:
-            raise ValueError(f"Key `{name}`: dtype {arr.dtype} cannot be saved in safetensors") from None
+            raise SafetensorValueError(f"Key `{name}`: dtype {arr.dtype} cannot be saved in safetensors") from None
         if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
             arr = arr.byteswap().view(arr.dtype.newbyteorder("<"))
         if not arr.flags.c_contiguous:

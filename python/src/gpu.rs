@@ -46,6 +46,7 @@ use rocm_safe::transfer::{LoadOptions, Loader};
 use rocm_safe::verify::Policy;
 use rocm_safe::DType;
 
+use crate::errors::op_to_py;
 use crate::{to_py, Checkpoint};
 
 const DLTENSOR: &CStr = c"dltensor";
@@ -626,16 +627,7 @@ pub fn conv3d(
             let served = report.served().map(|a| a.name.clone()).unwrap_or_default();
             Ok((served, report.to_string()))
         }
-        Err(e @ rocm_safe::Error::Conv3dNoTier { .. }) => {
-            Err(PyRuntimeError::new_err(format!("conv3d: {e}")))
-        }
-        Err(
-            e @ (rocm_safe::Error::Conv3dShape { .. }
-            | rocm_safe::Error::Conv3dParam { .. }
-            | rocm_safe::Error::Conv3dDType { .. }
-            | rocm_safe::Error::LengthMismatch { .. }),
-        ) => Err(PyValueError::new_err(format!("conv3d: {e}"))),
-        Err(e) => Err(PyRuntimeError::new_err(format!("conv3d: {e}"))),
+        Err(e) => Err(op_to_py("conv3d", e)),
     }
 }
 
@@ -703,13 +695,7 @@ pub fn conv3d_verify(
     match r {
         Ok(Ok(())) => Ok(None),
         Ok(Err(failure)) => Ok(Some(failure.to_string())),
-        Err(
-            e @ (rocm_safe::Error::Conv3dShape { .. }
-            | rocm_safe::Error::Conv3dParam { .. }
-            | rocm_safe::Error::Conv3dDType { .. }
-            | rocm_safe::Error::LengthMismatch { .. }),
-        ) => Err(PyValueError::new_err(format!("conv3d_verify: {e}"))),
-        Err(e) => Err(PyRuntimeError::new_err(format!("conv3d_verify: {e}"))),
+        Err(e) => Err(op_to_py("conv3d_verify", e)),
     }
 }
 
@@ -728,20 +714,14 @@ fn call_stream(dev: &Device, stream: u64) -> PyResult<Stream> {
 }
 
 /// A chain call's result for Python: `(served tier, report)`, or the
-/// error (`ValueError` for what the chain does not take).
+/// error ([`op_to_py`]: `ValueError` for what the chain does not take).
 fn chain_result(what: &str, r: rocm_safe::Result<Conv3dReport>) -> PyResult<(String, String)> {
     match r {
         Ok(report) => {
             let served = report.served().map(|a| a.name.clone()).unwrap_or_default();
             Ok((served, report.to_string()))
         }
-        Err(
-            e @ (rocm_safe::Error::Conv3dShape { .. }
-            | rocm_safe::Error::Conv3dParam { .. }
-            | rocm_safe::Error::Conv3dDType { .. }
-            | rocm_safe::Error::LengthMismatch { .. }),
-        ) => Err(PyValueError::new_err(format!("{what}: {e}"))),
-        Err(e) => Err(PyRuntimeError::new_err(format!("{what}: {e}"))),
+        Err(e) => Err(op_to_py(what, e)),
     }
 }
 

@@ -220,6 +220,17 @@ impl Checkpoint {
         self.lock().take();
     }
 
+    /// A second handle on the same open files (`SafetensorError` once this
+    /// one is closed). It stays open when this one is closed, until it is
+    /// closed or freed itself: a slice holds one, so that it can still be
+    /// read after its `safe_open` closed, as with the safetensors package.
+    fn share(&self) -> PyResult<Checkpoint> {
+        Ok(Checkpoint {
+            path: self.path.clone(),
+            inner: Mutex::new(Some(self.get()?)),
+        })
+    }
+
     /// Whether this is a sharded checkpoint (opened from an index).
     fn is_sharded(&self) -> PyResult<bool> {
         let c = self.get()?;
@@ -362,11 +373,11 @@ fn read_rows_converted(
         DType::F32 => typed::<f32>(c, info, rows, dst),
         DType::F16 => typed::<half::f16>(c, info, rows, dst),
         DType::BF16 => typed::<half::bf16>(c, info, rows, dst),
-        _ => Err(rocm_safe::Error::ConversionNotSupported {
-            path: c.path().to_owned(),
-            tensor: info.name.clone(),
+        _ => Err(rocm_safe::Error::UnsupportedConversion {
+            op: "read",
             from: info.dtype,
             to,
+            tensor: Some(rocm_safe::error::TensorRef::new(c.path(), &info.name)),
         }),
     }
 }

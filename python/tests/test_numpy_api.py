@@ -155,7 +155,7 @@ def test_framework_device_backend(tmp_path):
     p = tmp_path / "m.safetensors"
     save_file({"a": np.zeros(2, np.float32)}, p)
     with pytest.raises(SafetensorError, match="framework"):
-        safe_open(p, "jax")
+        safe_open(p, "tpu")
     with pytest.raises(SafetensorError, match="not supported for framework numpy"):
         safe_open(p, "np", device="cuda")
     with pytest.raises(SafetensorError):

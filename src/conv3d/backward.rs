@@ -330,6 +330,7 @@ impl<'a> Conv3dBackwardProblem<'a> {
                     op: what,
                     expected,
                     actual,
+                    tensor: None,
                 });
             }
         }
@@ -569,6 +570,7 @@ pub fn conv3d_backward_cpu(p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Re
             op: "conv3d backward output",
             expected: p.output_len(),
             actual: out.len(),
+            tensor: None,
         });
     }
     // Re-checked: the fields are public, and the loops index by the shapes.

@@ -188,6 +188,7 @@ fn cpu_with(p: &Conv3dProblem<'_>, out: &mut [f32], kernel: CpuKernel) -> Result
             op: "conv3d cpu output",
             expected: g.output_len(),
             actual: out.len(),
+            tensor: None,
         });
     }
     if out.is_empty() {

@@ -431,6 +431,7 @@ impl<'a> Conv3dProblem<'a> {
                     op,
                     expected,
                     actual,
+                    tensor: None,
                 });
             }
         }

@@ -506,6 +506,7 @@ fn validate_backward(
                     op: what,
                     expected,
                     actual,
+                    tensor: None,
                 });
             }
         }

@@ -237,6 +237,7 @@ impl Conv3dChain {
                 op: "conv3d output",
                 expected,
                 actual: out.len(),
+                tensor: None,
             });
         }
         let samples = sample_points(expected, self.options.verify_samples, self.options.seed);

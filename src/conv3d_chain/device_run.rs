@@ -693,6 +693,7 @@ fn validate<D: ShapeDim>(
                 op,
                 expected,
                 actual,
+                tensor: None,
             });
         }
     }

@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::TierKind;
+use crate::error::Error;
 use crate::fallback::{Failure, Outcome};
 
 /// One tier's part in a call: what happened there ([`Outcome`]) and how
@@ -43,6 +44,16 @@ impl Conv3dReport {
         self.served().map(|a| a.kind)
     }
 
+    /// The report an [`Error::Conv3dNoTier`] carries (the error module sits
+    /// below this one, so the variant holds it boxed); `None` for any other
+    /// error.
+    pub fn of(e: &Error) -> Option<&Conv3dReport> {
+        match e {
+            Error::Conv3dNoTier { report } => report.downcast_ref(),
+            _ => None,
+        }
+    }
+
     /// The failures before the serving tier (skips excluded).
     pub fn failures(&self) -> impl Iterator<Item = (&TierAttempt, &Failure)> + '_ {
         self.attempts.iter().filter_map(|a| match &a.outcome {
@@ -71,6 +82,11 @@ impl fmt::Display for Conv3dReport {
         Ok(())
     }
 }
+
+/// A report is the error of a call that no tier served
+/// ([`Error::Conv3dNoTier`] carries it boxed, [`Conv3dReport::of`] gives it
+/// back).
+impl std::error::Error for Conv3dReport {}
 
 /// Counters of one tier over the chain's life.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

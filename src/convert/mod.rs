@@ -71,7 +71,12 @@ pub const fn supported(from: DType, to: DType) -> bool {
 
 fn check(op: &'static str, from: DType, to: DType, src_len: usize, dst_len: usize) -> Result<()> {
     if !supported(from, to) {
-        return Err(Error::UnsupportedConversion { op, from, to });
+        return Err(Error::UnsupportedConversion {
+            op,
+            from,
+            to,
+            tensor: None,
+        });
     }
     // Both sizes exist: convertible floats and targets are whole-byte types.
     let (ss, ds) = (from.size().unwrap_or(1), to.size().unwrap_or(1));
@@ -80,6 +85,7 @@ fn check(op: &'static str, from: DType, to: DType, src_len: usize, dst_len: usiz
             op,
             expected: src_len / ss * ss,
             actual: src_len,
+            tensor: None,
         });
     }
     let n = src_len / ss;
@@ -88,6 +94,7 @@ fn check(op: &'static str, from: DType, to: DType, src_len: usize, dst_len: usiz
             op,
             expected: n * ds,
             actual: dst_len,
+            tensor: None,
         });
     }
     Ok(())
@@ -108,6 +115,7 @@ pub fn convert_bytes(from: DType, src: &[u8], to: DType, dst: &mut [u8]) -> Resu
             op: "convert_bytes",
             from,
             to,
+            tensor: None,
         });
     };
     run_kernel(k, src, dst);
@@ -158,6 +166,7 @@ pub fn convert_slice<S: Element, D: Element>(src: &[S], dst: &mut [D]) -> Result
             op: "convert_slice",
             expected: src.len(),
             actual: dst.len(),
+            tensor: None,
         });
     }
     convert_bytes(
@@ -184,6 +193,7 @@ pub fn expected_fingerprint(from: DType, src: &[u8], to: DType) -> Result<Finger
             op: "expected_fingerprint",
             from,
             to,
+            tensor: None,
         });
     };
     let sum = if n < PAR_MIN_ELEMS || crate::par::threads() < 2 {

@@ -228,6 +228,7 @@ pub fn convert_bytes_reference(
                 op: "convert_bytes_reference",
                 from,
                 to,
+                tensor: None,
             });
         };
         for (x, y) in d.iter_mut().zip(v.to_le_bytes()) {

@@ -1,16 +1,29 @@
 //! The raw backend interface: [`Driver`] (what a runtime does with memory,
 //! streams, events and copies) and [`Backend`] (the kernel operations on top,
-//! each a [`KernelOp`]),
-//! both with delegating defaults so that wrappers write only what they change.
+//! each a [`KernelOp`]).
 //!
-//! Every method of both traits has a *delegating default*: it forwards to
-//! [`Driver::forward`] / [`Backend::forward_backend`], and a backend that
-//! forwards nowhere answers [`Error::BackendUnsupported`] (or the documented
-//! refusal). Leaf backends ([`super::host::HostBackend`] and the generic GPU
-//! body over a runtime) implement every method; a wrapper such as
-//! [`super::faults::Faults`] returns its inner backend from the two
-//! `forward` methods and overrides only the operations it intercepts. So no
-//! forwarding list is written twice.
+//! Neither trait has default methods: a backend that leaves one out does
+//! not compile. A *wrapper* (a backend over another: [`super::faults::Faults`],
+//! a test's instrumentation, `Box<dyn Backend>`) implements [`Wrap`] and
+//! writes the operations it changes; [`crate::forward_driver!`] and
+//! [`crate::forward_backend!`] write the forwarding of the others, whose
+//! names it lists (or `all`), so the forwarding code exists once.
+//!
+//! A backend that forgets an operation is refused by the compiler:
+//!
+//! ```compile_fail
+//! use rocm_safe::device::{DeviceInfo, Driver};
+//!
+//! #[derive(Debug)]
+//! struct Half(DeviceInfo);
+//!
+//! // SAFETY: not a backend: it lacks every operation but `info`.
+//! unsafe impl Driver for Half {
+//!     fn info(&self) -> &DeviceInfo {
+//!         &self.0
+//!     }
+//! }
+//! ```
 
 use super::conv3d::{
     Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch,
@@ -19,26 +32,10 @@ use super::conv3d::{
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
+use super::wrap::Wrap;
 use crate::conv3d::Conv3dGeometry;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-
-/// The backend `d` forwards to, or [`Error::BackendUnsupported`] for `op`.
-fn through<'a, D: Driver + ?Sized>(d: &'a D, op: &'static str) -> Result<&'a dyn Driver> {
-    d.forward().ok_or(Error::BackendUnsupported {
-        backend: d.info().kind.name(),
-        op,
-    })
-}
-
-/// The backend `b` forwards its kernel operations to, or
-/// [`Error::BackendUnsupported`] for `op`.
-fn through_backend<'a, B: Backend + ?Sized>(b: &'a B, op: &'static str) -> Result<&'a dyn Backend> {
-    b.forward_backend().ok_or(Error::BackendUnsupported {
-        backend: b.info().kind.name(),
-        op,
-    })
-}
 
 /// What a runtime does with memory, streams, events and copies: the part
 /// of a backend that differs between HIP, CUDA and the host.
@@ -68,109 +65,65 @@ pub unsafe trait Driver: Send + Sync + std::fmt::Debug + 'static {
     /// What the device is.
     fn info(&self) -> &DeviceInfo;
 
-    /// The driver every operation not written out here goes to (a
-    /// wrapper's inner backend); `None` (the default) for a leaf, whose
-    /// unwritten operations are [`Error::BackendUnsupported`].
-    fn forward(&self) -> Option<&dyn Driver> {
-        None
-    }
-
     /// Allocates `bytes > 0` bytes of device memory, aligned to 256 bytes.
-    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
-        through(self, "alloc")?.alloc(bytes)
-    }
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr>;
     /// Frees an allocation of `bytes` bytes.
     ///
     /// # Safety
     /// `ptr` came from [`Driver::alloc`] with `bytes`, is freed once, and no
     /// queued work uses it any more.
-    unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "free")?.free(ptr, bytes) }
-    }
+    unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
     /// Allocates `bytes > 0` bytes of page-locked host memory, 256-aligned
     /// and zeroed.
-    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
-        through(self, "alloc_pinned")?.alloc_pinned(bytes)
-    }
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8>;
     /// Frees pinned memory.
     ///
     /// # Safety
     /// `ptr` came from [`Driver::alloc_pinned`] with `bytes`, is freed once,
     /// and no queued copy uses it any more.
-    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "free_pinned")?.free_pinned(ptr, bytes) }
-    }
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
 
     /// Creates a stream.
-    fn stream_create(&self) -> Result<RawStream> {
-        through(self, "stream_create")?.stream_create()
-    }
+    fn stream_create(&self) -> Result<RawStream>;
     /// Destroys a stream.
     ///
     /// # Safety
     /// `s` is live and destroyed once.
-    unsafe fn stream_destroy(&self, s: RawStream) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "stream_destroy")?.stream_destroy(s) }
-    }
+    unsafe fn stream_destroy(&self, s: RawStream) -> Result<()>;
     /// Waits until all work queued on `s` is done.
     ///
     /// # Safety
     /// `s` is live.
-    unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "stream_synchronize")?.stream_synchronize(s) }
-    }
+    unsafe fn stream_synchronize(&self, s: RawStream) -> Result<()>;
     /// Waits until all work on the device is done.
-    fn synchronize(&self) -> Result<()> {
-        through(self, "synchronize")?.synchronize()
-    }
+    fn synchronize(&self) -> Result<()>;
     /// Creates an event (with timing).
-    fn event_create(&self) -> Result<RawEvent> {
-        through(self, "event_create")?.event_create()
-    }
+    fn event_create(&self) -> Result<RawEvent>;
     /// Destroys an event.
     ///
     /// # Safety
     /// `e` is live and destroyed once.
-    unsafe fn event_destroy(&self, e: RawEvent) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "event_destroy")?.event_destroy(e) }
-    }
+    unsafe fn event_destroy(&self, e: RawEvent) -> Result<()>;
     /// Records `e` at the current end of `s`.
     ///
     /// # Safety
     /// `e` and `s` are live.
-    unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "event_record")?.event_record(e, s) }
-    }
+    unsafe fn event_record(&self, e: RawEvent, s: RawStream) -> Result<()>;
     /// Waits until the work before the last record of `e` is done.
     ///
     /// # Safety
     /// `e` is live.
-    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "event_synchronize")?.event_synchronize(e) }
-    }
+    unsafe fn event_synchronize(&self, e: RawEvent) -> Result<()>;
     /// Makes later work on `s` wait for `e`.
     ///
     /// # Safety
     /// `s` and `e` are live.
-    unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "stream_wait_event")?.stream_wait_event(s, e) }
-    }
+    unsafe fn stream_wait_event(&self, s: RawStream, e: RawEvent) -> Result<()>;
     /// Milliseconds between two completed events.
     ///
     /// # Safety
     /// Both events are live.
-    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "event_elapsed_ms")?.event_elapsed_ms(start, end) }
-    }
+    unsafe fn event_elapsed_ms(&self, start: RawEvent, end: RawEvent) -> Result<f32>;
 
     /// Queues `op`, a copy of `bytes` bytes (see [`CopyOp`]).
     ///
@@ -178,18 +131,12 @@ pub unsafe trait Driver: Send + Sync + std::fmt::Debug + 'static {
     /// See the trait docs: both ranges are valid for `bytes` and do not
     /// overlap; host memory stays valid (and, for a copy to the host,
     /// unread) until `s` reaches the copy.
-    unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, op.name())?.copy(op, bytes, s) }
-    }
+    unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> Result<()>;
     /// Sets `bytes` of device memory to zero.
     ///
     /// # Safety
     /// See the trait docs.
-    unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
-        // SAFETY: the caller's guarantees, forwarded.
-        unsafe { through(self, "memset_zero")?.memset_zero(dst, bytes, s) }
-    }
+    unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()>;
 
     /// `(free, total)` device memory in bytes as the runtime reports it
     /// (`hipMemGetInfo`, `cuMemGetInfo`). On an APU this may be the
@@ -198,39 +145,26 @@ pub unsafe trait Driver: Send + Sync + std::fmt::Debug + 'static {
     /// reports the host's `MemAvailable` / `MemTotal` from `/proc/meminfo`
     /// (its device memory is host memory), and
     /// [`Error::BackendUnsupported`] where that file cannot be read.
-    fn mem_info(&self) -> Result<(u64, u64)> {
-        through(self, "mem_info")?.mem_info()
-    }
+    fn mem_info(&self) -> Result<(u64, u64)>;
 }
 
 /// The kernel operations of a device, over a [`Driver`]: conversions,
 /// fingerprints, non-finite scans, conv3d. Implemented once for every GPU
 /// runtime (the generic GPU body in `device/gpu.rs`), by the host backend
-/// with the CPU implementations, and by wrappers through
-/// [`Backend::forward_backend`].
+/// with the CPU implementations, and by wrappers ([`Wrap`], with
+/// [`crate::forward_backend!`] for what they do not change).
 ///
 /// # Safety
 ///
 /// As [`Driver`]: every operation does what its documentation says on
 /// exactly the ranges given.
 pub unsafe trait Backend: Driver {
-    /// The backend every kernel operation not written out here goes to (a
-    /// wrapper's inner backend); `None` (the default) for a leaf.
-    fn forward_backend(&self) -> Option<&dyn Backend> {
-        None
-    }
-
     /// What this backend's kernels can do (see [`KernelCaps`]).
-    fn caps(&self) -> KernelCaps {
-        self.forward_backend()
-            .map_or(KernelCaps::HOST, |b| b.caps())
-    }
+    fn caps(&self) -> KernelCaps;
 
     /// How this device's conversion kernels (the ones every verified call
     /// and the self-test use) were obtained; loads them if needed.
-    fn kernel_source(&self) -> Result<KernelSource> {
-        through_backend(self, "kernel_source")?.kernel_source()
-    }
+    fn kernel_source(&self) -> Result<KernelSource>;
 
     /// Queues `op` on `s` (see [`KernelOp`] for what each computes and
     /// what its addresses must hold).
@@ -248,25 +182,7 @@ pub unsafe trait Backend: Driver {
     /// of this backend holding what the variant documents, aligned to its
     /// element; what the op writes is not accessed by anything else until
     /// `s` reaches it; `s` is live; the op is not zero-sized.
-    unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
-        match (self.forward_backend(), op) {
-            // SAFETY: the caller's guarantees, forwarded.
-            (Some(b), _) => unsafe { b.run(op, s) },
-            (None, KernelOp::Conv3d { kernel, .. }) => Err(Error::Conv3dTier {
-                tier: kernel.name(),
-                reason: "this backend has no conv3d kernels",
-            }),
-            (None, KernelOp::Conv3dBackward { .. }) => Err(Error::Conv3dTier {
-                tier: "naive",
-                reason: "this backend has no conv3d backward kernels",
-            }),
-            (None, KernelOp::Conv3dVendor { .. }) => Err(no_vendor(self.info().kind)),
-            (None, op) => Err(Error::BackendUnsupported {
-                backend: self.info().kind.name(),
-                op: op.name(),
-            }),
-        }
-    }
+    unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()>;
 
     /// The weight layout `kernel` reads here for a call `g` with inputs of
     /// `dtype`: the caller arranges the weight so before [`KernelOp::Conv3d`]
@@ -281,22 +197,12 @@ pub unsafe trait Backend: Driver {
         kernel: Conv3dKernel,
         dtype: DType,
         g: &Conv3dGeometry,
-    ) -> Conv3dWeightLayout {
-        match self.forward_backend() {
-            Some(b) => b.conv3d_weight_layout(kernel, dtype, g),
-            None => Conv3dWeightLayout::choose(self.caps(), kernel, dtype, g),
-        }
-    }
+    ) -> Conv3dWeightLayout;
     /// Whether [`KernelOp::Conv3dVendor`] (through [`Backend::run`]) can run here: `Ok`, or
     /// [`Error::VendorUnavailable`] when the vendor library (MIOpen, cuDNN)
     /// is not installed or the backend has none. Cheap after the first
     /// call; a chain skips its vendor tier on `Err`.
-    fn conv3d_vendor_available(&self) -> Result<()> {
-        match self.forward_backend() {
-            Some(b) => b.conv3d_vendor_available(),
-            None => Err(no_vendor(self.info().kind)),
-        }
-    }
+    fn conv3d_vendor_available(&self) -> Result<()>;
 }
 
 /// One copy of [`Driver::copy`]: its direction and addresses.
@@ -480,20 +386,20 @@ pub(crate) fn no_vendor(kind: BackendKind) -> Error {
     }
 }
 
+impl Wrap for Box<dyn Backend> {
+    type Inner = dyn Backend;
+    fn inner(&self) -> &dyn Backend {
+        &**self
+    }
+}
+
 // SAFETY: forwards every call unchanged to the boxed backend, which upholds
 // the trait's contract itself.
 unsafe impl Driver for Box<dyn Backend> {
-    fn info(&self) -> &DeviceInfo {
-        (**self).info()
-    }
-    fn forward(&self) -> Option<&dyn Driver> {
-        Some(&**self)
-    }
+    crate::forward_driver!(all);
 }
 
 // SAFETY: as above.
 unsafe impl Backend for Box<dyn Backend> {
-    fn forward_backend(&self) -> Option<&dyn Backend> {
-        Some(&**self)
-    }
+    crate::forward_backend!(all);
 }

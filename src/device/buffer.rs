@@ -105,6 +105,7 @@ impl<T> DeviceSpan<T> {
                 op,
                 expected: bytes / sb * sb,
                 actual: bytes,
+                tensor: None,
             });
         }
         let align = std::mem::align_of::<B>() as u64;
@@ -470,6 +471,7 @@ fn check(
             op,
             expected,
             actual,
+            tensor: None,
         });
     }
     Ok(())

@@ -33,7 +33,12 @@ use crate::error::{Error, Result};
 const VISIBLE_VAR: &str = "CUDA_VISIBLE_DEVICES";
 
 fn err(op: &'static str, e: DriverError) -> Error {
-    Error::Cuda { op, source: e }
+    Error::RuntimeCall {
+        backend: "cuda",
+        op,
+        code: e.0 as i64,
+        source: Box::new(e),
+    }
 }
 
 /// An allocation's error: [`Error::OutOfMemory`] for the runtime's

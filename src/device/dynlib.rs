@@ -120,29 +120,9 @@ pub(crate) struct Spec {
     pub later_folders: Vec<(PathBuf, String)>,
 }
 
-/// No place held a library that loads: every place tried, with why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NotFound {
-    /// What the library is.
-    pub what: String,
-    /// `(place, why it did not load)` in the order tried.
-    pub tried: Vec<(String, String)>,
-}
-
-impl fmt::Display for NotFound {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} not found; tried ", self.what)?;
-        for (i, (place, why)) in self.tried.iter().enumerate() {
-            if i > 0 {
-                f.write_str("; ")?;
-            }
-            write!(f, "{place}: {why}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for NotFound {}
+/// No place held a library that loads (defined with the error's data,
+/// which names it).
+pub use crate::error::NotFound;
 
 /// The loader's last error message on this thread.
 pub(crate) fn dlerror() -> String {

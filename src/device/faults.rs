@@ -34,102 +34,12 @@ use std::sync::{Arc, Mutex};
 
 use super::backend::{Backend, CopyOp, Driver, KernelOp};
 use super::conv3d::Conv3dLaunch;
-use super::info::{DeviceInfo, DevicePtr, RawEvent, RawStream};
+use super::info::{DevicePtr, RawEvent, RawStream};
+use super::wrap::Wrap;
 use crate::error::{Error, Result};
 
-/// A failure mode to inject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum FaultKind {
-    /// A host-to-device copy lands zeros.
-    CopyLandsZeros,
-    /// A host-to-device copy is lost; the destination keeps stale data.
-    CopyLandsStale,
-    /// A host-to-device copy fails with "invalid value".
-    InvalidValueOnCopy,
-    /// A host-to-device copy lands, but a chunk of it is garbage.
-    CopyLandsGarbage,
-    /// A conversion kernel writes zeros.
-    ConvertWritesZeros,
-    /// A device allocation runs out of memory.
-    OutOfMemoryOnAlloc,
-    /// A pinned host allocation runs out of memory.
-    OutOfMemoryOnPinned,
-    /// A kernel launch fails.
-    LaunchFailure,
-    /// Freeing memory or destroying a stream or event fails (and leaks).
-    TeardownFailure,
-    /// A conv3d kernel or vendor call fails.
-    Conv3dLaunchFailure,
-    /// A conv3d kernel or vendor call writes zeros.
-    Conv3dWritesZeros,
-    /// A conv3d kernel or vendor call writes garbage (finite values).
-    Conv3dWritesGarbage,
-    /// A conv3d kernel or vendor call writes a NaN.
-    Conv3dWritesNonFinite,
-    /// The vendor library finds no algorithm for a conv3d.
-    VendorNoAlgorithm,
-    /// The conv3d chain's device check ([`KernelOp::Conv3dCheck`]) fails.
-    Conv3dCheckFailure,
-    /// A conv3d backward kernel ([`KernelOp::Conv3dBackward`]) fails.
-    Conv3dBackwardLaunchFailure,
-    /// A conv3d backward kernel writes garbage (finite values).
-    Conv3dBackwardWritesGarbage,
-    /// A conv3d backward kernel writes a NaN.
-    Conv3dBackwardWritesNonFinite,
-}
-
-impl FaultKind {
-    const ALL: [FaultKind; 18] = [
-        FaultKind::CopyLandsZeros,
-        FaultKind::CopyLandsGarbage,
-        FaultKind::CopyLandsStale,
-        FaultKind::InvalidValueOnCopy,
-        FaultKind::ConvertWritesZeros,
-        FaultKind::OutOfMemoryOnAlloc,
-        FaultKind::OutOfMemoryOnPinned,
-        FaultKind::LaunchFailure,
-        FaultKind::TeardownFailure,
-        FaultKind::Conv3dLaunchFailure,
-        FaultKind::Conv3dWritesZeros,
-        FaultKind::Conv3dWritesGarbage,
-        FaultKind::Conv3dWritesNonFinite,
-        FaultKind::VendorNoAlgorithm,
-        FaultKind::Conv3dCheckFailure,
-        FaultKind::Conv3dBackwardLaunchFailure,
-        FaultKind::Conv3dBackwardWritesGarbage,
-        FaultKind::Conv3dBackwardWritesNonFinite,
-    ];
-
-    fn index(self) -> usize {
-        Self::ALL.iter().position(|k| *k == self).unwrap_or(0)
-    }
-}
-
-impl std::fmt::Display for FaultKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = match self {
-            FaultKind::CopyLandsZeros => "copy lands zeros",
-            FaultKind::CopyLandsStale => "copy lands stale data",
-            FaultKind::InvalidValueOnCopy => "invalid value on copy",
-            FaultKind::CopyLandsGarbage => "copy lands a garbage chunk",
-            FaultKind::ConvertWritesZeros => "conversion writes zeros",
-            FaultKind::OutOfMemoryOnAlloc => "out of memory on allocation",
-            FaultKind::OutOfMemoryOnPinned => "out of memory on pinned allocation",
-            FaultKind::LaunchFailure => "kernel launch failure",
-            FaultKind::TeardownFailure => "teardown failure",
-            FaultKind::Conv3dLaunchFailure => "conv3d launch failure",
-            FaultKind::Conv3dWritesZeros => "conv3d writes zeros",
-            FaultKind::Conv3dWritesGarbage => "conv3d writes garbage",
-            FaultKind::Conv3dWritesNonFinite => "conv3d writes a nan",
-            FaultKind::VendorNoAlgorithm => "vendor library finds no algorithm",
-            FaultKind::Conv3dCheckFailure => "conv3d check failure",
-            FaultKind::Conv3dBackwardLaunchFailure => "conv3d backward launch failure",
-            FaultKind::Conv3dBackwardWritesGarbage => "conv3d backward writes garbage",
-            FaultKind::Conv3dBackwardWritesNonFinite => "conv3d backward writes a nan",
-        };
-        f.write_str(s)
-    }
-}
+/// A failure mode to inject (defined with the error's data, which names it).
+pub use crate::error::FaultKind;
 
 /// Which of the operations a rule applies to are hit.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -458,17 +368,30 @@ struct OutputFaults {
     nan: FaultKind,
 }
 
+impl<B: Backend> Wrap for Faults<B> {
+    type Inner = B;
+    fn inner(&self) -> &B {
+        &self.inner
+    }
+}
+
 // SAFETY: every operation forwards to `inner` (a correct backend) or is
 // replaced by another operation of `inner` on the same range (memset_zero,
 // fingerprint_sum) or by nothing; allocations are `inner`'s.
 unsafe impl<B: Backend> Driver for Faults<B> {
-    fn forward(&self) -> Option<&dyn Driver> {
-        Some(&self.inner)
-    }
-
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
-    }
+    crate::forward_driver!(
+        info,
+        stream_create,
+        stream_synchronize,
+        synchronize,
+        event_create,
+        event_record,
+        event_synchronize,
+        stream_wait_event,
+        event_elapsed_ms,
+        memset_zero,
+        mem_info,
+    );
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         self.out_of_memory(
@@ -539,9 +462,12 @@ unsafe impl<B: Backend> Driver for Faults<B> {
 
 // SAFETY: as above.
 unsafe impl<B: Backend> Backend for Faults<B> {
-    fn forward_backend(&self) -> Option<&dyn Backend> {
-        Some(&self.inner)
-    }
+    crate::forward_backend!(
+        caps,
+        kernel_source,
+        conv3d_weight_layout,
+        conv3d_vendor_available
+    );
 
     unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
         let name = op.name();

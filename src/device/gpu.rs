@@ -19,9 +19,10 @@ use std::sync::{Arc, Mutex};
 use super::backend::{Backend, Driver, KernelOp};
 use super::conv3d::{Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 use super::hostmem::{Mapping, PinMethod, REGISTER_MIN};
-use super::info::{DeviceInfo, KernelCaps, KernelSource, RawStream};
+use super::info::{KernelCaps, KernelSource, RawStream};
 use super::kernels::{Kernel, KernelCall, KernelModule};
 use super::vendor::{vendor_conv3d, VendorConv};
+use super::wrap::Wrap;
 use crate::conv3d::Conv3dGeometry;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -366,15 +367,35 @@ impl<R: Runtime> Drop for Gpu<R> {
     }
 }
 
+/// The body's memory, streams, events and copies are its runtime's.
+impl<R: Runtime> Wrap for Gpu<R> {
+    type Inner = R;
+    fn inner(&self) -> &R {
+        &self.rt
+    }
+}
+
 // SAFETY: memory, streams, events and copies are the runtime's (a correct
 // `Driver`); nothing here adds to them.
 unsafe impl<R: Runtime> Driver for Gpu<R> {
-    fn info(&self) -> &DeviceInfo {
-        self.rt.info()
-    }
-    fn forward(&self) -> Option<&dyn Driver> {
-        Some(&self.rt)
-    }
+    crate::forward_driver!(
+        info,
+        alloc,
+        free,
+        stream_create,
+        stream_destroy,
+        stream_synchronize,
+        synchronize,
+        event_create,
+        event_destroy,
+        event_record,
+        event_synchronize,
+        stream_wait_event,
+        event_elapsed_ms,
+        copy,
+        memset_zero,
+        mem_info,
+    );
 
     /// Large buffers: huge pages mapped here, faulted in on the rayon pool
     /// and registered with the runtime (5-7x faster to pin than the

@@ -15,7 +15,7 @@ use super::info::{BackendKind, DeviceInfo, DevicePtr};
 use super::pinned::PinnedBuffer;
 use super::stream::{Event, Stream};
 use super::{host, VisibleDevices};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Opens the raw backend of device `ordinal` of `kind` (to wrap it, for
 /// example in [`super::faults::Faults`], before [`Device::from_backend`]). Errors as
@@ -251,7 +251,7 @@ impl Device {
     /// device, frees what dropped buffers left pending, and tries once more.
     pub(crate) fn alloc_raw(&self, bytes: usize) -> Result<DevicePtr> {
         let p = match self.backend().alloc(bytes) {
-            Err(Error::OutOfMemory { .. }) if self.pending_free_bytes() > 0 => {
+            Err(e) if e.kind() == ErrorKind::OutOfMemory && self.pending_free_bytes() > 0 => {
                 self.synchronize()?;
                 self.backend().alloc(bytes)
             }

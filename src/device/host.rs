@@ -14,11 +14,12 @@ use rayon::prelude::*;
 use super::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
 use super::conv3d::{
     host_conv3d, host_conv3d_backward, host_conv3d_backward_check, host_conv3d_check,
-    host_conv3d_layout,
+    host_conv3d_layout, Conv3dKernel, Conv3dWeightLayout,
 };
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
+use crate::conv3d::Conv3dGeometry;
 use crate::convert::fingerprint::term;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -340,6 +341,15 @@ unsafe impl Backend for HostBackend {
         }
     }
 
+    fn conv3d_weight_layout(
+        &self,
+        kernel: Conv3dKernel,
+        dtype: DType,
+        g: &Conv3dGeometry,
+    ) -> Conv3dWeightLayout {
+        Conv3dWeightLayout::choose(self.caps(), kernel, dtype, g)
+    }
+
     fn conv3d_vendor_available(&self) -> Result<()> {
         Err(no_vendor(BackendKind::Host))
     }
@@ -384,6 +394,7 @@ unsafe fn scan_nonfinite(
                 op: "nonfinite",
                 from: other,
                 to: other,
+                tensor: None,
             })
         }
     };

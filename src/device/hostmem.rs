@@ -4,8 +4,8 @@
 //!
 //! Why: the runtimes' own pinned allocators (`cuMemHostAlloc`,
 //! `hipHostMalloc`) fault, zero and lock every 4 KiB page on the calling
-//! thread. Measured on the H100 host (`scripts/pin-probe.py`, BENCHMARKS.md,
-//! "Pinning"): 128 MiB took 45-75 ms that way (1.8-3.0 GB/s), which was the
+//! thread. Measured on the H100 host (BENCHMARKS.md, "Pinning
+//! methods"): 128 MiB took 45-75 ms that way (1.8-3.0 GB/s), which was the
 //! whole gap between a process's first load and its later ones. The same
 //! 128 MiB mapped here (huge pages, touched on 8 threads) and registered
 //! with `cuMemHostRegister` is usable in 10-11 ms, and the device reads it

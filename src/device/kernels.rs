@@ -241,6 +241,7 @@ impl Kernel {
                     op: "nonfinite",
                     from: other,
                     to: other,
+                    tensor: None,
                 })
             }
         })
@@ -250,7 +251,7 @@ impl Kernel {
 /// Blocks of [`BLOCK`] threads for `items` work items (16-byte vectors,
 /// elements) of kernel `k` on a device with `mps` multiprocessors.
 ///
-/// Measured on an H100 (BENCHMARKS.md): the plain conversions run fastest
+/// Measured on an H100 (BENCHMARKS.md, "Grid sizes"): the plain conversions run fastest
 /// with one item per thread (a grid covering everything, capped so that the
 /// total thread count stays below 2^32 as HIP requires; the grid-stride loop
 /// covers the rest); the reductions (fingerprint, fused, nonfinite) with
@@ -403,6 +404,7 @@ fn unsupported(op: &'static str, c: ConvertOp) -> Error {
         op,
         from: c.from,
         to: c.to,
+        tensor: None,
     }
 }
 

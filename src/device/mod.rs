@@ -19,16 +19,18 @@
 //! `Runtime` trait (load a module, launch a kernel, open the vendor
 //! library), and one generic GPU body (`gpu.rs`) implements [`Backend`]
 //! over either, so every line HIP runs beyond its runtime calls is a line
-//! the CUDA tests execute. A wrapping backend returns its inner backend
-//! from [`Driver::forward`] / [`Backend::forward_backend`], overrides only
-//! what it changes, and is opened with [`Device::from_backend`]:
+//! the CUDA tests execute. Neither trait has default methods (a backend
+//! that leaves one out does not compile); a wrapping backend implements
+//! [`Wrap`], writes what it changes and forwards the rest with
+//! [`crate::forward_driver!`] / [`crate::forward_backend!`], and is opened
+//! with [`Device::from_backend`]:
 //! [`faults::Faults`] injects the documented ROCm failure modes into any
 //! backend.
 //!
 //! | file | holds |
 //! | --- | --- |
 //! | `info.rs` | [`BackendKind`], [`DeviceInfo`], [`KernelCaps`], raw handles |
-//! | `backend.rs` | the [`Driver`] and [`Backend`] traits |
+//! | `backend.rs`, `wrap.rs` | the [`Driver`] and [`Backend`] traits; [`Wrap`] and the forwarding macros |
 //! | `handle.rs` | [`Device`] |
 //! | `stream.rs`, `ops.rs` | [`Stream`], [`Event`]; the kernel operations on a stream |
 //! | `buffer.rs`, `pinned.rs` | [`DeviceBuffer`], views, [`DeviceSpan`]; [`PinnedBuffer`] |
@@ -96,6 +98,7 @@ mod pinned;
 mod stream;
 pub(crate) mod vendor;
 mod visible;
+mod wrap;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -118,3 +121,4 @@ pub use ops::NonFinite;
 pub use pinned::PinnedBuffer;
 pub use stream::{Event, Stream};
 pub use visible::VisibleDevices;
+pub use wrap::Wrap;

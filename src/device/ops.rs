@@ -36,6 +36,7 @@ fn typed_pair<'s, 'd, S: Element, D: Element>(
             op,
             from: S::DTYPE,
             to: D::DTYPE,
+            tensor: None,
         });
     }
     if src.len() != dst.len() {
@@ -43,6 +44,7 @@ fn typed_pair<'s, 'd, S: Element, D: Element>(
             op,
             expected: src.len(),
             actual: dst.len(),
+            tensor: None,
         });
     }
     Ok((src.cast::<u8>()?, dst.cast_mut::<u8>()?))
@@ -116,6 +118,7 @@ impl Stream {
                 op: "fingerprint accumulator",
                 expected: 1,
                 actual: acc.len(),
+                tensor: None,
             });
         }
         if n == 0 {
@@ -152,7 +155,12 @@ impl Stream {
         let c = ConvertOp { from, to };
         let kernel = if fused { c.fused_symbol() } else { c.symbol() };
         let (Some(_), Some(row)) = (kernel, c.row()) else {
-            return Err(Error::UnsupportedConversion { op, from, to });
+            return Err(Error::UnsupportedConversion {
+                op,
+                from,
+                to,
+                tensor: None,
+            });
         };
         let (ss, ds) = (row.src_size, row.dst_size);
         let n = src.len() / ss;
@@ -161,6 +169,7 @@ impl Stream {
                 op,
                 expected: n * ss,
                 actual: src.len(),
+                tensor: None,
             });
         }
         if dst.len() != n * ds {
@@ -168,6 +177,7 @@ impl Stream {
                 op,
                 expected: n * ds,
                 actual: dst.len(),
+                tensor: None,
             });
         }
         for (addr, size) in [(src.device_ptr().0, ss), (dst.device_ptr().0, ds)] {
@@ -208,6 +218,7 @@ impl Stream {
                 op: "fingerprint accumulator",
                 expected: 1,
                 actual: acc.len(),
+                tensor: None,
             });
         }
         let bytes = src.num_bytes() as u64;
@@ -284,6 +295,7 @@ impl Stream {
                 op: OP,
                 from: T::DTYPE,
                 to: T::DTYPE,
+                tensor: None,
             });
         }
         if counts.len() != 2 {
@@ -291,6 +303,7 @@ impl Stream {
                 op: "nonfinite counts",
                 expected: 2,
                 actual: counts.len(),
+                tensor: None,
             });
         }
         if buf.is_empty() {
@@ -335,6 +348,7 @@ impl Stream {
                 op,
                 from: T::DTYPE,
                 to: T::DTYPE,
+                tensor: None,
             });
         }
         if len == 0 {

@@ -104,10 +104,18 @@ fn rebuild_command(built: bool, devices: &[HipDeviceBuild], audience: Audience) 
     let mut want: Vec<&str> = devices
         .iter()
         .map(|d| d.arch.split(':').next().unwrap_or(&d.arch))
+        .filter(|a| *a != "unknown")
         .collect();
     want.sort_unstable();
     want.dedup();
-    let archs = (!want.is_empty()).then(|| want.join(","));
+    let archs = if !want.is_empty() {
+        Some(want.join(","))
+    } else if !devices.is_empty() {
+        // Devices whose arch nobody could tell.
+        Some("<your gfx arch>".to_owned())
+    } else {
+        None
+    };
     if !built || devices.iter().any(|d| !d.built) {
         Some(audience.hip_rebuild(archs.as_deref()))
     } else {
@@ -229,6 +237,16 @@ mod tests {
         let mut none = HipBuild::from_parts(false, &[], None, None, &[], &[]);
         none.retarget(Audience::Pip);
         assert_eq!(none.rebuild_command.as_deref(), Some(HIP_PIP_COMMAND));
+    }
+
+    #[test]
+    fn a_device_of_unknown_arch_gets_no_rebuild_for_an_arch_called_unknown() {
+        let devices = [(0, "unknown".to_owned())];
+        let b = HipBuild::from_parts(true, &["gfx1151"], None, Some(5), &[], &devices);
+        assert_eq!(
+            b.rebuild_command.as_deref(),
+            Some("ROCM_SAFE_OFFLOAD_ARCH=<your gfx arch> cargo run --release --features hip --example doctor")
+        );
     }
 
     #[test]

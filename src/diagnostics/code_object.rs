@@ -741,7 +741,8 @@ mod tests {
     /// The check that CI relies on: every code object this build embeds
     /// holds every kernel the HIP backend loads, none uses scratch memory,
     /// and each is built for its arch's wavefront size. Prints the
-    /// per-arch figures (BENCHMARKS.md keeps them) with `--nocapture`.
+    /// per-arch figures (BENCHMARKS.md, "HIP kernel resources") with
+    /// `--nocapture`.
     #[cfg(feature = "hip")]
     #[test]
     fn embedded_code_objects_have_every_kernel_no_scratch_and_the_right_wavefront() {

@@ -9,7 +9,7 @@
 //! chain unforced (a `"conv3d"` cell saying which tier served).
 
 use crate::conv3d::{reference, Conv3dData, Conv3dParams, Conv3dProblem};
-use crate::conv3d_chain::{Conv3dChain, Conv3dOptions, Conv3dTier};
+use crate::conv3d_chain::{Conv3dChain, Conv3dOptions, Conv3dReport, Conv3dTier};
 use crate::convert::convert_bytes;
 use crate::device::{BackendKind, Device};
 use crate::dtype::DType;
@@ -293,8 +293,8 @@ pub fn conv3d_cells(
                     ),
                 ),
             },
-            Err(crate::Error::Conv3dNoTier { report }) => {
-                match report
+            Err(e) => match Conv3dReport::of(&e) {
+                Some(report) => match report
                     .attempts
                     .iter()
                     .find(|a| a.kind == tier)
@@ -312,9 +312,9 @@ pub fn conv3d_cells(
                         },
                         name.clone(),
                     ),
-                }
-            }
-            Err(e) => (Compat::Fails { why: e.to_string() }, name.clone()),
+                },
+                None => (Compat::Fails { why: e.to_string() }, name.clone()),
+            },
         };
         cells.push(MatrixEntry {
             operation: "conv3d tier".into(),

@@ -157,12 +157,22 @@ impl std::str::FromStr for DeviceSelector {
     }
 }
 
-/// What [`Report::collect_with`] does beyond the defaults.
+/// What [`Report::collect_with`] does beyond the defaults
+/// (`CollectOptions::default().with_device(...)`).
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct CollectOptions {
     /// Run the device self-tests and the matrix only on these devices
     /// (`None`: every device).
     pub device: Option<DeviceSelector>,
+}
+
+impl CollectOptions {
+    /// Self-tests and matrix on the devices `selector` picks only.
+    pub fn with_device(mut self, selector: DeviceSelector) -> Self {
+        self.device = Some(selector);
+        self
+    }
 }
 
 /// Progress of [`Report::collect_with`]: reported before each step and once

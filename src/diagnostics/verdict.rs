@@ -116,6 +116,18 @@ pub fn verdict_of(r: &Report, kfd_present: bool) -> Verdict {
     }
     // 4. A HIP device this build has no kernels for.
     if let Some(d) = r.hip_build.devices.iter().find(|d| !d.built) {
+        if d.arch == "unknown" {
+            // No KFD topology said what the GPU is: name how to find out
+            // rather than a rebuild for an arch called "unknown".
+            return Verdict::new(
+                Level::Fix,
+                format!(
+                    "fix: the gfx arch of hip:{} is unknown (no KFD topology under /sys/class/kfd): `rocminfo | grep gfx` names it; rebuild with {} if this build lacks it",
+                    d.ordinal,
+                    r.audience.hip_rebuild(Some("<that arch>"))
+                ),
+            );
+        }
         return Verdict::new(
             Level::Fix,
             format!(

@@ -132,6 +132,7 @@ impl Export {
                 op: "dlpack export",
                 expected: bytes,
                 actual: buf.num_bytes(),
+                tensor: None,
             });
         }
         let device = dl_device(buf.device())?;
@@ -163,6 +164,7 @@ impl Export {
                 op: "dlpack export",
                 expected: bytes,
                 actual,
+                tensor: None,
             });
         }
         // Moving the vector into the box does not move its elements.

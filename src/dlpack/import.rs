@@ -209,6 +209,7 @@ impl Imported {
                 op,
                 expected: self.bytes / size * size,
                 actual: self.bytes,
+                tensor: None,
             });
         }
         Ok(self.bytes / size)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{Checkpoint, SafeTensorsWriter, TensorSpec, WriteOptions};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TensorRef};
 
 /// What [`convert_file`] does with the tensors.
 ///
@@ -25,7 +25,7 @@ pub struct ConvertOptions {
     pub dtype: Option<DType>,
     /// Copy float tensors that cannot be converted (fp8, fp4, fp6, complex)
     /// unchanged instead of refusing the file
-    /// ([`Error::ConversionNotSupported`]).
+    /// ([`Error::UnsupportedConversion`]).
     pub keep_unsupported: bool,
     /// A cancellation flag for the writer ([`WriteOptions::cancel`]): set,
     /// the temporary file is removed and [`Error::Cancelled`] returned.
@@ -99,7 +99,7 @@ pub struct ConvertSummary {
 ///
 /// Errors: those of [`Checkpoint::open`], the reads
 /// ([`Error::FileChanged`], [`Error::FileShrunk`], [`Error::Io`]) and the
-/// writer; [`Error::ConversionNotSupported`] for a float tensor that cannot
+/// writer; [`Error::UnsupportedConversion`] for a float tensor that cannot
 /// be converted without [`ConvertOptions::keep_unsupported`];
 /// [`Error::Cancelled`].
 ///
@@ -193,11 +193,11 @@ fn target(from: DType, options: &ConvertOptions, path: &Path, name: &str) -> Res
             | DType::C64
     );
     if floating && !options.keep_unsupported {
-        return Err(Error::ConversionNotSupported {
-            path: path.to_owned(),
-            tensor: name.to_owned(),
+        return Err(Error::UnsupportedConversion {
+            op: "convert",
             from,
             to,
+            tensor: Some(TensorRef::new(path, name)),
         });
     }
     Ok(from)

@@ -13,7 +13,7 @@ use super::open::{self, FileId, Stamp};
 use crate::alloc;
 use crate::convert::{self, Element};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TensorRef};
 
 /// Bytes of source data converted per step of a converting read. The
 /// source chunk lives in a reused per-thread buffer, so a converting read
@@ -236,7 +236,7 @@ impl SafeTensors {
     /// [`read_converted_bytes_into`](Self::read_converted_bytes_into)
     /// converts), into `dst`, which
     /// must have exactly [`TensorInfo::num_bytes`] bytes
-    /// ([`Error::BufferLength`] otherwise). Any dtype.
+    /// ([`Error::LengthMismatch`] otherwise). Any dtype.
     pub fn read_bytes_into(&self, name: &str, dst: &mut [u8]) -> Result<()> {
         let info = self.info(name)?;
         self.read_span(info, (0, info.num_bytes()), info.dtype, dst)
@@ -258,9 +258,9 @@ impl SafeTensors {
     /// [`crate::convert`]); a tensor whose dtype is `T`'s is copied as is.
     /// `dst` must have [`TensorInfo::num_elements`] elements.
     ///
-    /// Errors: [`Error::TensorNotFound`], [`Error::ConversionNotSupported`]
+    /// Errors: [`Error::TensorNotFound`], [`Error::UnsupportedConversion`]
     /// (integer, bool, fp8 tensors; targets other than f32/f16/bf16),
-    /// [`Error::BufferLength`], [`Error::FileShrunk`], [`Error::Io`].
+    /// [`Error::LengthMismatch`], [`Error::FileShrunk`], [`Error::Io`].
     pub fn read_into<T: Element>(&self, name: &str, dst: &mut [T]) -> Result<()> {
         let info = self.info(name)?;
         self.check_len(info, info.num_elements(), dst.len())?;
@@ -462,11 +462,11 @@ impl SafeTensors {
 
     fn check_len(&self, info: &TensorInfo, expected: u64, actual: usize) -> Result<()> {
         if expected != actual as u64 {
-            return Err(Error::BufferLength {
-                path: self.path.clone(),
-                tensor: info.name.clone(),
-                expected,
-                actual: actual as u64,
+            return Err(Error::LengthMismatch {
+                op: "read",
+                expected: usize::try_from(expected).unwrap_or(usize::MAX),
+                actual,
+                tensor: Some(TensorRef::new(&self.path, &info.name)),
             });
         }
         Ok(())
@@ -474,11 +474,11 @@ impl SafeTensors {
 
     fn check_convertible(&self, info: &TensorInfo, to: DType) -> Result<()> {
         if to != info.dtype && !convert::supported(info.dtype, to) {
-            return Err(Error::ConversionNotSupported {
-                path: self.path.clone(),
-                tensor: info.name.clone(),
+            return Err(Error::UnsupportedConversion {
+                op: "read",
                 from: info.dtype,
                 to,
+                tensor: Some(TensorRef::new(&self.path, &info.name)),
             });
         }
         Ok(())
@@ -542,11 +542,11 @@ impl SafeTensors {
         let elems = src_len / ss;
         let expected = elems.saturating_mul(ds);
         if expected != dst.len() as u64 {
-            return Err(Error::BufferLength {
-                path: self.path.clone(),
-                tensor: info.name.clone(),
-                expected: expected / ds,
-                actual: dst.len() as u64 / ds,
+            return Err(Error::LengthMismatch {
+                op: "read",
+                expected: usize::try_from(expected / ds).unwrap_or(usize::MAX),
+                actual: dst.len() / ds as usize,
+                tensor: Some(TensorRef::new(&self.path, &info.name)),
             });
         }
         if elems == 0 {

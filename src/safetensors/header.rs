@@ -187,7 +187,12 @@ pub(crate) fn parse_header(path: &Path, header: &[u8], data_len: u64) -> Result<
     let mut tensors = Vec::with_capacity(entries.len());
     for (name, value) in entries {
         if name == "__metadata__" {
-            metadata = Some(parse_metadata(path, value)?);
+            // `null` is no metadata, as the safetensors package reads it
+            // (some writers emit it for an empty map).
+            metadata = match value {
+                Node::Null => None,
+                value => Some(parse_metadata(path, value)?),
+            };
         } else {
             tensors.push(parse_tensor(path, name, value)?);
         }

@@ -3,7 +3,7 @@
 //!
 //! Why: a process's first load used to pin its whole ring (8 x 16 MiB)
 //! before its first fill, 12-18 ms on a 135-145 ms load of 4.3 GiB on the
-//! H100 (BENCHMARKS.md, "Pinning and the ring"), most of the 10% by which
+//! H100 (BENCHMARKS.md, "First load of a process"), most of the 10% by which
 //! a first load may trail the later ones; pinning inside the job loop was
 //! worse, because the loader's thread then waited for the busy rayon pool
 //! to fault the pages in. Here a [`Grower`] pins the buffers one by one on
@@ -27,8 +27,8 @@ use crate::error::{Error, Result};
 /// threads all had the first buffer ready within 0.3 ms of the job loop's
 /// start; in alternating processes two gave the steadiest first loads (10
 /// of 10 at 0.9x the later ones or more), four 9 of 10, eight 7 of 10, its
-/// extra threads taken from the fills (BENCHMARKS.md, "The ring pinned
-/// while the load runs" and "the pinning pool's size").
+/// extra threads taken from the fills (BENCHMARKS.md, "First load of a
+/// process").
 const PIN_THREADS: usize = 2;
 
 /// One buffer's pinning, by slot.

@@ -12,7 +12,7 @@ use super::source::{self, Item, Source};
 use super::{Attempt, Check, Failure, Fallback, Loader, Rung};
 use crate::convert::fingerprint;
 use crate::device::{DeviceBuffer, PinnedBuffer};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::verify::staged;
 use crate::verify::Policy;
 
@@ -264,9 +264,11 @@ impl Loader {
     }
 }
 
-/// Errors that no rung can help with (the file cannot be read).
+/// Errors that no rung can help with: every rung reads the file, and it
+/// cannot be read ([`ErrorKind::Io`]) or changed since it was opened
+/// ([`ErrorKind::Changed`]).
 fn is_fatal(e: &Error) -> bool {
-    matches!(e, Error::FileShrunk { .. } | Error::Io { .. })
+    matches!(e.kind(), ErrorKind::Io | ErrorKind::Changed)
 }
 
 /// The error a failed rung becomes when no fallback is allowed.
@@ -281,5 +283,59 @@ fn transfer_failed(item: &Item, a: Attempt<Rung>) -> Error {
         rung: a.step.name(),
         failure,
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ladder stops on what no rung can help with: a file that cannot
+    /// be read or that changed since it was opened (each rung reads it
+    /// again); memory, device and check failures go down the ladder.
+    #[test]
+    fn fatal_errors_are_the_files() {
+        let path = || std::path::PathBuf::from("m.safetensors");
+        let fatal = [
+            Error::Io {
+                path: path(),
+                op: "read",
+                source: std::io::Error::from_raw_os_error(5),
+            },
+            Error::FileShrunk {
+                path: path(),
+                tensor: "w".into(),
+                expected: 10,
+                actual: 5,
+            },
+            Error::FileChanged {
+                path: path(),
+                tensor: Some("w".into()),
+                what: "size",
+            },
+        ];
+        for e in &fatal {
+            assert!(is_fatal(e), "{e}");
+        }
+        let rung_failures = [
+            Error::OutOfMemory {
+                backend: "host",
+                op: "alloc",
+                bytes: 1,
+            },
+            Error::InjectedFault {
+                fault: crate::device::faults::FaultKind::LaunchFailure,
+                op: "convert",
+            },
+            Error::VerificationFailed {
+                op: "convert".into(),
+                device: "host:0".into(),
+                expected: crate::convert::Fingerprint(1),
+                actual: crate::convert::Fingerprint(2),
+            },
+        ];
+        for e in &rung_failures {
+            assert!(!is_fatal(e), "{e}");
+        }
     }
 }

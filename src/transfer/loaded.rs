@@ -102,6 +102,7 @@ impl LoadedTensor {
                 op: "LoadedTensor::to_vec",
                 expected: bytes.len() / size * size,
                 actual: bytes.len(),
+                tensor: None,
             });
         }
         Ok(bytemuck::pod_collect_to_vec(bytes))

@@ -85,7 +85,7 @@ mod source;
 use std::time::Instant;
 
 use crate::device::{Device, DeviceBuffer, DeviceViewMut, PinnedBuffer, Stream};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::safetensors::Checkpoint;
 
 use crate::fallback::{Attempt, Check, Failure};
@@ -160,7 +160,7 @@ fn label(d: &Device) -> String {
 }
 
 fn is_oom(e: &Error) -> bool {
-    matches!(e, Error::OutOfMemory { .. })
+    e.kind() == ErrorKind::OutOfMemory
 }
 
 impl Loader {
@@ -239,6 +239,7 @@ impl Loader {
                 op: "load_into",
                 expected: usize::try_from(want).unwrap_or(usize::MAX),
                 actual: dst.len(),
+                tensor: None,
             });
         }
         // SAFETY: the stand-in lives in `self.lent` and then in this load's

@@ -41,7 +41,7 @@ pub struct LoadOptions {
     pub self_test: bool,
     /// Pinned buffers in the ring, 2..=8 (default 8 of 16 MiB: measured
     /// 3-24% faster than 4 of 32 MiB, the earlier default, in alternating
-    /// runs on the H100 host, BENCHMARKS.md, "Pinning and the ring").
+    /// runs on the H100 host, BENCHMARKS.md, "Ring shape").
     pub ring_buffers: usize,
     /// Bytes of each pinned buffer, 16 MiB..=64 MiB (smaller values are
     /// accepted for tests, down to 64 KiB).

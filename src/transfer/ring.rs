@@ -314,8 +314,8 @@ impl Loader {
                 // The next fill starts at once on the oldest free buffer: its
                 // task waits for that buffer's copy first (the wait is
                 // timed). Handing a buffer out only when its copy is done
-                // was measured slower (BENCHMARKS.md, transfer, second
-                // session): the wake-up latency adds to every turnaround.
+                // was measured slower (BENCHMARKS.md, "Verified load"): the
+                // wake-up latency adds to every turnaround.
                 free.push_back((s, buf));
             }
             // Unused buffers go back to the ring, with those pinned since.

@@ -69,6 +69,7 @@ pub fn convert_verified<S: Element, D: Element>(
             op: "convert_verified",
             from: op.from,
             to: op.to,
+            tensor: None,
         });
     }
     if host_src.len() != src.len() || src.len() != dst.len() {
@@ -80,6 +81,7 @@ pub fn convert_verified<S: Element, D: Element>(
             } else {
                 dst.len()
             },
+            tensor: None,
         });
     }
     let dev = stream.device();

@@ -4,9 +4,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use rocm_safe::device::{
-    Backend, ConvertOp, CopyOp, DeviceInfo, DevicePtr, Driver, KernelOp, RawStream,
-};
+use rocm_safe::device::{Backend, ConvertOp, CopyOp, DevicePtr, Driver, KernelOp, RawStream, Wrap};
 use rocm_safe::Result;
 
 /// What [`Tamper`] does to conversion output.
@@ -78,23 +76,28 @@ impl Tamper {
     }
 }
 
+impl Wrap for Tamper {
+    type Inner = dyn Backend;
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
+    }
+}
+
 // SAFETY: forwards every call to a correct backend.
 unsafe impl Driver for Tamper {
-    fn info(&self) -> &DeviceInfo {
-        self.inner.info()
-    }
-    fn forward(&self) -> Option<&dyn Driver> {
-        Some(&*self.inner)
-    }
+    rocm_safe::forward_driver!(all);
 }
 
 // SAFETY: forwards to a correct backend; the only additions are a write
 // inside the conversion's own output range and one to the fingerprint
 // pass's own accumulator.
 unsafe impl Backend for Tamper {
-    fn forward_backend(&self) -> Option<&dyn Backend> {
-        Some(&*self.inner)
-    }
+    rocm_safe::forward_backend!(
+        caps,
+        kernel_source,
+        conv3d_weight_layout,
+        conv3d_vendor_available
+    );
     unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
         // SAFETY: forwards the caller's guarantees to the wrapped backend;
         // `after` writes inside the conversion's own output.

@@ -6,15 +6,9 @@ const LANE_SEED: u64 = 0x6A09_E667_F3BC_C908;
 const BLOCK_SEED: u64 = 0xBB67_AE85_84CA_A73B;
 const LEN_SEED: u64 = 0x3C6E_F372_FE94_F82B;
 
-/// A 64-bit buffer fingerprint. Equal buffers have equal fingerprints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct Fingerprint(pub u64);
-
-impl std::fmt::Display for Fingerprint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
+/// A 64-bit buffer fingerprint (defined with the error's data, which names
+/// it).
+pub use crate::error::Fingerprint;
 
 /// The splitmix64 finaliser used throughout the fingerprint.
 #[inline(always)]

@@ -275,6 +275,7 @@ impl Stream {
                 op: "conv3d backward check results",
                 expected: samples * CHECK_WORDS,
                 actual: results.len(),
+                tensor: None,
             });
         }
         let check = Conv3dBackwardCheckLaunch {

@@ -209,6 +209,7 @@ impl Stream {
                 op: "conv3d check results",
                 expected: samples * CHECK_WORDS,
                 actual: results.len(),
+                tensor: None,
             });
         }
         let launch = Conv3dCheckLaunch {

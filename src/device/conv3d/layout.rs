@@ -114,6 +114,7 @@ impl Conv3dWeightLayout {
                         op: "conv3d packed weight layout",
                         expected: kg * r,
                         actual: rows * cols,
+                        tensor: None,
                     });
                 }
                 let mut out = vec![T::default(); self.len(g)];
@@ -185,6 +186,7 @@ pub(super) fn check_len(op: &'static str, expected: usize, actual: usize) -> Res
             op,
             expected,
             actual,
+            tensor: None,
         })
     }
 }

@@ -34,14 +34,32 @@ impl Drop for Recording {
     }
 }
 
+impl Wrap for Recording {
+    type Inner = HostBackend;
+    fn inner(&self) -> &HostBackend {
+        &self.host
+    }
+}
+
 // SAFETY: memory and streams are the host backend's.
 unsafe impl Driver for Recording {
-    fn info(&self) -> &DeviceInfo {
-        self.host.info()
-    }
-    fn forward(&self) -> Option<&dyn Driver> {
-        Some(&self.host)
-    }
+    crate::forward_driver!(
+        info,
+        alloc,
+        stream_create,
+        stream_destroy,
+        stream_synchronize,
+        synchronize,
+        event_create,
+        event_destroy,
+        event_record,
+        event_synchronize,
+        stream_wait_event,
+        event_elapsed_ms,
+        copy,
+        memset_zero,
+        mem_info,
+    );
     unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         push(&self.log, format!("free {bytes}"));
         // SAFETY: the caller's guarantees, forwarded.

@@ -65,7 +65,12 @@ pub(crate) use loader::runtime_library;
 const VISIBLE_VAR: &str = "HIP_VISIBLE_DEVICES";
 
 fn err(op: &'static str, e: HipError) -> Error {
-    Error::Hip { op, source: e }
+    Error::RuntimeCall {
+        backend: "hip",
+        op,
+        code: i64::from(e.0),
+        source: Box::new(e),
+    }
 }
 
 /// An allocation's error: [`Error::OutOfMemory`] for the runtime's
@@ -271,7 +276,7 @@ pub fn list() -> Result<Vec<DeviceInfo>> {
 /// The HIP runtime's version (`hipRuntimeGetVersion`) as `(raw, "major.minor.patch")`,
 /// `HIP_VERSION` = major * 10^7 + minor * 10^5 + patch. Needs no device.
 ///
-/// Errors: [`Error::RuntimeNotFound`], or the runtime's error ([`Error::Hip`]).
+/// Errors: [`Error::RuntimeNotFound`], or the runtime's error ([`Error::RuntimeCall`]).
 pub fn runtime_version() -> Result<(i32, String)> {
     let api = loader::api()?;
     let v = result::info::runtime_version(api).map_err(|e| err("hipRuntimeGetVersion", e))?;
@@ -770,12 +775,22 @@ mod tests {
         assert!(
             matches!(
                 e,
-                Error::Hip {
+                Error::RuntimeCall {
+                    backend: "hip",
                     op: "hipHostRegister",
+                    code: 1,
                     ..
                 }
             ),
             "{e}"
+        );
+        // The boxed source is the runtime's own error.
+        let Error::RuntimeCall { source, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(
+            source.downcast_ref::<HipError>(),
+            Some(&HipError::INVALID_VALUE)
         );
         let e = alloc_err("hipMalloc", 1, HipError(4242));
         assert!(e.to_string().contains("unknown hipError_t 4242"), "{e}");
