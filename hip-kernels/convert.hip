@@ -1,4 +1,6 @@
-// Exact, integer-only dtype conversions (the crate's contract 1: src/lib.rs, "# Contracts").
+// Exact, integer-only dtype conversions (the crate's contract 1: src/lib.rs,
+// "# Contracts"): the device kernels of the rows of src/convert/table.rs that name one (each symbol
+// there, `convert_{src}_{dst}`, is defined here).
 //
 // Each function reproduces src/convert/scalar.rs bit for bit, NaN handling
 // included; no float arithmetic is used. Kernels read the source with 16-byte
@@ -114,3 +116,52 @@ RS_WIDEN_KERNEL(convert_f16_f32, rs_f16_to_f32)
 
 RS_NARROW_KERNEL(convert_f32_bf16, rs_f32_to_bf16)
 RS_NARROW_KERNEL(convert_f32_f16, rs_f32_to_f16)
+
+// ---- f8 -> f32: 16 elements per vector step (one 16-byte load, four stores)
+
+// e4m3fn: bias 7, 3 mantissa bits, subnormals, no infinities, 0x7F/0xFF NaN
+// (sign and mantissa kept, as src/convert/scalar.rs's f8_e4m3_to_f32).
+RS_DEVICE rs_u32 rs_f8_e4m3_to_f32(rs_u8 b) {
+    rs_u32 sign = (((rs_u32)b) & 0x80u) << 24;
+    rs_u32 exp = (((rs_u32)b) >> 3) & 0xfu;
+    rs_u32 man = ((rs_u32)b) & 0x7u;
+    if (exp == 0xfu && man == 0x7u) return sign | 0x7f800000u | (man << 20);
+    if (exp != 0u) return sign | ((exp + 120u) << 23) | (man << 20);
+    if (man == 0u) return sign;
+    rs_u32 p = 31u - rs_clz32(man);
+    return sign | ((p + 118u) << 23) | ((man << (23u - p)) & 0x7fffffu);
+}
+
+// e5m2: the upper byte of an f16.
+RS_DEVICE rs_u32 rs_f8_e5m2_to_f32(rs_u8 b) { return rs_f16_to_f32((rs_u16)(((rs_u16)b) << 8)); }
+
+#define RS_WIDEN8_KERNEL(NAME, FN)                                                      \
+    KERNEL void NAME(const rs_u8* __restrict__ src, rs_u32* __restrict__ dst, rs_u64 n) { \
+        const rs_u64 tid = rs_tid();                                                    \
+        const rs_u64 stride = rs_nthreads();                                            \
+        const rs_u64 sa = (rs_u64)src;                                                  \
+        rs_u64 head = (16u - (sa & 15u)) & 15u;                                         \
+        const bool vec = (((rs_u64)dst + 4u * head) & 15u) == 0u;                       \
+        if (!vec) head = n;                                                             \
+        if (head > n) head = n;                                                         \
+        const rs_u64 nvec = (n - head) / 16u;                                           \
+        for (rs_u64 i = tid; i < head; i += stride) dst[i] = FN(src[i]);                \
+        const rs_v4* s4 = (const rs_v4*)(src + head);                                   \
+        rs_v4* d4 = (rs_v4*)(dst + head);                                               \
+        for (rs_u64 v = tid; v < nvec; v += stride) {                                   \
+            rs_v4 a = rs_load4(s4 + v);                                                 \
+            const rs_u32 w[4] = {a.x, a.y, a.z, a.w};                                   \
+            _Pragma("unroll") for (int k = 0; k < 4; ++k) {                             \
+                rs_v4 o;                                                                \
+                o.x = FN((rs_u8)(w[k] & 0xffu));                                        \
+                o.y = FN((rs_u8)((w[k] >> 8) & 0xffu));                                 \
+                o.z = FN((rs_u8)((w[k] >> 16) & 0xffu));                                \
+                o.w = FN((rs_u8)(w[k] >> 24));                                          \
+                d4[4u * v + (rs_u64)k] = o;                                             \
+            }                                                                           \
+        }                                                                               \
+        for (rs_u64 i = head + nvec * 16u + tid; i < n; i += stride) dst[i] = FN(src[i]); \
+    }
+
+RS_WIDEN8_KERNEL(convert_f8_e4m3_f32, rs_f8_e4m3_to_f32)
+RS_WIDEN8_KERNEL(convert_f8_e5m2_f32, rs_f8_e5m2_to_f32)

@@ -141,10 +141,16 @@ impl DType {
         }
     }
 
-    /// Whether this is one of the floating types rocm-safe converts between
-    /// (F64, F32, F16, BF16). FP8/MX types are carried but not converted.
+    /// Whether this is one of the floating types rocm-safe converts from
+    /// (F64, F32, F16, BF16, F8_E4M3, F8_E5M2), each to F32, F16 and BF16:
+    /// the sources of `convert::table` (this layer sits below it; a test
+    /// there checks that both agree). The FNUZ and MX types are carried but
+    /// not converted.
     pub const fn is_convertible_float(self) -> bool {
-        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
+        matches!(
+            self,
+            DType::F64 | DType::F32 | DType::F16 | DType::BF16 | DType::F8_E4M3 | DType::F8_E5M2
+        )
     }
 
     /// Number of bytes `elements` elements occupy, or `None` on overflow or

@@ -8,14 +8,16 @@
 //! 1. **Conversions are exact and integer-only.** bf16 -> f32 is the bit
 //!    pattern shifted left by 16 (what PyTorch does; `half::bf16::to_f32`
 //!    quiets signalling NaNs and is not the reference); f16 -> f32 is the
-//!    exact IEEE widening; f32/f64 -> bf16 and -> f16 round to nearest, ties
+//!    exact IEEE widening; fp8 (e4m3fn, e5m2) -> f32/bf16/f16 are exact;
+//!    f32/f64 -> bf16 and -> f16 round to nearest, ties
 //!    to even, NaN stays NaN, subnormals are never flushed. Every backend
 //!    (CPU, HIP, CUDA) computes them with integer bit operations, so no
 //!    denormal mode or instruction selection can change a value
 //!    ([`convert::scalar`] is the reference).
 //! 2. **Verified means checked independently.** A device result is compared
 //!    with what the host knows it must be: an exhaustive self-test over all
-//!    65 536 bf16 (and f16) patterns when a device's kernels are first used
+//!    65 536 bf16 (and f16) patterns, all 256 fp8 codes and the
+//!    rounding-critical f32 patterns when a device's kernels are first used
 //!    ([`verify::self_test`]), and per call a fingerprint (a
 //!    position-keyed, order-independent 64-bit hash,
 //!    [`convert::fingerprint`]) of the expected output, computed on the host

@@ -45,7 +45,9 @@ fn data(dtype: DType, n: usize) -> Vec<u8> {
             DType::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
             DType::BF16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
             DType::I32 => out.extend((i as i32 - 7).to_le_bytes()),
-            DType::BOOL | DType::U8 | DType::F8_E4M3 => out.push((i * 37) as u8),
+            DType::BOOL | DType::U8 | DType::F8_E4M3 | DType::F8_E4M3FNUZ => {
+                out.push((i * 37) as u8)
+            }
             other => unreachable!("{other}"),
         }
     }
@@ -238,19 +240,27 @@ fn fp8_tensor_is_an_error_unless_kept() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.safetensors");
     let mut ts = mixed();
+    // F8_E4M3 and F8_E5M2 convert (rows of the conversion table); the
+    // FNUZ flavours do not.
     ts.push(T {
         name: "scale.fp8",
+        dtype: DType::F8_E4M3FNUZ,
+        shape: vec![6],
+    });
+    ts.push(T {
+        name: "w.fp8",
         dtype: DType::F8_E4M3,
         shape: vec![6],
     });
     write_file(&input, &ts, None);
     let output = dir.path().join("out.safetensors");
     let o = run(&[&input, &output, &"--dtype", &"f32"]);
-    assert_fails(&o, &output, &["in.safetensors", "scale.fp8", "F8_E4M3"]);
+    assert_fails(&o, &output, &["in.safetensors", "scale.fp8", "F8_E4M3FNUZ"]);
     let o = run(&[&input, &output, &"--dtype", &"f32", &"--keep-unsupported"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = SafeTensors::open(&output).unwrap();
-    assert_eq!(out.info("scale.fp8").unwrap().dtype, DType::F8_E4M3);
+    assert_eq!(out.info("scale.fp8").unwrap().dtype, DType::F8_E4M3FNUZ);
+    assert_eq!(out.info("w.fp8").unwrap().dtype, DType::F32);
     assert_eq!(out.info("w.bf16").unwrap().dtype, DType::F32);
 }
 

@@ -9,7 +9,14 @@ use proptest::prelude::*;
 use rocm_safe::convert::{self, scalar, Element};
 use rocm_safe::{DType, Error};
 
-const FROM: [DType; 4] = [DType::F64, DType::F32, DType::F16, DType::BF16];
+const FROM: [DType; 6] = [
+    DType::F64,
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::F8_E4M3,
+    DType::F8_E5M2,
+];
 const TO: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 fn one_thread() -> rayon::ThreadPool {
@@ -63,7 +70,7 @@ proptest! {
         n in 0usize..300,
         src_off in 0usize..8,
         dst_off in 0usize..8,
-        pair in 0usize..12,
+        pair in 0usize..18,
     ) {
         let (from, to) = (FROM[pair / 3], TO[pair % 3]);
         let buf = random_bytes(seed, src_off + 8 * n);
@@ -82,7 +89,7 @@ proptest! {
         n in (128usize << 10) - 3..(200usize << 10),
         src_off in 0usize..8,
         dst_off in 0usize..8,
-        pair in 0usize..12,
+        pair in 0usize..18,
     ) {
         let (from, to) = (FROM[pair / 3], TO[pair % 3]);
         let buf = random_bytes(seed, src_off + 8 * n);
@@ -184,11 +191,13 @@ fn unsupported_pairs_are_rejected() {
             assert_eq!(scalar::convert_bits(from, to, 0), None);
         }
     }
-    // F64 is a source only; integers and FP8 are never converted.
+    // F64 and FP8 are sources only; integers and the FNUZ/MX FP8 types are
+    // never converted.
     assert!(!convert::supported(DType::F32, DType::F64));
+    assert!(!convert::supported(DType::F32, DType::F8_E4M3));
     assert!(!convert::supported(DType::I32, DType::F32));
-    assert!(!convert::supported(DType::F8_E4M3, DType::F32));
-    assert_eq!(n, 22 * 22 - 12);
+    assert!(!convert::supported(DType::F8_E4M3FNUZ, DType::F32));
+    assert_eq!(n, 22 * 22 - 18);
     // The typed API reaches the same check.
     let mut d = [0f64; 2];
     assert!(matches!(

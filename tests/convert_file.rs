@@ -102,7 +102,8 @@ fn unconvertible_floats_are_refused_or_kept_inputs_never_overwritten_and_cancel_
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let input = d.join("fp8.safetensors");
-    write(&input, &[("q", DType::F8_E4M3, vec![4], vec![0x38; 4])]);
+    // F8_E4M3FNUZ: an fp8 flavour the conversion table does not convert.
+    write(&input, &[("q", DType::F8_E4M3FNUZ, vec![4], vec![0x38; 4])]);
     let out = d.join("out.safetensors");
     let r = convert_file(
         &input,

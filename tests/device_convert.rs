@@ -10,7 +10,8 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use rocm_safe::convert::{self, fingerprint_bytes, scalar};
 use rocm_safe::device::{Device, NonFinite};
-use rocm_safe::verify::{self, Policy, Served, VerifyOptions};
+use rocm_safe::fallback::{Failure, Outcome};
+use rocm_safe::verify::{self, Policy, VerifyOptions};
 use rocm_safe::{DType, Error};
 
 use common::tamper::{mode, Tamper};
@@ -26,6 +27,7 @@ per_device!(
     verified_policies_serve_device,
     verified_mismatch_falls_back_or_fails,
     untrusted_kernel_goes_to_cpu,
+    untrusted_fingerprint_kernel_reads_back,
     self_test_passes,
     copies_and_length_errors,
     pinned_async_round_trip,
@@ -286,7 +288,7 @@ fn verified_policies_serve_device(dev: &Device) {
         };
         let mut out = s.alloc::<f32>(h.len()).unwrap();
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
-        assert_eq!(r.served, Served::Device, "{policy:?}");
+        assert!(matches!(r.outcome, Outcome::Served), "{policy:?}");
         assert_eq!(r.elements, h.len() as u64);
         let shown = r.to_string();
         assert!(
@@ -312,7 +314,7 @@ fn verified_policies_serve_device(dev: &Device) {
 
         let mut ob = s.alloc::<bf16>(hf.len()).unwrap();
         let r = verify::upload_convert(&s, &hf, &mut ob.view_mut(), &opts).unwrap();
-        assert_eq!(r.served, Served::Device);
+        assert!(matches!(r.outcome, Outcome::Served));
         let mut want = vec![bf16::ZERO; hf.len()];
         convert::convert_slice(&hf, &mut want).unwrap();
         let got: Vec<u16> = ob.to_vec().unwrap().iter().map(|x| x.to_bits()).collect();
@@ -328,7 +330,7 @@ fn verified_policies_serve_device(dev: &Device) {
         &VerifyOptions::default(),
     )
     .unwrap();
-    assert_eq!(r.served, Served::Device);
+    assert!(matches!(r.outcome, Outcome::Served));
     assert_eq!(r.elements, 0);
 }
 
@@ -348,8 +350,10 @@ fn verified_mismatch_falls_back_or_fails(open: Open<'_>) {
             ..Default::default()
         };
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
-        match r.served {
-            Served::CpuAfterMismatch { expected, actual } => assert_ne!(expected, actual),
+        match r.outcome {
+            Outcome::Failed(Failure::FingerprintMismatch {
+                expected, actual, ..
+            }) => assert_ne!(expected, actual),
             other => panic!("{policy:?}: served {other:?}"),
         }
         assert!(
@@ -380,8 +384,57 @@ fn verified_mismatch_falls_back_or_fails(open: Open<'_>) {
             ..Default::default()
         };
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
-        assert_eq!(r.served, Served::Device, "{policy:?}");
+        assert!(matches!(r.outcome, Outcome::Served), "{policy:?}");
         assert_ne!(bits32(&out.to_vec().unwrap()), bits32(&want), "{policy:?}");
+    }
+}
+
+/// The staged check's one rule: with a fingerprint kernel that failed its
+/// self-test, a fingerprint policy is applied as a read-back (decided up
+/// front), which serves a good output and catches a bad one.
+fn untrusted_fingerprint_kernel_reads_back(open: Open<'_>) {
+    let (t, m) = tampering(open);
+    m.store(mode::WRONG_FINGERPRINT, Ordering::SeqCst); // before the self-test
+    let s = t.stream().unwrap();
+    let st = verify::self_test(&s).unwrap();
+    assert!(!st.fingerprint_trusted());
+    // Every conversion kernel was cleared by value.
+    assert!(st
+        .kernels
+        .iter()
+        .filter(|k| k.kernel.starts_with("convert"))
+        .all(|k| k.mismatches == 0));
+    let h = as_bf16(&[1, 2, 3, 0x7fc1]);
+    for policy in [Policy::Fingerprint, Policy::FusedFingerprint] {
+        let opts = VerifyOptions {
+            policy,
+            ..Default::default()
+        };
+        let mut out = s.alloc::<f32>(4).unwrap();
+        let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
+        assert_eq!(r.policy, Policy::ReadBack, "{policy:?}");
+        assert!(matches!(r.outcome, Outcome::Served), "{r}");
+        assert!(
+            r.to_string().contains("(ReadBack): served by the device"),
+            "{r}"
+        );
+        m.store(
+            mode::WRONG_FINGERPRINT | mode::CORRUPT_OUTPUT,
+            Ordering::SeqCst,
+        );
+        let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
+        assert!(
+            matches!(
+                r.outcome,
+                Outcome::Failed(Failure::FingerprintMismatch { .. })
+            ),
+            "{r}"
+        );
+        assert_eq!(
+            bits32(&out.to_vec().unwrap()),
+            vec![1 << 16, 2 << 16, 3 << 16, 0x7fc1 << 16]
+        );
+        m.store(mode::WRONG_FINGERPRINT, Ordering::SeqCst);
     }
 }
 
@@ -406,7 +459,10 @@ fn untrusted_kernel_goes_to_cpu(open: Open<'_>) {
     let h = as_bf16(&[1, 2, 3, 0x7fc1]);
     let mut out = s.alloc::<f32>(4).unwrap();
     let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &VerifyOptions::default()).unwrap();
-    assert_eq!(r.served, Served::CpuKernelUntrusted);
+    assert!(matches!(
+        r.outcome,
+        Outcome::Failed(Failure::NoTrustedKernel { .. })
+    ));
     assert_eq!(
         bits32(&out.to_vec().unwrap()),
         vec![1 << 16, 2 << 16, 3 << 16, 0x7fc1 << 16]
@@ -427,6 +483,8 @@ fn self_test_passes(dev: &Device) {
     let r = verify::self_test(&s).unwrap();
     assert!(r.all_passed(), "{r:#?}");
     let names: Vec<&str> = r.kernels.iter().map(|k| k.kernel.as_str()).collect();
+    // One test per kernel of every device row of the conversion table,
+    // then the fingerprint kernel.
     assert_eq!(
         names,
         [
@@ -434,13 +492,18 @@ fn self_test_passes(dev: &Device) {
             "fused bf16->f32",
             "convert f16->f32",
             "fused f16->f32",
-            "fingerprint",
             "convert f32->bf16",
-            "convert f32->f16"
+            "convert f32->f16",
+            "convert f8_e4m3->f32",
+            "convert f8_e5m2->f32",
+            "fingerprint",
         ]
     );
-    assert_eq!(r.kernels[0].tested, 65_536);
-    assert_eq!(r.kernels[5].tested, 65_536 * 12);
+    let tested = |name: &str| r.kernels.iter().find(|k| k.kernel == name).unwrap().tested;
+    assert_eq!(tested("convert bf16->f32"), 65_536);
+    assert_eq!(tested("convert f32->f16"), 65_536 * 12);
+    assert_eq!(tested("convert f8_e4m3->f32"), 256);
+    assert_eq!(tested("convert f8_e5m2->f32"), 256);
     // Cached: the second call returns the same report.
     let again = verify::self_test(&s).unwrap();
     assert!(Arc::ptr_eq(&r, &again));

@@ -7,7 +7,8 @@ use half::bf16;
 use rocm_safe::convert;
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
 use rocm_safe::device::Device;
-use rocm_safe::verify::{self, Policy, Served, VerifyOptions};
+use rocm_safe::fallback::{Failure, Outcome};
+use rocm_safe::verify::{self, Policy, VerifyOptions};
 use rocm_safe::Error;
 
 use common::{Open, Rng};
@@ -68,7 +69,13 @@ fn copy_lands_zeros_is_caught_and_fallback_upload_checked(open: Open<'_>) {
     let mut out = s.alloc::<f32>(src.len()).unwrap();
     let r =
         verify::upload_convert(&s, &src, &mut out.view_mut(), &VerifyOptions::default()).unwrap();
-    assert!(matches!(r.served, Served::CpuAfterMismatch { .. }), "{r:?}");
+    assert!(
+        matches!(
+            r.outcome,
+            Outcome::Failed(Failure::FingerprintMismatch { .. })
+        ),
+        "{r:?}"
+    );
     assert_eq!(bits(&out.to_vec().unwrap()), reference(&src));
     assert_eq!(h.injected().len(), 1);
     assert_eq!(h.injected()[0].op, "copy_htod");
@@ -165,7 +172,10 @@ fn convert_writes_zeros_is_caught_by_both_fingerprints(open: Open<'_>) {
         };
         let r = verify::upload_convert(&s, &src, &mut out.view_mut(), &opts).unwrap();
         assert!(
-            matches!(r.served, Served::CpuAfterMismatch { .. }),
+            matches!(
+                r.outcome,
+                Outcome::Failed(Failure::FingerprintMismatch { .. })
+            ),
             "{policy:?}: {r:?}"
         );
         assert_eq!(bits(&out.to_vec().unwrap()), reference(&src), "{policy:?}");
@@ -187,7 +197,10 @@ fn convert_writes_zeros_is_caught_by_both_fingerprints(open: Open<'_>) {
     let mut out = s.alloc::<f32>(src.len()).unwrap();
     let r =
         verify::upload_convert(&s, &src, &mut out.view_mut(), &VerifyOptions::default()).unwrap();
-    assert_eq!(r.served, Served::CpuKernelUntrusted);
+    assert!(matches!(
+        r.outcome,
+        Outcome::Failed(Failure::NoTrustedKernel { .. })
+    ));
     assert_eq!(bits(&out.to_vec().unwrap()), reference(&src));
 }
 

@@ -25,7 +25,7 @@ use rocm_safe::conv3d_chain::{Conv3dChain, TierKind};
 use rocm_safe::device::{BackendKind, Conv3dKernel, Device, RawStream, Stream};
 use rocm_safe::diagnostics::{read_code_object, CodeObjectInfo, KernelResources};
 use rocm_safe::fallback::Outcome;
-use rocm_safe::verify::{convert_verified, Policy, Served, VerifyOptions};
+use rocm_safe::verify::{convert_verified, Policy, VerifyOptions};
 use rocm_safe::Error;
 
 /// The variable naming the HIP runtime to load (a file or a folder).
@@ -1030,6 +1030,30 @@ fn check_every_launch(arch: &str) -> R {
         ]
         .map(String::from),
     );
+    // fp8 -> f32 with runtime dtypes: (src, dst, n), 16 elements per item.
+    let f8 = s.clone_htod(&vec![0x38u8; n]).map_err(err("upload"))?;
+    for (name, dtype) in [
+        ("convert_f8_e4m3_f32", rocm_safe::DType::F8_E4M3),
+        ("convert_f8_e5m2_f32", rocm_safe::DType::F8_E5M2),
+    ] {
+        let mut fv = f.view_mut();
+        let mut out = fv.cast_mut::<u8>().map_err(err("cast"))?;
+        let l = launches_of(&st, &[name], || {
+            s.convert_raw(&f8.view(), dtype, &mut out, rocm_safe::DType::F32)
+                .map_err(err("convert_raw"))
+        })?;
+        check_launch(
+            &l[0],
+            kernel(name)?,
+            &[
+                Want::Ptr(ptr(f8.device_ptr())),
+                Want::Ptr(ptr(f.device_ptr())),
+                Want::U64(n as u64),
+            ],
+        )?;
+        one_d(&l[0], n.div_ceil(16))?;
+        launched.push(name.into());
+    }
 
     // Fingerprint: (src, nbytes, first_word, acc), 16 bytes per item.
     let mut acc = s.alloc_zeros::<u64>(1).map_err(err("alloc acc"))?;
@@ -1356,7 +1380,7 @@ fn kernels_that_never_ran_are_never_reported_correct() {
                 let r = convert_verified(&s, &host, &src.view(), &mut dst.view_mut(), &opts)
                     .map_err(err("convert_verified with the CPU fallback"))?;
                 ensure!(
-                    r.served != Served::Device,
+                    !matches!(r.outcome, Outcome::Served),
                     "{opts:?}: the device was trusted: {r}"
                 );
                 ensure!(

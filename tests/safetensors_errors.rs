@@ -464,7 +464,7 @@ fn data_layout() {
 
 /// A small file with several dtypes and shapes.
 fn sample(dir: &Path) -> PathBuf {
-    let h = r#"{"__metadata__":{"format":"pt"},"w":{"dtype":"BF16","shape":[3,2],"data_offsets":[0,12]},"i":{"dtype":"I32","shape":[2],"data_offsets":[12,20]},"s":{"dtype":"F32","shape":[],"data_offsets":[20,24]},"f8":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[24,26]}}"#;
+    let h = r#"{"__metadata__":{"format":"pt"},"w":{"dtype":"BF16","shape":[3,2],"data_offsets":[0,12]},"i":{"dtype":"I32","shape":[2],"data_offsets":[12,20]},"s":{"dtype":"F32","shape":[],"data_offsets":[20,24]},"f8":{"dtype":"F8_E4M3FNUZ","shape":[2],"data_offsets":[24,26]}}"#;
     let data: Vec<u8> = (0..26u8).collect();
     write(dir, "sample.safetensors", &file_bytes(h, &data))
 }

@@ -12,32 +12,21 @@ from typing import Any, Optional
 
 import numpy as np
 
-# Element sizes in bytes (sub-byte F4/F6 have none).
-ITEMSIZE = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "F8_E8M0": 1,
-    "F8_E4M3FNUZ": 1,
-    "F8_E5M2FNUZ": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "C64": 8,
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-}
+from . import _native
 
-# The dtypes a load converts to (exactly, in Rust): F64, F32, F16 and BF16
-# tensors convert to any of these; other tensors are returned as stored.
-CONVERT_TARGETS = ("F32", "F16", "BF16")
+# Element sizes in bytes (sub-byte F4/F6 have none): from the library's
+# dtype list.
+ITEMSIZE = {name: bits // 8 for name, bits in _native.dtypes() if bits % 8 == 0}
+
+# The library's conversion table, one row per (source, target) pair:
+# (from, to, src_size, dst_size, kernel, fused, per_item, lossless).
+CONVERSIONS = {(row[0], row[1]): row for row in _native.conversions()}
+
+# The dtypes a load converts from and to (exactly, in Rust): F64, F32, F16,
+# BF16, F8_E4M3 and F8_E5M2 tensors convert to any target; other tensors are
+# returned as stored.
+CONVERT_SOURCES = tuple(dict.fromkeys(f for f, _ in CONVERSIONS))
+CONVERT_TARGETS = tuple(dict.fromkeys(t for _, t in CONVERSIONS))
 
 _NUMPY_PLAIN = {
     "F64": np.float64,

@@ -37,6 +37,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes};
 
+use rocm_safe::convert::table;
 use rocm_safe::safetensors::{
     Checkpoint as RsCheckpoint, SafeTensorsWriter, TensorInfo, TensorSpec, WriteOptions,
 };
@@ -59,9 +60,10 @@ fn describe(t: &TensorInfo) -> Described {
 }
 
 /// Output dtype of a read of `info` converted to `to`: `to` for a float
-/// tensor the library converts (F64, F32, F16, BF16 to F32, F16 or BF16),
-/// the stored dtype otherwise when `floats_only`, and an error for any
-/// other explicit request.
+/// tensor the library converts (a row of its conversion table: F64, F32,
+/// F16, BF16, F8_E4M3, F8_E5M2 to F32, F16 or BF16), the stored dtype
+/// otherwise when `floats_only`, and an error for any other explicit
+/// request.
 fn target(info: &TensorInfo, to: Option<&str>, floats_only: bool) -> PyResult<DType> {
     let Some(to) = to else {
         return Ok(info.dtype);
@@ -73,12 +75,76 @@ fn target(info: &TensorInfo, to: Option<&str>, floats_only: bool) -> PyResult<DT
         Ok(info.dtype)
     } else {
         Err(SafetensorError::new_err(format!(
-            "tensor {:?}: cannot convert {} to {} (F64, F32, F16 and BF16 tensors convert to F32, F16 or BF16)",
+            "tensor {:?}: cannot convert {} to {} ({})",
             info.name,
             info.dtype.name(),
-            to.name()
+            to.name(),
+            what_converts()
         )))
     }
+}
+
+/// `"F64, F32, F16, BF16, F8_E4M3 and F8_E5M2 tensors convert to F32, BF16
+/// or F16"`: the conversion table in words.
+fn what_converts() -> String {
+    let mut sources: Vec<&str> = Vec::new();
+    for r in &table::CONVERSIONS {
+        if !sources.contains(&r.from.name()) {
+            sources.push(r.from.name());
+        }
+    }
+    let targets: Vec<&str> = table::targets().iter().map(|d| d.name()).collect();
+    let list = |v: &[&str], and: &str| match v.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} {and} {last}", rest.join(", ")),
+        _ => v.join(""),
+    };
+    format!(
+        "{} tensors convert to {}",
+        list(&sources, "and"),
+        list(&targets, "or")
+    )
+}
+
+/// One row of the conversion table as Python sees it: `(from, to,
+/// src_size, dst_size, device kernel, fused kernel, elements per work
+/// item, lossless)`.
+type ConversionRow = (
+    &'static str,
+    &'static str,
+    usize,
+    usize,
+    Option<&'static str>,
+    Option<&'static str>,
+    u32,
+    bool,
+);
+
+/// The library's conversion table (`rocm_safe::convert::table`), one tuple
+/// per pair: `(from, to, src_size, dst_size, kernel, fused, per_item,
+/// lossless)`. `rocm_safe._dtypes` builds its tables from it.
+#[pyfunction]
+fn conversions() -> Vec<ConversionRow> {
+    table::CONVERSIONS
+        .iter()
+        .map(|r| {
+            (
+                r.from.name(),
+                r.to.name(),
+                r.src_size,
+                r.dst_size,
+                r.kernel,
+                r.fused,
+                r.per_item,
+                r.lossless,
+            )
+        })
+        .collect()
+}
+
+/// Every safetensors dtype as `(name, bits)`, in the specification's order.
+#[pyfunction]
+fn dtypes() -> Vec<(&'static str, u64)> {
+    DType::ALL.iter().map(|d| (d.name(), d.bits())).collect()
 }
 
 /// Bytes of `elements` elements of `dtype`, as a `usize`.
@@ -499,6 +565,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(doctor_report, m)?)?;
     m.add_function(wrap_pyfunction!(features, m)?)?;
+    m.add_function(wrap_pyfunction!(conversions, m)?)?;
+    m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(device::parse_device_py, m)?)?;
     m.add_function(wrap_pyfunction!(device::parse_verify_py, m)?)?;
     m.add_function(wrap_pyfunction!(device::load_to_device_py, m)?)?;

@@ -1,11 +1,14 @@
 //! Exact, integer-only dtype conversions on the CPU, and the buffer
 //! fingerprint used to verify GPU results (crate [contracts](crate#contracts) 1 and 2).
 //!
-//! Supported: sources F64, F32, F16, BF16; targets F32, F16, BF16. Every
-//! function reads little-endian bytes at any alignment.
+//! Supported: the pairs of the conversion [`table`] (sources F64, F32, F16,
+//! BF16, F8_E4M3, F8_E5M2; targets F32, F16, BF16). Every function reads
+//! little-endian bytes at any alignment.
 //!
 //! # The pieces
 //!
+//! - [`table`]: one row per pair (sizes, scalar reference, CPU loop, device
+//!   kernel symbols); everything below dispatches through it.
 //! - [`scalar`]: the integer-only reference for one value, and
 //!   [`scalar::convert_bytes_reference`], the element-by-element reference
 //!   for a buffer. Everything else is tested against it.
@@ -23,6 +26,7 @@
 pub mod fingerprint;
 mod kernels;
 pub mod scalar;
+pub mod table;
 
 pub use fingerprint::{fingerprint_bytes, fingerprint_words, Fingerprint};
 
@@ -59,9 +63,10 @@ macro_rules! int_elements {
 }
 int_elements!(u8 => U8, i8 => I8, i16 => I16, u16 => U16, i32 => I32, u32 => U32, i64 => I64, u64 => U64);
 
-/// Whether `from -> to` is a conversion this module performs.
+/// Whether `from -> to` is a conversion this module performs
+/// (a row of the conversion [`table`]).
 pub const fn supported(from: DType, to: DType) -> bool {
-    from.is_convertible_float() && matches!(to, DType::F32 | DType::F16 | DType::BF16)
+    table::find(from, to).is_some()
 }
 
 fn check(op: &'static str, from: DType, to: DType, src_len: usize, dst_len: usize) -> Result<()> {

@@ -140,26 +140,71 @@ pub const fn f16_to_bf16(h: u16) -> u16 {
     f32_to_bf16(f16_to_f32(h))
 }
 
+/// f8 E4M3 ("e4m3fn", the safetensors `F8_E4M3`, torch's
+/// `float8_e4m3fn`) -> f32: exact. Bias 7, 3 mantissa bits, subnormals
+/// (`0x01..=0x07` are `m * 2^-9`), no infinities; `0x7F` and `0xFF` are
+/// NaN and become an f32 NaN with the sign and the mantissa bits kept (as
+/// PyTorch gives them: `0x7FF0_0000`), every other code its exact value.
+#[inline(always)]
+pub const fn f8_e4m3_to_f32(b: u8) -> u32 {
+    let sign = ((b as u32) & 0x80) << 24;
+    let exp = ((b >> 3) & 0xf) as u32;
+    let man = (b & 0x7) as u32;
+    if exp == 0xf && man == 0x7 {
+        return sign | 0x7f80_0000 | (man << 20);
+    }
+    if exp != 0 {
+        // (1.m) * 2^(exp - 7): f32 exponent exp - 7 + 127.
+        return sign | ((exp + 120) << 23) | (man << 20);
+    }
+    if man == 0 {
+        return sign;
+    }
+    // Subnormal: value = man * 2^-9 = 1.f * 2^(p - 9), p = top set bit.
+    let p = 31 - man.leading_zeros();
+    sign | ((p + 118) << 23) | ((man << (23 - p)) & 0x7f_ffff)
+}
+
+/// f8 E5M2 (the safetensors `F8_E5M2`, torch's `float8_e5m2`) -> f32:
+/// exact. IEEE-like with bias 15, 2 mantissa bits, subnormals, infinities
+/// (`0x7C`, `0xFC`) and NaNs (`0x7D..=0x7F`, `0xFD..=0xFF`, payload kept as
+/// [`f16_to_f32`] keeps it): the code is the upper byte of an f16.
+#[inline(always)]
+pub const fn f8_e5m2_to_f32(b: u8) -> u32 {
+    f16_to_f32((b as u16) << 8)
+}
+
+/// f8 E4M3 -> bf16 through f32 (exact for every number; a NaN stays NaN).
+#[inline(always)]
+pub const fn f8_e4m3_to_bf16(b: u8) -> u16 {
+    f32_to_bf16(f8_e4m3_to_f32(b))
+}
+
+/// f8 E4M3 -> f16 through f32 (exact for every number; a NaN stays NaN).
+#[inline(always)]
+pub const fn f8_e4m3_to_f16(b: u8) -> u16 {
+    f32_to_f16(f8_e4m3_to_f32(b))
+}
+
+/// f8 E5M2 -> bf16 through f32 (exact for every number; a NaN stays NaN).
+#[inline(always)]
+pub const fn f8_e5m2_to_bf16(b: u8) -> u16 {
+    f32_to_bf16(f8_e5m2_to_f32(b))
+}
+
+/// f8 E5M2 -> f16 through f32 (exact for every number; a NaN stays NaN,
+/// quieted as [`f32_to_f16`] quiets it).
+#[inline(always)]
+pub const fn f8_e5m2_to_f16(b: u8) -> u16 {
+    f32_to_f16(f8_e5m2_to_f32(b))
+}
+
 /// The conversion of one element's bit pattern (zero-extended to 64 bits)
 /// for a supported pair, `None` for any other pair. The result is the
-/// target's bit pattern, zero-extended.
-pub const fn convert_bits(from: DType, to: DType, bits: u64) -> Option<u64> {
-    let r = match (from, to) {
-        (DType::F64, DType::F32) => f64_to_f32(bits) as u64,
-        (DType::F64, DType::BF16) => f64_to_bf16(bits) as u64,
-        (DType::F64, DType::F16) => f64_to_f16(bits) as u64,
-        (DType::F32, DType::F32) => bits as u32 as u64,
-        (DType::F32, DType::BF16) => f32_to_bf16(bits as u32) as u64,
-        (DType::F32, DType::F16) => f32_to_f16(bits as u32) as u64,
-        (DType::BF16, DType::F32) => bf16_to_f32(bits as u16) as u64,
-        (DType::BF16, DType::BF16) => bits as u16 as u64,
-        (DType::BF16, DType::F16) => bf16_to_f16(bits as u16) as u64,
-        (DType::F16, DType::F32) => f16_to_f32(bits as u16) as u64,
-        (DType::F16, DType::BF16) => f16_to_bf16(bits as u16) as u64,
-        (DType::F16, DType::F16) => bits as u16 as u64,
-        _ => return None,
-    };
-    Some(r)
+/// target's bit pattern, zero-extended. This is the row's scalar function
+/// of the conversion table ([`crate::convert::table`]).
+pub fn convert_bits(from: DType, to: DType, bits: u64) -> Option<u64> {
+    super::table::find(from, to).map(|row| (row.scalar)(bits))
 }
 
 /// The element-by-element reference for [`super::convert_bytes`]: the same

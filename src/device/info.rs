@@ -3,6 +3,7 @@
 //! [`ConvertOp`].
 
 use super::VisibleDevices;
+use crate::convert::table;
 use crate::dtype::DType;
 
 /// Which implementation runs a [`Device`](crate::device::Device).
@@ -91,42 +92,69 @@ pub struct ConvertOp {
     pub to: DType,
 }
 
+/// How many rows of the conversion table have a device kernel.
+const DEVICE_ROWS: usize = {
+    let (mut n, mut i) = (0, 0);
+    while i < table::CONVERSIONS.len() {
+        if table::CONVERSIONS[i].kernel.is_some() {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+};
+
 impl ConvertOp {
-    /// The conversions the device kernels implement: bf16/f16 -> f32 and
-    /// f32 -> bf16/f16.
-    pub const DEVICE: [ConvertOp; 4] = [
-        ConvertOp {
-            from: DType::BF16,
-            to: DType::F32,
-        },
-        ConvertOp {
-            from: DType::F16,
-            to: DType::F32,
-        },
-        ConvertOp {
+    /// The conversions the device kernels implement: the rows of the
+    /// conversion table ([`crate::convert::table`]) with a device kernel,
+    /// in table order (f32 -> bf16/f16, bf16/f16 -> f32, f8 e4m3/e5m2 ->
+    /// f32).
+    pub const DEVICE: [ConvertOp; DEVICE_ROWS] = {
+        let mut out = [ConvertOp {
             from: DType::F32,
-            to: DType::BF16,
-        },
-        ConvertOp {
-            from: DType::F32,
-            to: DType::F16,
-        },
-    ];
+            to: DType::F32,
+        }; DEVICE_ROWS];
+        let (mut n, mut i) = (0, 0);
+        while i < table::CONVERSIONS.len() {
+            let r = &table::CONVERSIONS[i];
+            if r.kernel.is_some() {
+                out[n] = ConvertOp {
+                    from: r.from,
+                    to: r.to,
+                };
+                n += 1;
+            }
+            i += 1;
+        }
+        out
+    };
 
     /// Whether a device kernel implements this conversion.
-    pub fn on_device(self) -> bool {
-        Self::DEVICE.contains(&self)
+    pub const fn on_device(self) -> bool {
+        self.symbol().is_some()
     }
 
-    /// The kernel symbol, `convert_{src}_{dst}`.
-    pub fn symbol(self) -> Option<&'static str> {
-        Some(match (self.from, self.to) {
-            (DType::BF16, DType::F32) => "convert_bf16_f32",
-            (DType::F16, DType::F32) => "convert_f16_f32",
-            (DType::F32, DType::BF16) => "convert_f32_bf16",
-            (DType::F32, DType::F16) => "convert_f32_f16",
-            _ => return None,
-        })
+    /// The device kernel's symbol, `convert_{src}_{dst}` (its table row's).
+    pub const fn symbol(self) -> Option<&'static str> {
+        match table::find(self.from, self.to) {
+            Some(r) => r.kernel,
+            None => None,
+        }
+    }
+
+    /// The fused convert + fingerprint kernel's symbol, where the row has
+    /// one (`convert_fingerprint_{src}_f32`; bf16/f16 -> f32).
+    pub const fn fused_symbol(self) -> Option<&'static str> {
+        match table::find(self.from, self.to) {
+            Some(r) => r.fused,
+            None => None,
+        }
+    }
+
+    /// The table row of this pair, `None` for a pair the crate does not
+    /// convert.
+    pub const fn row(self) -> Option<&'static table::Conversion> {
+        table::find(self.from, self.to)
     }
 }
 

@@ -8,12 +8,9 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 use std::ffi::c_void;
 
 use super::backend::KernelOp;
-use super::conv3d::{
-    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch,
-    Conv3dLayoutLaunch,
-};
-use super::info::{ConvertOp, DevicePtr};
-use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
+use super::conv3d::Conv3dArgs;
+use super::info::ConvertOp;
+use crate::convert::table;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -57,13 +54,13 @@ impl KernelModule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(dead_code)]
 pub(crate) enum Kernel {
-    ConvertBf16F32,
-    ConvertF16F32,
-    ConvertF32Bf16,
-    ConvertF32F16,
+    /// `convert_{src}_{dst}`: a row of the conversion table with a device
+    /// kernel (made by [`Kernel::convert`] only).
+    Convert(ConvertOp),
+    /// `convert_fingerprint_{src}_f32`: a row's fused kernel (made by
+    /// [`Kernel::convert_fingerprint`] only).
+    ConvertFingerprint(ConvertOp),
     FingerprintSum,
-    ConvertFingerprintBf16F32,
-    ConvertFingerprintF16F32,
     NonfiniteF32,
     NonfiniteBf16,
     NonfiniteF16,
@@ -86,20 +83,16 @@ pub(crate) enum Kernel {
     Conv3dBwdBiasBf16,
     Conv3dBwdCheckF32,
     Conv3dBwdCheckBf16,
-    /// Optional (CUDA sm_80+ only): not in [`Kernel::ALL`].
+    /// Optional (CUDA sm_80+ only): not in [`Kernel::all`].
     Conv3dTiledBf16Mma,
 }
 
 #[allow(dead_code)]
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 29] = [
-        Kernel::ConvertBf16F32,
-        Kernel::ConvertF16F32,
-        Kernel::ConvertF32Bf16,
-        Kernel::ConvertF32F16,
+    /// The kernels that are not conversions, in the order they are loaded
+    /// after the conversion table's ([`Kernel::all`]).
+    const FIXED: [Kernel; 23] = [
         Kernel::FingerprintSum,
-        Kernel::ConvertFingerprintBf16F32,
-        Kernel::ConvertFingerprintF16F32,
         Kernel::NonfiniteF32,
         Kernel::NonfiniteBf16,
         Kernel::NonfiniteF16,
@@ -124,16 +117,30 @@ impl Kernel {
         Kernel::Conv3dBwdCheckBf16,
     ];
 
+    /// Every kernel a backend loads (and every code object must hold): the
+    /// conversion table's device and fused kernels, then the rest.
+    pub(crate) fn all() -> Vec<Kernel> {
+        let mut v = Vec::with_capacity(Self::FIXED.len() + 16);
+        for r in table::device_rows() {
+            let op = ConvertOp {
+                from: r.from,
+                to: r.to,
+            };
+            v.push(Kernel::Convert(op));
+            if r.fused.is_some() {
+                v.push(Kernel::ConvertFingerprint(op));
+            }
+        }
+        v.extend(Self::FIXED);
+        v
+    }
+
     /// The CUDA module the kernel is built into.
     pub(crate) const fn module(self) -> KernelModule {
         match self {
-            Kernel::ConvertBf16F32
-            | Kernel::ConvertF16F32
-            | Kernel::ConvertF32Bf16
-            | Kernel::ConvertF32F16
+            Kernel::Convert(_)
+            | Kernel::ConvertFingerprint(_)
             | Kernel::FingerprintSum
-            | Kernel::ConvertFingerprintBf16F32
-            | Kernel::ConvertFingerprintF16F32
             | Kernel::NonfiniteF32
             | Kernel::NonfiniteBf16
             | Kernel::NonfiniteF16 => KernelModule::Core,
@@ -160,16 +167,21 @@ impl Kernel {
         }
     }
 
-    /// The extern "C" symbol.
+    /// The extern "C" symbol (a conversion's from its table row).
     pub(crate) const fn symbol(self) -> &'static str {
         match self {
-            Kernel::ConvertBf16F32 => "convert_bf16_f32",
-            Kernel::ConvertF16F32 => "convert_f16_f32",
-            Kernel::ConvertF32Bf16 => "convert_f32_bf16",
-            Kernel::ConvertF32F16 => "convert_f32_f16",
+            Kernel::Convert(op) => match table::find(op.from, op.to) {
+                Some(table::Conversion {
+                    kernel: Some(k), ..
+                }) => k,
+                // Not made: `Kernel::convert` checks the row.
+                _ => "",
+            },
+            Kernel::ConvertFingerprint(op) => match table::find(op.from, op.to) {
+                Some(table::Conversion { fused: Some(k), .. }) => k,
+                _ => "",
+            },
             Kernel::FingerprintSum => "fingerprint_sum_u8",
-            Kernel::ConvertFingerprintBf16F32 => "convert_fingerprint_bf16_f32",
-            Kernel::ConvertFingerprintF16F32 => "convert_fingerprint_f16_f32",
             Kernel::NonfiniteF32 => "nonfinite_f32",
             Kernel::NonfiniteBf16 => "nonfinite_bf16",
             Kernel::NonfiniteF16 => "nonfinite_f16",
@@ -196,22 +208,27 @@ impl Kernel {
         }
     }
 
+    /// The kernel of `op`'s table row: [`Error::UnsupportedConversion`]
+    /// where the row has none.
     pub(crate) fn convert(op: ConvertOp) -> Result<Kernel> {
-        Ok(match (op.from, op.to) {
-            (DType::BF16, DType::F32) => Kernel::ConvertBf16F32,
-            (DType::F16, DType::F32) => Kernel::ConvertF16F32,
-            (DType::F32, DType::BF16) => Kernel::ConvertF32Bf16,
-            (DType::F32, DType::F16) => Kernel::ConvertF32F16,
-            _ => return Err(unsupported("convert", op)),
-        })
+        match table::find(op.from, op.to) {
+            Some(r) if r.kernel.is_some() => Ok(Kernel::Convert(op)),
+            _ => Err(unsupported("convert", op)),
+        }
     }
 
+    /// The fused convert + fingerprint kernel of `op`'s table row.
     pub(crate) fn convert_fingerprint(op: ConvertOp) -> Result<Kernel> {
-        Ok(match (op.from, op.to) {
-            (DType::BF16, DType::F32) => Kernel::ConvertFingerprintBf16F32,
-            (DType::F16, DType::F32) => Kernel::ConvertFingerprintF16F32,
-            _ => return Err(unsupported("convert_fingerprint", op)),
-        })
+        match table::find(op.from, op.to) {
+            Some(r) if r.fused.is_some() => Ok(Kernel::ConvertFingerprint(op)),
+            _ => Err(unsupported("convert_fingerprint", op)),
+        }
+    }
+
+    /// Elements one work item of a conversion kernel converts (its row's
+    /// `per_item`; 8 for a row without, which is never launched).
+    fn per_item(op: ConvertOp) -> u64 {
+        table::find(op.from, op.to).map_or(8, |r| u64::from(r.per_item.max(1)))
     }
 
     pub(crate) fn nonfinite(t: DType) -> Result<Kernel> {
@@ -244,87 +261,12 @@ impl Kernel {
 pub(crate) fn grid_for(k: Kernel, items: u64, mps: u32) -> u32 {
     let need = items.div_ceil(u64::from(BLOCK)).max(1);
     let cap = match k {
-        Kernel::ConvertBf16F32
-        | Kernel::ConvertF16F32
-        | Kernel::ConvertF32Bf16
-        | Kernel::ConvertF32F16 => 1u64 << 22,
-        Kernel::ConvertFingerprintBf16F32 | Kernel::ConvertFingerprintF16F32 => {
-            u64::from(mps.max(1)) * 64
-        }
+        Kernel::Convert(_) => 1u64 << 22,
+        Kernel::ConvertFingerprint(_) => u64::from(mps.max(1)) * 64,
         _ => u64::from(mps.max(1)) * 32,
     };
     // Clamp rather than truncate.
     u32::try_from(need.min(cap)).unwrap_or(u32::MAX)
-}
-
-/// The sizes a conv3d kernel gets by value (`rs_conv3d_args` in
-/// conv3d.hip, field for field).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Conv3dArgs {
-    n: u64,
-    c: u64,
-    d: u64,
-    h: u64,
-    w: u64,
-    k: u64,
-    kd: u64,
-    kh: u64,
-    kw: u64,
-    od: u64,
-    oh: u64,
-    ow: u64,
-    sd: u64,
-    sh: u64,
-    sw: u64,
-    pd: u64,
-    ph: u64,
-    pw: u64,
-    dd: u64,
-    dh: u64,
-    dw: u64,
-    groups: u64,
-    has_bias: u64,
-}
-
-// 23 u64s, no padding: the kernel's struct exactly.
-const _: () = assert!(std::mem::size_of::<Conv3dArgs>() == 23 * 8);
-
-impl Conv3dArgs {
-    fn new(a: &Conv3dLaunch) -> Self {
-        Self::of(&a.geometry, a.bias.is_some())
-    }
-
-    /// The sizes of `g`, with or without a bias.
-    fn of(g: &Conv3dGeometry, has_bias: bool) -> Self {
-        let u = |v: usize| v as u64;
-        let p = &g.params;
-        Conv3dArgs {
-            n: u(g.batch),
-            c: u(g.in_channels),
-            d: u(g.input[0]),
-            h: u(g.input[1]),
-            w: u(g.input[2]),
-            k: u(g.out_channels),
-            kd: u(g.kernel[0]),
-            kh: u(g.kernel[1]),
-            kw: u(g.kernel[2]),
-            od: u(g.output[0]),
-            oh: u(g.output[1]),
-            ow: u(g.output[2]),
-            sd: u(p.stride[0]),
-            sh: u(p.stride[1]),
-            sw: u(p.stride[2]),
-            pd: u(p.padding[0]),
-            ph: u(p.padding[1]),
-            pw: u(p.padding[2]),
-            dd: u(p.dilation[0]),
-            dh: u(p.dilation[1]),
-            dw: u(p.dilation[2]),
-            groups: u(p.groups),
-            has_bias: u64::from(has_bias),
-        }
-    }
 }
 
 /// One kernel argument, by value.
@@ -357,7 +299,7 @@ pub(crate) struct KernelCall {
 
 #[allow(dead_code)]
 impl KernelCall {
-    fn one_d(kernel: Kernel, items: u64, mps: u32, args: Vec<KernelArg>) -> KernelCall {
+    pub(crate) fn one_d(kernel: Kernel, items: u64, mps: u32, args: Vec<KernelArg>) -> KernelCall {
         KernelCall {
             kernel,
             grid: [grid_for(kernel, items, mps), 1, 1],
@@ -386,7 +328,8 @@ impl KernelCall {
     /// call launches no kernel of ours: both are
     /// [`Error::BackendUnsupported`] here). The kernels' parameters:
     ///
-    /// - `convert_{src}_{dst}(const src*, dst*, u64 n)`, 8 elements per item;
+    /// - `convert_{src}_{dst}(const src*, dst*, u64 n)`, the row's
+    ///   `per_item` elements per item (8; 16 for 8-bit sources);
     /// - `fingerprint_sum_u8(const u8*, u64 nbytes, u64 first_word, u64*
     ///   acc)`, 16 bytes per item;
     /// - `convert_fingerprint_{src}_f32(const u16*, u32*, u64 n, u64* acc)`,
@@ -397,7 +340,7 @@ impl KernelCall {
         let (k, items, args) = match *op {
             KernelOp::Convert { op, src, dst, n } => (
                 Kernel::convert(op)?,
-                n.div_ceil(8),
+                n.div_ceil(Kernel::per_item(op)),
                 vec![U64(src.0), U64(dst.0), U64(n)],
             ),
             KernelOp::FingerprintSum {
@@ -418,7 +361,7 @@ impl KernelCall {
                 acc,
             } => (
                 Kernel::convert_fingerprint(op)?,
-                n.div_ceil(8),
+                n.div_ceil(Kernel::per_item(op)),
                 vec![U64(src.0), U64(dst.0), U64(n), U64(acc.0)],
             ),
             KernelOp::CountNonFinite {
@@ -454,419 +397,6 @@ impl KernelCall {
         };
         Ok(Self::one_d(k, items, mps, args))
     }
-
-    /// `conv3d_{naive,tiled}_{f32,bf16}(const T* x, const T* w, const
-    /// float* bias, float* y, rs_conv3d_args a)`. Without a bias the bias
-    /// address is 0 and `a.has_bias` is 0 (the kernels never read it then).
-    pub(crate) fn conv3d(kernel: Conv3dKernel, a: &Conv3dLaunch) -> Result<KernelCall> {
-        let k = match (kernel, a.dtype) {
-            (Conv3dKernel::Naive, DType::F32) => Kernel::Conv3dNaiveF32,
-            (Conv3dKernel::Naive, DType::BF16) => Kernel::Conv3dNaiveBf16,
-            (Conv3dKernel::Tiled, DType::F32) => Kernel::Conv3dTiledF32,
-            (Conv3dKernel::Tiled, DType::BF16) => Kernel::Conv3dTiledBf16,
-            (_, other) => {
-                return Err(Error::Conv3dDType {
-                    tensor: "input",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        Ok(KernelCall {
-            kernel: k,
-            grid: kernel.grid(&a.geometry)?,
-            block: BLOCK,
-            shared_bytes: 0,
-            args: vec![
-                KernelArg::U64(a.input.0),
-                KernelArg::U64(a.weight.0),
-                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
-                KernelArg::U64(a.output.0),
-                KernelArg::Conv3d(Conv3dArgs::new(a)),
-            ],
-        })
-    }
-
-    /// `conv3d_tiled_bf16_mma(const u16* x, const u16* wp, const float*
-    /// bias, float* y, rs_conv3d_args a, u64 rp, u64 mp)`: the weight packed
-    /// `[G][mp][rp]` ([`super::Conv3dWeightLayout::TiledPacked`] with
-    /// `rows = mp`, `cols = rp`); grid `(ceil(P / 128), ceil(K/G / BM), G)`
-    /// with BM = [`super::conv3d::mma_tile_m`] (96 or 128).
-    pub(crate) fn conv3d_tiled_mma(
-        a: &Conv3dLaunch,
-        rows: usize,
-        cols: usize,
-    ) -> Result<KernelCall> {
-        let g = &a.geometry;
-        let packed = super::Conv3dWeightLayout::packed_for(g);
-        if a.dtype != DType::BF16
-            || packed != Some(super::Conv3dWeightLayout::TiledPacked { rows, cols })
-        {
-            return Err(Error::Conv3dTier {
-                tier: "tiled",
-                reason: "the tensor-core kernel does not take this call",
-            });
-        }
-        let [gx, _, gz] = Conv3dKernel::Tiled.grid(g)?;
-        Ok(KernelCall {
-            kernel: Kernel::Conv3dTiledBf16Mma,
-            // At most 65535 channel tiles: checked by `packed_for`.
-            grid: [
-                gx,
-                u32::try_from(super::conv3d::mma_tiles_m(g.out_per_group())).unwrap_or(u32::MAX),
-                gz,
-            ],
-            block: BLOCK,
-            shared_bytes: 0,
-            args: vec![
-                KernelArg::U64(a.input.0),
-                KernelArg::U64(a.weight.0),
-                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
-                KernelArg::U64(a.output.0),
-                KernelArg::Conv3d(Conv3dArgs::new(a)),
-                KernelArg::U64(cols as u64),
-                KernelArg::U64(rows as u64),
-            ],
-        })
-    }
-
-    /// The vendor tier's epilogue: `conv3d_bias_f32(float* y, const float*
-    /// bias, u64 total, u64 spatial, u64 k)` (adds the bias in place).
-    pub(crate) fn conv3d_bias(a: &Conv3dLaunch, bias: DevicePtr, mps: u32) -> KernelCall {
-        let g = &a.geometry;
-        Self::one_d(
-            Kernel::Conv3dBiasF32,
-            g.output_len() as u64,
-            mps,
-            vec![
-                KernelArg::U64(a.output.0),
-                KernelArg::U64(bias.0),
-                KernelArg::U64(g.output_len() as u64),
-                KernelArg::U64(g.output.iter().product::<usize>() as u64),
-                KernelArg::U64(g.out_channels as u64),
-            ],
-        )
-    }
-
-    /// The vendor tier's bf16 epilogue: `conv3d_widen_bias_bf16(const u16*
-    /// src, float* y, const float* bias, u64 total, u64 spatial, u64 k, u64
-    /// has_bias)` widens the library's bf16 output `src` into `a.output`.
-    pub(crate) fn conv3d_widen_bias(a: &Conv3dLaunch, src: DevicePtr, mps: u32) -> KernelCall {
-        let g = &a.geometry;
-        Self::one_d(
-            Kernel::Conv3dWidenBiasBf16,
-            g.output_len() as u64,
-            mps,
-            vec![
-                KernelArg::U64(src.0),
-                KernelArg::U64(a.output.0),
-                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
-                KernelArg::U64(g.output_len() as u64),
-                KernelArg::U64(g.output.iter().product::<usize>() as u64),
-                KernelArg::U64(g.out_channels as u64),
-                KernelArg::U64(u64::from(a.bias.is_some())),
-            ],
-        )
-    }
-}
-
-impl KernelCall {
-    /// The device check, one or two launches:
-    /// `conv3d_locate_nonfinite_f32(const u32* y, u64 n, u64* slot)` first
-    /// when [`Conv3dCheckLaunch::locate`] is set, then
-    /// `conv3d_check_{f32,bf16}(const T* x, const T* w, const void* bias,
-    /// u64 bias_kind, const void* y, u64 y_kind, u64* res, rs_conv3d_args a,
-    /// u64 nsamples, u64 seed, const u64* located)` with one 256-thread
-    /// block per sampled point (`bias_kind`: 0 none, 1 f32, 2 bf16;
-    /// `y_kind`: 1 f32, 2 bf16; `located`: the slot, or 0).
-    pub(crate) fn conv3d_check(a: &Conv3dCheckLaunch, mps: u32) -> Result<Vec<KernelCall>> {
-        let c = &a.conv;
-        let k = match c.dtype {
-            DType::F32 => Kernel::Conv3dCheckF32,
-            DType::BF16 => Kernel::Conv3dCheckBf16,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "input",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        let bias_kind = match (c.bias, a.bias_dtype) {
-            (None, _) => 0,
-            (Some(_), DType::F32) => 1,
-            (Some(_), DType::BF16) => 2,
-            (Some(_), other) => {
-                return Err(Error::Conv3dDType {
-                    tensor: "bias",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        let y_kind = match (a.output_dtype, a.locate) {
-            (DType::F32, _) => 1,
-            (DType::BF16, None) => 2,
-            (other, _) => {
-                return Err(Error::Conv3dDType {
-                    tensor: "output",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        let samples = u32::try_from(a.samples)
-            .ok()
-            .filter(|&n| n > 0 && n as usize <= super::CHECK_MAX_SAMPLES)
-            .ok_or(Error::Conv3dTier {
-                tier: "check",
-                reason: "the sampled points must number 1 to CHECK_MAX_SAMPLES",
-            })?;
-        let total = c.geometry.output_len() as u64;
-        let mut calls = Vec::with_capacity(2);
-        if let Some(slot) = a.locate {
-            calls.push(Self::one_d(
-                Kernel::Conv3dLocateNonfiniteF32,
-                total,
-                mps,
-                vec![
-                    KernelArg::U64(c.output.0),
-                    KernelArg::U64(total),
-                    KernelArg::U64(slot.0),
-                ],
-            ));
-        }
-        calls.push(KernelCall {
-            kernel: k,
-            grid: [samples, 1, 1],
-            block: BLOCK,
-            shared_bytes: 0,
-            args: vec![
-                KernelArg::U64(c.input.0),
-                KernelArg::U64(c.weight.0),
-                KernelArg::U64(c.bias.map_or(0, |b| b.0)),
-                KernelArg::U64(bias_kind),
-                KernelArg::U64(c.output.0),
-                KernelArg::U64(y_kind),
-                KernelArg::U64(a.results.0),
-                KernelArg::Conv3d(Conv3dArgs::new(c)),
-                KernelArg::U64(u64::from(samples)),
-                KernelArg::U64(a.seed),
-                KernelArg::U64(a.locate.map_or(0, |s| s.0)),
-            ],
-        });
-        Ok(calls)
-    }
-
-    /// `conv3d_layout_{u32,u16}(const T* w, T* out, u64 total, u64 kg, u64
-    /// r, u64 rows, u64 cols, u64 packed)`, one output element per thread
-    /// (grid-stride).
-    pub(crate) fn conv3d_layout(a: &Conv3dLayoutLaunch, mps: u32) -> Result<KernelCall> {
-        let g = &a.geometry;
-        let k = match a.dtype {
-            DType::F32 => Kernel::Conv3dLayoutU32,
-            DType::BF16 => Kernel::Conv3dLayoutU16,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "weight",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        let kg = g.out_per_group() as u64;
-        let r = (g.in_per_group() * g.kernel.iter().product::<usize>()) as u64;
-        let (rows, cols, packed) = match a.layout {
-            super::Conv3dWeightLayout::TiledTransposed => (kg, r, 0),
-            super::Conv3dWeightLayout::TiledPacked { rows, cols } => (rows as u64, cols as u64, 1),
-            super::Conv3dWeightLayout::Standard => {
-                return Err(Error::BackendUnsupported {
-                    backend: "gpu",
-                    op: "conv3d_layout of the standard layout (a copy)",
-                })
-            }
-        };
-        let total = a.layout.len(g) as u64;
-        Ok(Self::one_d(
-            k,
-            total,
-            mps,
-            [a.src.0, a.dst.0, total, kg, r, rows, cols, packed]
-                .into_iter()
-                .map(KernelArg::U64)
-                .collect(),
-        ))
-    }
-}
-
-/// Most blocks of a grid-stride backward launch: the total thread count
-/// stays below 2^32 as HIP requires.
-const BACKWARD_MAX_BLOCKS: usize = 1 << 20;
-
-impl KernelCall {
-    /// A backward op (see [`Conv3dBackwardLaunch`]), 256 threads per block:
-    ///
-    /// - `conv3d_bwd_data_{f32,bf16}(const T* dy, const T* w, const float*
-    ///   bias, float* dx, rs_conv3d_args a)`, one thread per dx element
-    ///   (grid-stride; `a.has_bias` says whether `bias` is read);
-    /// - `conv3d_bwd_weight_{f32,bf16}(const T* x, const T* dy, float* dw,
-    ///   rs_conv3d_args a)`, one block per dw element (grid-stride);
-    /// - `conv3d_bwd_bias_{f32,bf16}(const T* dy, float* db, rs_conv3d_args
-    ///   a)`, one block per channel (grid-stride).
-    pub(crate) fn conv3d_backward(a: &Conv3dBackwardLaunch) -> Result<KernelCall> {
-        use Conv3dBackwardOp::{Bias, Data, Weight};
-        let bf16 = match a.dtype {
-            DType::F32 => false,
-            DType::BF16 => true,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "grad_output",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        let g = &a.geometry;
-        if let Some(reason) = a.op.unsupported(g) {
-            return Err(Error::Conv3dTier {
-                tier: "naive",
-                reason,
-            });
-        }
-        let len = a.output_len();
-        let missing = || Error::Conv3dTier {
-            tier: "naive",
-            reason: "a backward op without its second operand",
-        };
-        let args = Conv3dArgs::of(g, a.bias.is_some() && a.op == Data);
-        let (kernel, blocks, ptrs) = match a.op {
-            Data => (
-                if bf16 {
-                    Kernel::Conv3dBwdDataBf16
-                } else {
-                    Kernel::Conv3dBwdDataF32
-                },
-                len.div_ceil(BLOCK as usize),
-                vec![
-                    a.grad_output.0,
-                    a.other.ok_or_else(missing)?.0,
-                    a.bias.map_or(0, |b| b.0),
-                    a.output.0,
-                ],
-            ),
-            Weight => (
-                if bf16 {
-                    Kernel::Conv3dBwdWeightBf16
-                } else {
-                    Kernel::Conv3dBwdWeightF32
-                },
-                len,
-                vec![a.other.ok_or_else(missing)?.0, a.grad_output.0, a.output.0],
-            ),
-            Bias => (
-                if bf16 {
-                    Kernel::Conv3dBwdBiasBf16
-                } else {
-                    Kernel::Conv3dBwdBiasF32
-                },
-                len,
-                vec![a.grad_output.0, a.output.0],
-            ),
-        };
-        let mut args_list: Vec<KernelArg> = ptrs.into_iter().map(KernelArg::U64).collect();
-        args_list.push(KernelArg::Conv3d(args));
-        Ok(KernelCall {
-            kernel,
-            // At most 2^20: fits.
-            grid: [blocks.clamp(1, BACKWARD_MAX_BLOCKS) as u32, 1, 1],
-            block: BLOCK,
-            shared_bytes: 0,
-            args: args_list,
-        })
-    }
-
-    /// The backward check, one or two launches:
-    /// `conv3d_locate_nonfinite_f32(const u32* y, u64 n, u64* slot)` first
-    /// with a locate slot, then `conv3d_bwd_check_{f32,bf16}(const T* dy,
-    /// const T* other, const void* bias, u64 bias_kind, const float* out,
-    /// u64* res, rs_conv3d_args a, u64 op, u64 nsamples, u64 seed, const
-    /// u64* located)`, one 256-thread block per sampled point (`op`: 0
-    /// data, 1 weight, 2 bias; `bias_kind`: 0 none, 1 f32, 2 bf16).
-    pub(crate) fn conv3d_backward_check(
-        a: &Conv3dBackwardCheckLaunch,
-        mps: u32,
-    ) -> Result<Vec<KernelCall>> {
-        let c = &a.conv;
-        let kernel = match c.dtype {
-            DType::F32 => Kernel::Conv3dBwdCheckF32,
-            DType::BF16 => Kernel::Conv3dBwdCheckBf16,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "grad_output",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        let bias_kind = match (c.bias, a.bias_dtype) {
-            (None, _) => 0,
-            (Some(_), DType::F32) => 1,
-            (Some(_), DType::BF16) => 2,
-            (Some(_), other) => {
-                return Err(Error::Conv3dDType {
-                    tensor: "bias",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        let samples = u32::try_from(a.samples)
-            .ok()
-            .filter(|&n| n > 0 && n as usize <= super::CHECK_MAX_SAMPLES)
-            .ok_or(Error::Conv3dTier {
-                tier: "check",
-                reason: "the sampled points must number 1 to CHECK_MAX_SAMPLES",
-            })?;
-        let op = match c.op {
-            Conv3dBackwardOp::Data => 0,
-            Conv3dBackwardOp::Weight => 1,
-            Conv3dBackwardOp::Bias => 2,
-        };
-        let total = c.output_len() as u64;
-        let mut calls = Vec::with_capacity(2);
-        if let Some(slot) = a.locate {
-            calls.push(Self::one_d(
-                Kernel::Conv3dLocateNonfiniteF32,
-                total,
-                mps,
-                vec![
-                    KernelArg::U64(c.output.0),
-                    KernelArg::U64(total),
-                    KernelArg::U64(slot.0),
-                ],
-            ));
-        }
-        calls.push(KernelCall {
-            kernel,
-            grid: [samples, 1, 1],
-            block: BLOCK,
-            shared_bytes: 0,
-            args: vec![
-                KernelArg::U64(c.grad_output.0),
-                KernelArg::U64(c.other.map_or(0, |o| o.0)),
-                KernelArg::U64(c.bias.map_or(0, |b| b.0)),
-                KernelArg::U64(bias_kind),
-                KernelArg::U64(c.output.0),
-                KernelArg::U64(a.results.0),
-                KernelArg::Conv3d(Conv3dArgs::of(&c.geometry, c.bias.is_some())),
-                KernelArg::U64(op),
-                KernelArg::U64(u64::from(samples)),
-                KernelArg::U64(a.seed),
-                KernelArg::U64(a.locate.map_or(0, |s| s.0)),
-            ],
-        });
-        Ok(calls)
-    }
 }
 
 fn unsupported(op: &'static str, c: ConvertOp) -> Error {
@@ -881,11 +411,55 @@ fn unsupported(op: &'static str, c: ConvertOp) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
+    use crate::device::info::DevicePtr;
 
     fn read_u64(p: *mut c_void) -> u64 {
         // SAFETY: the test reads back pointers `arg_ptrs` made to u64s.
         unsafe { *p.cast::<u64>() }
+    }
+
+    #[test]
+    fn conversion_kernels_come_from_the_table() {
+        let all = Kernel::all();
+        for r in table::CONVERSIONS {
+            let op = ConvertOp {
+                from: r.from,
+                to: r.to,
+            };
+            assert_eq!(Kernel::convert(op).is_ok(), r.kernel.is_some(), "{op}");
+            assert_eq!(Kernel::convert_fingerprint(op).is_ok(), r.fused.is_some());
+            if let Ok(k) = Kernel::convert(op) {
+                assert!(all.contains(&k));
+                assert_eq!(Some(k.symbol()), r.kernel);
+                assert_eq!(k.module(), KernelModule::Core);
+                // 16 f8 elements per item: the grid covers n / 16 items.
+                let c = KernelCall::for_op(
+                    &KernelOp::Convert {
+                        op,
+                        src: DevicePtr(0),
+                        dst: DevicePtr(0),
+                        n: 4096 * 256,
+                    },
+                    4,
+                )
+                .unwrap();
+                assert_eq!(u64::from(c.grid[0]), 4096 / u64::from(r.per_item));
+            }
+        }
+        assert!(matches!(
+            Kernel::convert(ConvertOp {
+                from: DType::F64,
+                to: DType::F32
+            }),
+            Err(Error::UnsupportedConversion { op: "convert", .. })
+        ));
+        assert!(all.contains(&Kernel::Conv3dBwdCheckBf16));
+        assert!(!all.contains(&Kernel::Conv3dTiledBf16Mma));
+        let mut syms: Vec<_> = all.iter().map(|k| k.symbol()).collect();
+        syms.sort_unstable();
+        syms.dedup();
+        assert_eq!(syms.len(), all.len(), "no symbol twice, none empty");
+        assert!(!syms.contains(&""));
     }
 
     #[test]
@@ -902,7 +476,8 @@ mod tests {
             n: 1000,
         };
         let mut c = KernelCall::for_op(&convert, 4).unwrap();
-        assert_eq!(c.kernel, Kernel::ConvertBf16F32);
+        assert_eq!(c.kernel, Kernel::Convert(op));
+        assert_eq!(c.kernel.symbol(), "convert_bf16_f32");
         assert_eq!((c.grid, c.block, c.shared_bytes), ([1, 1, 1], BLOCK, 0));
         let p = c.arg_ptrs();
         assert_eq!(
@@ -950,190 +525,5 @@ mod tests {
             f.grid[0],
             grid_for(Kernel::FingerprintSum, (1 << 20) / 16, 2)
         );
-    }
-
-    #[test]
-    fn conv3d_calls_size_their_grid_and_args() {
-        let x = vec![0f32; 2 * 6 * 7 * 9 * 11];
-        let w = vec![0f32; 16 * 6 * 27];
-        let p = Conv3dProblem::new(
-            Conv3dParams::default()
-                .with_stride([2; 3])
-                .with_padding([2; 3]),
-            Conv3dData::F32(&x),
-            &[2, 6, 7, 9, 11],
-            Conv3dData::F32(&w),
-            &[16, 6, 3, 3, 3],
-            None,
-        )
-        .unwrap();
-        let g = p.geometry;
-        let a = Conv3dLaunch {
-            geometry: g,
-            dtype: DType::BF16,
-            input: DevicePtr(256),
-            weight: DevicePtr(512),
-            bias: None,
-            output: DevicePtr(1024),
-        };
-        let mut c = KernelCall::conv3d(Conv3dKernel::Tiled, &a).unwrap();
-        assert_eq!(c.kernel, Kernel::Conv3dTiledBf16);
-        let points = 2 * g.output.iter().product::<usize>();
-        assert_eq!(c.grid, [points.div_ceil(128) as u32, 1, 1]);
-        let ptrs = c.arg_ptrs();
-        assert_eq!(ptrs.len(), 5);
-        assert_eq!(
-            ptrs[..4].iter().map(|&q| read_u64(q)).collect::<Vec<_>>(),
-            [256, 512, 0, 1024]
-        );
-        // SAFETY: the fifth argument is the args struct.
-        let args = unsafe { *ptrs[4].cast::<Conv3dArgs>() };
-        assert_eq!((args.n, args.c, args.k, args.has_bias), (2, 6, 16, 0));
-        assert_eq!(
-            (args.od, args.sd, args.pd, args.groups),
-            (g.output[0] as u64, 2, 2, 1)
-        );
-        let naive = KernelCall::conv3d(
-            Conv3dKernel::Naive,
-            &Conv3dLaunch {
-                dtype: DType::F32,
-                bias: Some(DevicePtr(8)),
-                ..a
-            },
-        )
-        .unwrap();
-        assert_eq!(naive.kernel, Kernel::Conv3dNaiveF32);
-        assert_eq!(naive.args[2], KernelArg::U64(8));
-        assert_eq!(naive.grid, [g.output_len().div_ceil(256) as u32, 1, 1]);
-        assert!(KernelCall::conv3d(
-            Conv3dKernel::Naive,
-            &Conv3dLaunch {
-                dtype: DType::F16,
-                ..a
-            }
-        )
-        .is_err());
-        let w = KernelCall::conv3d_widen_bias(&a, DevicePtr(4096), 4);
-        assert_eq!(w.args.len(), 7);
-        assert_eq!(w.args[6], KernelArg::U64(0));
-        let b = KernelCall::conv3d_bias(&a, DevicePtr(8), 4);
-        assert_eq!(b.args[4], KernelArg::U64(16));
-        // The tensor-core kernel: packed weights, grid y = rows / 128.
-        let Some(super::super::Conv3dWeightLayout::TiledPacked { rows, cols }) =
-            super::super::Conv3dWeightLayout::packed_for(&g)
-        else {
-            panic!("the packed layout takes this geometry");
-        };
-        assert_eq!((rows, cols), (128, (6 * 27usize).next_multiple_of(32)));
-        let m = KernelCall::conv3d_tiled_mma(&a, rows, cols).unwrap();
-        assert_eq!(m.kernel, Kernel::Conv3dTiledBf16Mma);
-        assert_eq!(m.grid, [points.div_ceil(128) as u32, 1, 1]);
-        assert_eq!(m.args.len(), 7);
-        assert_eq!(
-            &m.args[5..],
-            &[KernelArg::U64(cols as u64), KernelArg::U64(128)]
-        );
-        assert!(KernelCall::conv3d_tiled_mma(&a, rows, cols + 32).is_err());
-        assert!(KernelCall::conv3d_tiled_mma(
-            &Conv3dLaunch {
-                dtype: DType::F32,
-                ..a
-            },
-            rows,
-            cols
-        )
-        .is_err());
-        assert!(!Kernel::ALL.contains(&Kernel::Conv3dTiledBf16Mma));
-    }
-
-    #[test]
-    fn backward_calls_carry_their_parameter_lists_and_grids() {
-        let params = Conv3dParams::default().with_stride([2; 3]).with_groups(2);
-        let g = crate::conv3d::Conv3dGeometry::new(params, &[2, 4, 7, 9, 11], &[6, 2, 3, 3, 3])
-            .unwrap();
-        let a = Conv3dBackwardLaunch {
-            op: Conv3dBackwardOp::Data,
-            geometry: g,
-            dtype: DType::F32,
-            grad_output: DevicePtr(256),
-            other: Some(DevicePtr(512)),
-            bias: Some(DevicePtr(768)),
-            output: DevicePtr(1024),
-        };
-        let mut c = KernelCall::conv3d_backward(&a).unwrap();
-        assert_eq!(c.kernel, Kernel::Conv3dBwdDataF32);
-        let dx = 2 * 4 * 7 * 9 * 11;
-        assert_eq!(c.grid, [(dx as u32).div_ceil(256), 1, 1]);
-        let ptrs = c.arg_ptrs();
-        assert_eq!(
-            ptrs[..4].iter().map(|&q| read_u64(q)).collect::<Vec<_>>(),
-            [256, 512, 768, 1024]
-        );
-        // SAFETY: the fifth argument is the args struct.
-        let args = unsafe { *ptrs[4].cast::<Conv3dArgs>() };
-        assert_eq!((args.c, args.k, args.groups, args.has_bias), (4, 6, 2, 1));
-        // Weight: (x, dy, dw), one block per dw element; no bias flag.
-        let w = Conv3dBackwardLaunch {
-            op: Conv3dBackwardOp::Weight,
-            dtype: DType::BF16,
-            ..a
-        };
-        let c = KernelCall::conv3d_backward(&w).unwrap();
-        assert_eq!(c.kernel, Kernel::Conv3dBwdWeightBf16);
-        assert_eq!(c.grid, [6 * 2 * 27, 1, 1]);
-        assert_eq!(
-            &c.args[..3],
-            &[
-                KernelArg::U64(512),
-                KernelArg::U64(256),
-                KernelArg::U64(1024)
-            ]
-        );
-        assert!(matches!(c.args[3], KernelArg::Conv3d(x) if x.has_bias == 0));
-        let b = Conv3dBackwardLaunch {
-            op: Conv3dBackwardOp::Bias,
-            other: None,
-            bias: None,
-            ..a
-        };
-        let c = KernelCall::conv3d_backward(&b).unwrap();
-        assert_eq!(
-            (c.kernel, c.grid, c.args.len()),
-            (Kernel::Conv3dBwdBiasF32, [6, 1, 1], 3)
-        );
-        // A missing operand and another dtype are refused.
-        assert!(KernelCall::conv3d_backward(&Conv3dBackwardLaunch { other: None, ..a }).is_err());
-        assert!(KernelCall::conv3d_backward(&Conv3dBackwardLaunch {
-            dtype: DType::F16,
-            ..a
-        })
-        .is_err());
-        // The check: locate then check, or the check alone.
-        let chk = Conv3dBackwardCheckLaunch {
-            conv: w,
-            bias_dtype: DType::F32,
-            samples: 5,
-            seed: 9,
-            locate: Some(DevicePtr(64)),
-            results: DevicePtr(4096),
-        };
-        let calls = KernelCall::conv3d_backward_check(&chk, 4).unwrap();
-        assert_eq!(calls.len(), 2);
-        assert_eq!(calls[0].kernel, Kernel::Conv3dLocateNonfiniteF32);
-        assert_eq!(calls[1].kernel, Kernel::Conv3dBwdCheckBf16);
-        assert_eq!(calls[1].grid, [5, 1, 1]);
-        assert_eq!(calls[1].args.len(), 11);
-        assert_eq!(calls[1].args[7], KernelArg::U64(1));
-        assert_eq!(calls[1].args[10], KernelArg::U64(64));
-        let none = Conv3dBackwardCheckLaunch {
-            locate: None,
-            samples: 0,
-            ..chk
-        };
-        assert!(KernelCall::conv3d_backward_check(&none, 4).is_err());
-        for k in [Kernel::Conv3dBwdDataF32, Kernel::Conv3dBwdCheckBf16] {
-            assert!(Kernel::ALL.contains(&k));
-            assert_eq!(k.module(), KernelModule::Conv3d);
-        }
     }
 }

@@ -55,7 +55,8 @@
 //! ```
 //! use half::bf16;
 //! use rocm_safe::device::Device;
-//! use rocm_safe::verify::{self, Served, VerifyOptions};
+//! use rocm_safe::fallback::Outcome;
+//! use rocm_safe::verify::{self, VerifyOptions};
 //!
 //! # fn main() -> rocm_safe::Result<()> {
 //! let dev = Device::host();
@@ -74,7 +75,7 @@
 //! let mut out = compute.alloc::<f32>(host.len())?;
 //! let opts = VerifyOptions::default(); // self-test once, fingerprint per call
 //! let report = verify::convert_verified(&compute, &host, &staged.view(), &mut out.view_mut(), &opts)?;
-//! assert_eq!(report.served, Served::Device);
+//! assert!(matches!(report.outcome, Outcome::Served));
 //! assert_eq!(report.expected, report.actual);
 //! # Ok(())
 //! # }

@@ -10,6 +10,46 @@ use crate::convert::Element;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
+/// The byte views of a typed conversion's operands, checked in the order
+/// the typed calls always checked them (device, a kernel for the pair,
+/// equal element counts); a byte view of a typed view is whole and
+/// aligned.
+fn typed_pair<'s, 'd, S: Element, D: Element>(
+    stream: &Stream,
+    op: &'static str,
+    src: &DeviceView<'s, S>,
+    dst: &'d mut DeviceViewMut<'_, D>,
+) -> Result<(DeviceView<'s, u8>, DeviceViewMut<'d, u8>)> {
+    stream.check_device(op, src.device())?;
+    stream.check_device(op, dst.device())?;
+    let c = ConvertOp {
+        from: S::DTYPE,
+        to: D::DTYPE,
+    };
+    let kernel = if op == "convert" {
+        c.symbol()
+    } else {
+        c.fused_symbol()
+    };
+    if kernel.is_none() {
+        return Err(Error::UnsupportedConversion {
+            op,
+            from: S::DTYPE,
+            to: D::DTYPE,
+            tensor: None,
+        });
+    }
+    if src.len() != dst.len() {
+        return Err(Error::LengthMismatch {
+            op,
+            expected: src.len(),
+            actual: dst.len(),
+            tensor: None,
+        });
+    }
+    Ok((src.cast::<u8>()?, dst.cast_mut::<u8>()?))
+}
+
 /// NaN and Inf counts of a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct NonFinite {
@@ -20,59 +60,147 @@ pub struct NonFinite {
 }
 
 impl Stream {
-    /// this stream; lengths must be equal.
-    pub fn convert<S: Element, D: Element>(
+    /// Queues the conversion of `src` (elements of `from`) into `dst`
+    /// (elements of `to`) on this stream, with the runtime dtypes of a
+    /// checkpoint: the byte views hold whole, aligned elements, as many in
+    /// `dst` as in `src`. The typed [`Stream::convert`] is this call.
+    ///
+    /// Errors: [`Error::UnsupportedConversion`] for a pair without a device
+    /// kernel (see [`ConvertOp::DEVICE`]); [`Error::LengthMismatch`] when
+    /// `src` is not whole elements or `dst` has room for a different count;
+    /// [`Error::Misaligned`] for a view not aligned to its element;
+    /// [`Error::DeviceMismatch`].
+    pub fn convert_raw(
         &self,
-        src: &DeviceView<'_, S>,
-        dst: &mut DeviceViewMut<'_, D>,
+        src: &DeviceView<'_, u8>,
+        from: DType,
+        dst: &mut DeviceViewMut<'_, u8>,
+        to: DType,
     ) -> Result<()> {
-        let op = self.check_convert("convert", src, dst)?;
-        if src.is_empty() {
+        let (op, n) = self.check_convert_raw("convert", src, from, dst, to, false)?;
+        if n == 0 {
             return Ok(());
         }
         // SAFETY: both views are live ranges of allocations on this device
-        // (checked), `dst` is borrowed mutably so nothing else writes it, the
-        // lengths are equal and non-zero, and the element types match `op`.
+        // (checked), `dst` is borrowed mutably so nothing else writes it,
+        // both hold `n` whole elements of their dtypes, aligned (checked),
+        // and `op` has a device kernel.
         unsafe {
             let op = KernelOp::Convert {
                 op,
                 src: src.device_ptr(),
                 dst: dst.device_ptr(),
-                n: src.len() as u64,
+                n,
             };
             self.backend().run(&op, self.raw())
         }
     }
 
-    fn check_convert<S: Element, D: Element>(
+    /// [`Stream::convert_raw`] with the fused kernel: also adds the
+    /// fingerprint sum of the output (as the kernel wrote it, word 0 at
+    /// `dst`) to `acc[0]`. For the rows with a fused kernel
+    /// ([`ConvertOp::fused_symbol`]: bf16/f16 -> f32); others are
+    /// [`Error::UnsupportedConversion`] (run [`Stream::convert_raw`] and
+    /// [`Stream::fingerprint_sum_into`] instead).
+    pub fn convert_fingerprint_raw(
         &self,
-        op: &'static str,
-        src: &DeviceView<'_, S>,
-        dst: &DeviceViewMut<'_, D>,
-    ) -> Result<ConvertOp> {
-        self.check_device(op, src.device())?;
-        self.check_device(op, dst.device())?;
-        let c = ConvertOp {
-            from: S::DTYPE,
-            to: D::DTYPE,
-        };
-        if !c.on_device() {
-            return Err(Error::UnsupportedConversion {
-                op,
-                from: S::DTYPE,
-                to: D::DTYPE,
+        src: &DeviceView<'_, u8>,
+        from: DType,
+        dst: &mut DeviceViewMut<'_, u8>,
+        to: DType,
+        acc: &mut DeviceViewMut<'_, u64>,
+    ) -> Result<()> {
+        const OP: &str = "convert_fingerprint";
+        let (op, n) = self.check_convert_raw(OP, src, from, dst, to, true)?;
+        self.check_device(OP, acc.device())?;
+        if acc.len() != 1 {
+            return Err(Error::LengthMismatch {
+                op: "fingerprint accumulator",
+                expected: 1,
+                actual: acc.len(),
                 tensor: None,
             });
         }
-        if src.len() != dst.len() {
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: as in `convert_raw`; `acc` is a live, aligned u64 of this
+        // device borrowed mutably, and `op` has a fused kernel.
+        unsafe {
+            let op = KernelOp::ConvertFingerprint {
+                op,
+                src: src.device_ptr(),
+                dst: dst.device_ptr(),
+                n,
+                acc: acc.device_ptr(),
+            };
+            self.backend().run(&op, self.raw())
+        }
+    }
+
+    /// The checks of the conversions: same device, a device (or `fused`)
+    /// kernel for the pair, whole aligned elements, equal counts. Returns
+    /// the op and the element count.
+    fn check_convert_raw(
+        &self,
+        op: &'static str,
+        src: &DeviceView<'_, u8>,
+        from: DType,
+        dst: &DeviceViewMut<'_, u8>,
+        to: DType,
+        fused: bool,
+    ) -> Result<(ConvertOp, u64)> {
+        self.check_device(op, src.device())?;
+        self.check_device(op, dst.device())?;
+        let c = ConvertOp { from, to };
+        let kernel = if fused { c.fused_symbol() } else { c.symbol() };
+        let (Some(_), Some(row)) = (kernel, c.row()) else {
+            return Err(Error::UnsupportedConversion {
+                op,
+                from,
+                to,
+                tensor: None,
+            });
+        };
+        let (ss, ds) = (row.src_size, row.dst_size);
+        let n = src.len() / ss;
+        if n * ss != src.len() {
             return Err(Error::LengthMismatch {
                 op,
-                expected: src.len(),
+                expected: n * ss,
+                actual: src.len(),
+                tensor: None,
+            });
+        }
+        if dst.len() != n * ds {
+            return Err(Error::LengthMismatch {
+                op,
+                expected: n * ds,
                 actual: dst.len(),
                 tensor: None,
             });
         }
-        Ok(c)
+        for (addr, size) in [(src.device_ptr().0, ss), (dst.device_ptr().0, ds)] {
+            if !addr.is_multiple_of(size as u64) {
+                return Err(Error::Misaligned {
+                    op,
+                    addr,
+                    align: size as u64,
+                });
+            }
+        }
+        Ok((c, n as u64))
+    }
+
+    /// Queues the conversion of `src` into `dst` (same length) on this
+    /// stream: [`Stream::convert_raw`] with the dtypes of the element types.
+    pub fn convert<S: Element, D: Element>(
+        &self,
+        src: &DeviceView<'_, S>,
+        dst: &mut DeviceViewMut<'_, D>,
+    ) -> Result<()> {
+        let (src, mut dst) = typed_pair(self, "convert", src, dst)?;
+        self.convert_raw(&src, S::DTYPE, &mut dst, D::DTYPE)
     }
 
     /// Queues the fingerprint sum of `src`'s bytes (word 0 = its first byte)
@@ -120,38 +248,16 @@ impl Stream {
     }
 
     /// [`Stream::convert`] of bf16/f16 -> f32 that also adds the fingerprint
-    /// sum of the output (as the kernel wrote it) to `acc[0]`.
+    /// sum of the output (as the kernel wrote it) to `acc[0]`:
+    /// [`Stream::convert_fingerprint_raw`] with the element types' dtypes.
     pub fn convert_fingerprint_into<S: Element>(
         &self,
         src: &DeviceView<'_, S>,
         dst: &mut DeviceViewMut<'_, f32>,
         acc: &mut DeviceViewMut<'_, u64>,
     ) -> Result<()> {
-        let op = self.check_convert("convert_fingerprint", src, dst)?;
-        self.check_device("convert_fingerprint", acc.device())?;
-        if acc.len() != 1 {
-            return Err(Error::LengthMismatch {
-                op: "fingerprint accumulator",
-                expected: 1,
-                actual: acc.len(),
-                tensor: None,
-            });
-        }
-        if src.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: as in `convert` and `fingerprint_sum_into`; `op` is a
-        // widening to f32 (checked by `check_convert` with D = f32).
-        unsafe {
-            let op = KernelOp::ConvertFingerprint {
-                op,
-                src: src.device_ptr(),
-                dst: dst.device_ptr(),
-                n: src.len() as u64,
-                acc: acc.device_ptr(),
-            };
-            self.backend().run(&op, self.raw())
-        }
+        let (src, mut dst) = typed_pair(self, "convert_fingerprint", src, dst)?;
+        self.convert_fingerprint_raw(&src, S::DTYPE, &mut dst, DType::F32, acc)
     }
 
     /// Counts NaN and Inf in `buf` (f32, bf16, f16) without changing it.

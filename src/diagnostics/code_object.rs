@@ -747,7 +747,7 @@ mod tests {
     #[test]
     fn embedded_code_objects_have_every_kernel_no_scratch_and_the_right_wavefront() {
         use crate::device::kernels::{Kernel, HIP_CODE_OBJECTS};
-        let expected: Vec<&str> = Kernel::ALL.iter().map(|k| k.symbol()).collect();
+        let expected: Vec<&str> = Kernel::all().iter().map(|k| k.symbol()).collect();
         let mut problems = Vec::new();
         println!("| arch | kernel | VGPRs | SGPRs | SGPR spills (to VGPR lanes) | scratch B | LDS B | max block | wave |");
         println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");

@@ -1,32 +1,28 @@
-//! Per-piece checks: device work of a staged piece, host sums against the device's.
+//! Per-piece checks: the policy applied, host sums against the device's.
 //!
-//! The checks of each piece: the policy applied, the device work of one
-//! staged piece (copy check, conversion, output check), the host's sums
-//! against the device's, and the read-back.
+//! The checks of each piece: the policy applied (the staged check's rule,
+//! `verify::staged`, which also queues each piece's device work: copy
+//! check, conversion, output check), the host's sums against the device's,
+//! and the read-back.
 
 use std::sync::Arc;
 
 use super::source::{self, Item, Source, Sums};
 use super::{Check, Failure, Loader};
 use crate::convert::fingerprint::{self, finish};
-use crate::device::{ConvertOp, DeviceBuffer, DeviceView, DeviceViewMut, Stream};
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::verify::{self, Policy};
+use crate::device::{DeviceBuffer, DeviceViewMut};
+use crate::error::Result;
+use crate::verify::{self, staged, Policy};
 
 impl Loader {
-    /// The policy actually applied: without a trusted fingerprint kernel,
-    /// fingerprints prove nothing, so the output is read back.
+    /// The policy actually applied: the staged check's one rule
+    /// (`verify::staged`) over every conversion of the load (without a
+    /// trusted fingerprint kernel, fingerprints prove nothing, so the
+    /// output is read back; without trusted fused kernels, the separate
+    /// pass fingerprints it).
     pub(super) fn policy(&self) -> Policy {
-        let p = self.opts.policy;
-        if p == Policy::Fingerprint || p == Policy::FusedFingerprint {
-            if let Some(st) = self.device_self_test() {
-                if !st.fingerprint_trusted() {
-                    return Policy::ReadBack;
-                }
-            }
-        }
-        p
+        let st = self.device_self_test();
+        staged::applied_policy(self.opts.policy, st.as_deref(), None)
     }
 
     /// Runs `work` while the device's self-test, when loading `items` calls
@@ -137,76 +133,4 @@ pub(super) fn compare(sums: &Sums, item: &Item, len: usize, acc: [u64; 2]) -> Op
         });
     }
     None
-}
-
-/// Queues the device work of one staged piece: the copy check, the
-/// conversion (or device copy) into `dst`, the output check.
-pub(super) fn piece_ops(
-    s: &Stream,
-    op: Option<ConvertOp>,
-    policy: Policy,
-    src: &DeviceView<'_, u8>,
-    dst: &mut DeviceViewMut<'_, u8>,
-    [a_copy, a_out]: [&mut DeviceViewMut<'_, u64>; 2],
-) -> Result<()> {
-    let fp = matches!(policy, Policy::Fingerprint | Policy::FusedFingerprint);
-    if fp {
-        s.fingerprint_sum_into(src, a_copy)?;
-    }
-    let mut fused_done = false;
-    match op {
-        None => dst.copy_dtod(s, src)?,
-        Some(op) => {
-            let fused = fp && policy == Policy::FusedFingerprint && op.to == DType::F32;
-            device_convert(
-                s,
-                op,
-                src,
-                dst,
-                if fused { Some(&mut *a_out) } else { None },
-            )?;
-            fused_done = fused;
-        }
-    }
-    if fp && !fused_done {
-        s.fingerprint_sum_into(&dst.as_view(), a_out)?;
-    }
-    Ok(())
-}
-
-/// Dispatches a device conversion on runtime dtypes.
-fn device_convert(
-    s: &Stream,
-    op: ConvertOp,
-    src: &DeviceView<'_, u8>,
-    dst: &mut DeviceViewMut<'_, u8>,
-    acc: Option<&mut DeviceViewMut<'_, u64>>,
-) -> Result<()> {
-    use half::{bf16, f16};
-    match (op.from, op.to) {
-        (DType::BF16, DType::F32) => {
-            let sv = src.cast::<bf16>()?;
-            let mut dv = dst.cast_mut::<f32>()?;
-            match acc {
-                Some(a) => s.convert_fingerprint_into(&sv, &mut dv, a),
-                None => s.convert(&sv, &mut dv),
-            }
-        }
-        (DType::F16, DType::F32) => {
-            let sv = src.cast::<f16>()?;
-            let mut dv = dst.cast_mut::<f32>()?;
-            match acc {
-                Some(a) => s.convert_fingerprint_into(&sv, &mut dv, a),
-                None => s.convert(&sv, &mut dv),
-            }
-        }
-        (DType::F32, DType::BF16) => s.convert(&src.cast::<f32>()?, &mut dst.cast_mut::<bf16>()?),
-        (DType::F32, DType::F16) => s.convert(&src.cast::<f32>()?, &mut dst.cast_mut::<f16>()?),
-        (from, to) => Err(Error::UnsupportedConversion {
-            op: "transfer convert",
-            from,
-            to,
-            tensor: None,
-        }),
-    }
 }

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::checks::{compare, piece_ops, IntoPair};
+use super::checks::{compare, IntoPair};
 use super::plan::State;
 use super::ring::Slot;
 use super::source::{self, Item, Source};
@@ -13,6 +13,7 @@ use super::{Attempt, Check, Failure, Fallback, Loader, Rung};
 use crate::convert::fingerprint;
 use crate::device::{DeviceBuffer, PinnedBuffer};
 use crate::error::{Error, ErrorKind, Result};
+use crate::verify::staged;
 use crate::verify::Policy;
 
 impl Loader {
@@ -181,14 +182,14 @@ impl Loader {
             let o = item.out_off(off) as usize;
             let mut dst = out.slice_mut(o..o + item.out_len(len))?;
             let (mut a_copy, mut a_out) = slot.acc.view_mut().split_at_mut(1)?.into_pair(0)?;
-            piece_ops(
-                &self.compute,
-                item.op,
-                policy,
-                &src,
-                &mut dst,
-                [&mut a_copy, &mut a_out],
-            )?;
+            // The copy check, the conversion and the output check of the
+            // piece, as the staged check queues them.
+            let acc = staged::Accumulators {
+                copy: Some(&mut a_copy),
+                out: &mut a_out,
+                between: None,
+            };
+            staged::queue(&self.compute, item.op, policy, &src, &mut dst, acc)?;
             self.compute.synchronize()?;
             if fp {
                 let mut a = [0u64; 2];

@@ -28,7 +28,8 @@ pub enum Fallback {
 /// Options of a [`Loader`](super::Loader).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LoadOptions {
-    /// Convert float tensors (F64, F32, F16, BF16) to this dtype (F32, F16
+    /// Convert float tensors (F64, F32, F16, BF16, F8_E4M3, F8_E5M2: the
+    /// sources of `convert::table`) to this dtype (F32, F16
     /// or BF16); `None` loads every tensor as stored. Other dtypes are
     /// always loaded as stored.
     pub dtype: Option<DType>,

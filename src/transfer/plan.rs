@@ -120,7 +120,7 @@ impl Loader {
                 }
             }
             let out_dtype = match self.opts.dtype {
-                Some(t) if info.dtype.is_convertible_float() => t,
+                Some(t) if crate::convert::table::converts_from(info.dtype) => t,
                 _ => info.dtype,
             };
             let op = (out_dtype != info.dtype).then_some(ConvertOp {

@@ -9,13 +9,14 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::checks::{compare, piece_ops, IntoPair};
+use super::checks::{compare, IntoPair};
 use super::grow::Grower;
 use super::plan::{Job, Piece, State, MAX_PIECES};
 use super::source::{self, Item, Source, Sums};
 use super::{Attempt, Failure, LoadCtx, Loader, Rung};
 use crate::device::{DeviceBuffer, Event, PinnedBuffer};
 use crate::error::{Error, Result};
+use crate::verify::staged;
 use crate::verify::Policy;
 
 /// The device side of one ring slot.
@@ -374,14 +375,14 @@ impl Loader {
                 .view_mut()
                 .split_at_mut(2 * k + 1)?
                 .into_pair(2 * k)?;
-            piece_ops(
-                &self.compute,
-                item.op,
-                policy,
-                &src,
-                &mut dst,
-                [&mut a_copy, &mut a_out],
-            )?;
+            // The copy check, the conversion and the output check of the
+            // piece, as the staged check queues them.
+            let acc = staged::Accumulators {
+                copy: Some(&mut a_copy),
+                out: &mut a_out,
+                between: None,
+            };
+            staged::queue(&self.compute, item.op, policy, &src, &mut dst, acc)?;
         }
         if fp {
             slot.acc

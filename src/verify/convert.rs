@@ -4,12 +4,12 @@
 use std::time::Instant;
 
 use super::selftest::self_test;
-use super::{device_label, expected_fingerprint, ConvertReport, Policy, Served, VerifyOptions};
+use super::{device_label, expected_fingerprint, staged, ConvertReport, Policy, VerifyOptions};
 use crate::convert::fingerprint::finish;
 use crate::convert::Element;
 use crate::device::{ConvertOp, DeviceView, DeviceViewMut, Stream};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::fallback::{Check, Failure, Outcome};
 
 // ---------------------------------------------------------------------------
 
@@ -91,7 +91,7 @@ pub fn convert_verified<S: Element, D: Element>(
         elements: src.len() as u64,
         device: label.clone(),
         policy: opts.policy,
-        served: Served::Device,
+        outcome: Outcome::Served,
         expected: None,
         actual: None,
         kernel_ms: None,
@@ -99,62 +99,66 @@ pub fn convert_verified<S: Element, D: Element>(
         host_expected_ms: 0.0,
         total_ms: 0.0,
     };
-    let (fused_ok, fp_ok) = if opts.self_test {
-        let st = self_test(stream)?;
-        if !st.trusted(op) {
-            if !opts.allow_cpu_fallback {
-                let k = st.find(&format!("convert {op}"));
-                return Err(Error::KernelUntrusted {
-                    op: format!("convert {op}"),
-                    device: label,
-                    mismatches: k.map_or(0, |k| k.mismatches),
-                    tested: k.map_or(0, |k| k.tested),
-                });
-            }
-            cpu_convert_into(stream, host_src, dst, &label)?;
-            report.served = Served::CpuKernelUntrusted;
-            report.total_ms = t0.elapsed().as_secs_f32() * 1e3;
-            return Ok(report);
-        }
-        (st.fused_trusted(op), st.fingerprint_trusted())
+    let st = if opts.self_test {
+        Some(self_test(stream)?)
     } else {
-        (true, true)
+        None
     };
+    if let Some(st) = st.as_deref().filter(|st| !st.trusted(op)) {
+        if !opts.allow_cpu_fallback {
+            let k = st.find(&format!("convert {op}"));
+            return Err(Error::KernelUntrusted {
+                op: format!("convert {op}"),
+                device: label,
+                mismatches: k.map_or(0, |k| k.mismatches),
+                tested: k.map_or(0, |k| k.tested),
+            });
+        }
+        cpu_convert_into(stream, host_src, dst, &label)?;
+        report.outcome = Outcome::Failed(Failure::NoTrustedKernel {
+            from: op.from,
+            to: op.to,
+        });
+        report.total_ms = t0.elapsed().as_secs_f32() * 1e3;
+        return Ok(report);
+    }
+    // The one rule of every staged check (`staged.rs`): an untrusted
+    // fingerprint kernel makes this a read-back, decided before any work.
+    let policy = staged::applied_policy(opts.policy, st.as_deref(), Some(op));
+    report.policy = policy;
     let src_bytes: &[u8] = bytemuck::cast_slice(host_src);
     let e0 = dev.event()?;
     let e1 = dev.event()?;
     let e2 = dev.event()?;
     let mut acc = stream.alloc_zeros::<u64>(1)?;
-    let fused = opts.policy == Policy::FusedFingerprint && op.to == DType::F32 && fused_ok;
     stream.record(&e0)?;
-    if fused {
-        let mut d32 = dst.cast_mut::<f32>()?;
-        stream.convert_fingerprint_into(src, &mut d32, &mut acc.view_mut())?;
-    } else {
-        stream.convert(src, dst)?;
-    }
-    stream.record(&e1)?;
-    let separate = matches!(opts.policy, Policy::Fingerprint | Policy::FusedFingerprint) && !fused;
-    if separate {
-        stream.fingerprint_sum_into(&dst.as_view(), &mut acc.view_mut())?;
-    }
+    let queued = staged::queue(
+        stream,
+        Some(op),
+        policy,
+        &src.cast::<u8>()?,
+        &mut dst.cast_mut::<u8>()?,
+        staged::Accumulators {
+            copy: None,
+            out: &mut acc.view_mut(),
+            between: Some(&e1),
+        },
+    )?;
     stream.record(&e2)?;
     // The host's share, overlapped with the device work queued above.
     let th = Instant::now();
-    let check = match opts.policy {
-        Policy::Off => None,
-        Policy::Fingerprint | Policy::FusedFingerprint => {
-            Some(expected_fingerprint(op.from, src_bytes, op.to)?)
-        }
-        Policy::ReadBack => None,
+    let check = if staged::fingerprints(policy) {
+        Some(expected_fingerprint(op.from, src_bytes, op.to)?)
+    } else {
+        None
     };
     report.host_expected_ms = th.elapsed().as_secs_f32() * 1e3;
     stream.synchronize()?;
     report.kernel_ms = e0.elapsed_ms(&e1).ok();
-    if separate {
+    if queued.separate {
         report.verify_ms = e1.elapsed_ms(&e2).ok();
     }
-    let mismatch = match (opts.policy, check) {
+    let mismatch = match (policy, check) {
         (Policy::ReadBack, _) => {
             let th = Instant::now();
             let mut want = vec![D::zeroed(); host_src.len()];
@@ -182,27 +186,20 @@ pub fn convert_verified<S: Element, D: Element>(
         (_, None) => None,
     };
     if let Some((expected, actual)) = mismatch {
-        // An untrusted fingerprint kernel cannot condemn the conversion: the
-        // result is then re-checked by value.
-        let real = fp_ok || opts.policy == Policy::ReadBack || {
-            let mut want = vec![D::zeroed(); host_src.len()];
-            crate::convert::convert_slice(host_src, &mut want)?;
-            let mut got = vec![D::zeroed(); host_src.len()];
-            dst.as_view().copy_dtoh(stream, &mut got)?;
-            bytemuck::cast_slice::<D, u8>(&want) != bytemuck::cast_slice::<D, u8>(&got)
-        };
-        if real {
-            if !opts.allow_cpu_fallback {
-                return Err(Error::VerificationFailed {
-                    op: format!("convert {op}"),
-                    device: label,
-                    expected,
-                    actual,
-                });
-            }
-            cpu_convert_into(stream, host_src, dst, &label)?;
-            report.served = Served::CpuAfterMismatch { expected, actual };
+        if !opts.allow_cpu_fallback {
+            return Err(Error::VerificationFailed {
+                op: format!("convert {op}"),
+                device: label,
+                expected,
+                actual,
+            });
         }
+        cpu_convert_into(stream, host_src, dst, &label)?;
+        report.outcome = Outcome::Failed(Failure::FingerprintMismatch {
+            check: Check::Output,
+            expected,
+            actual,
+        });
     }
     report.total_ms = t0.elapsed().as_secs_f32() * 1e3;
     Ok(report)

@@ -10,25 +10,32 @@
 //! | [`Policy::ReadBack`] | the whole output, copied back and compared byte for byte with the CPU's | a device-to-host copy |
 //!
 //! Independently of the policy, [`VerifyOptions::self_test`] runs the
-//! exhaustive self-test ([`self_test`]) once per device: all 65 536 bf16 and
-//! f16 patterns through the widening kernels (plain and fused), f32 -> bf16
-//! and f32 -> f16 over every upper half combined with rounding-critical lower
-//! halves, and the fingerprint kernel, each compared bit for bit with the
-//! CPU. A kernel that fails is untrusted on that device: its conversions run
+//! exhaustive self-test ([`self_test`]) once per device: every row of the
+//! conversion table ([`crate::convert::table`]) with a device kernel, over
+//! the patterns of its source (all 65 536 bf16 and f16 codes, all 256 fp8
+//! codes, every f32 upper half combined with rounding-critical lower
+//! halves), through its plain and fused kernels, and the fingerprint kernel,
+//! each compared bit for bit with the CPU. A kernel that fails is untrusted
+//! on that device: its conversions run
 //! on the CPU (and the report says so), or fail with
 //! [`Error::KernelUntrusted`](crate::Error::KernelUntrusted) when [`VerifyOptions::allow_cpu_fallback`] is
 //! off. A per-call mismatch is [`Error::VerificationFailed`](crate::Error::VerificationFailed) or, when
-//! fallback is allowed, a recorded CPU fallback.
+//! fallback is allowed, a recorded CPU fallback. Where the fingerprint
+//! kernel itself failed the self-test, the fingerprint policies are applied
+//! as [`Policy::ReadBack`] (the staged check's rule, shared with the
+//! loader).
 
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `mod.rs` | [`Policy`], [`VerifyOptions`], [`Served`], [`ConvertReport`] |
+//! | `mod.rs` | [`Policy`], [`VerifyOptions`], [`ConvertReport`] (its [`Outcome`]) |
+//! | `staged.rs` | the staged check: policy and self-test -> device operations, the one rule (also the loader's) |
 //! | `selftest.rs` | [`self_test`]: the exhaustive per-device kernel test, cached per device |
 //! | `convert.rs` | [`convert_verified`], [`upload_convert`]: one verified call |
 
 mod convert;
 mod selftest;
+pub(crate) mod staged;
 
 pub use convert::{convert_verified, upload_convert};
 pub(crate) use selftest::self_test_cached;
@@ -36,6 +43,7 @@ pub use selftest::{self_test, self_test_uncached, KernelTest, SelfTestReport};
 
 use crate::convert::fingerprint::Fingerprint;
 use crate::device::{ConvertOp, Device};
+use crate::fallback::{Failure, Outcome};
 
 /// What is checked on each conversion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -73,24 +81,8 @@ impl Default for VerifyOptions {
     }
 }
 
-/// Which path produced the output.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub enum Served {
-    /// The device kernel, checked as the policy says.
-    Device,
-    /// The CPU, because the kernel failed its self-test on this device.
-    CpuKernelUntrusted,
-    /// The CPU, because the device result failed the per-call check.
-    CpuAfterMismatch {
-        /// Expected fingerprint (host).
-        expected: Fingerprint,
-        /// Fingerprint of the device's output.
-        actual: Fingerprint,
-    },
-}
-
 /// What a verified conversion did.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, serde::Serialize)]
 pub struct ConvertReport {
     /// The conversion.
     pub op: ConvertOp,
@@ -98,10 +90,19 @@ pub struct ConvertReport {
     pub elements: u64,
     /// The device (`"cuda:0 sm_90"`).
     pub device: String,
-    /// The policy applied.
+    /// The policy applied: the one asked for, or what the staged check's
+    /// rule made of it on this device ([`Policy::ReadBack`] where the
+    /// fingerprint kernel failed its self-test; [`Policy::Fingerprint`]
+    /// where the fused kernel did).
     pub policy: Policy,
-    /// Which path served.
-    pub served: Served,
+    /// What happened on the device: [`Outcome::Served`] (the device's
+    /// output, checked as the policy says, is the result), or
+    /// [`Outcome::Failed`] and the CPU served (with
+    /// [`Failure::NoTrustedKernel`]: the kernel failed its self-test; with
+    /// [`Failure::FingerprintMismatch`]: the output failed the per-call
+    /// check). Serialised as its description.
+    #[serde(serialize_with = "outcome_text")]
+    pub outcome: Outcome,
     /// The fingerprint the host computed from the source (when checked).
     pub expected: Option<Fingerprint>,
     /// The device's fingerprint of its output (when checked).
@@ -125,21 +126,35 @@ impl std::fmt::Display for ConvertReport {
             "convert {} of {} elements on {} ({:?}): ",
             self.op, self.elements, self.device, self.policy
         )?;
-        match &self.served {
-            Served::Device => f.write_str("served by the device")?,
-            Served::CpuKernelUntrusted => {
-                f.write_str("served by the CPU (the device kernel failed its self-test)")?
-            }
-            Served::CpuAfterMismatch { expected, actual } => write!(
-                f,
-                "served by the CPU after a mismatch (expected {expected}, device gave {actual})"
-            )?,
-        }
+        f.write_str(&describe(&self.outcome))?;
         if let (Some(e), Some(a)) = (self.expected, self.actual) {
             write!(f, ", fingerprints {e} / {a}")?;
         }
         write!(f, ", in {:.3} ms", self.total_ms)
     }
+}
+
+/// What [`ConvertReport::outcome`] says, in words.
+fn describe(o: &Outcome) -> String {
+    match o {
+        Outcome::Served => "served by the device".into(),
+        Outcome::Failed(Failure::NoTrustedKernel { .. }) => {
+            "served by the CPU (the device kernel failed its self-test)".into()
+        }
+        Outcome::Failed(Failure::FingerprintMismatch {
+            expected, actual, ..
+        }) => {
+            format!(
+                "served by the CPU after a mismatch (expected {expected}, device gave {actual})"
+            )
+        }
+        Outcome::Failed(f) => format!("served by the CPU ({f})"),
+        Outcome::Skipped(why) => format!("served by the CPU (device skipped: {why})"),
+    }
+}
+
+fn outcome_text<S: serde::Serializer>(o: &Outcome, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&describe(o))
 }
 
 /// `"cuda:0 sm_90"`: the device in reports and errors.

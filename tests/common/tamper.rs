@@ -1,4 +1,5 @@
-//! A tampering backend wrapper that corrupts conversion output on demand.
+//! A tampering backend wrapper that corrupts conversion output, or the
+//! fingerprint kernel's sums, on demand.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -13,6 +14,9 @@ pub mod mode {
     /// Overwrites output element 1 (4 or 2 bytes) with 0x5a bytes after
     /// every conversion (fused included).
     pub const CORRUPT_OUTPUT: u8 = 1;
+    /// Adds 1 to the accumulator after every fingerprint pass (a broken
+    /// fingerprint kernel). A bit: may be combined with the others.
+    pub const WRONG_FINGERPRINT: u8 = 2;
 }
 
 /// A backend that delegates to another and, when armed, corrupts the output
@@ -28,7 +32,7 @@ impl Tamper {
     /// # Safety
     /// `dst` holds `n` live elements of `op.to` on the wrapped backend.
     unsafe fn after(&self, op: ConvertOp, dst: DevicePtr, n: u64, s: RawStream) -> Result<()> {
-        if self.mode.load(Ordering::SeqCst) == mode::CORRUPT_OUTPUT && n > 1 {
+        if self.mode.load(Ordering::SeqCst) & mode::CORRUPT_OUTPUT != 0 && n > 1 {
             let size = op.to.size().unwrap_or(4);
             let junk = vec![0x5au8; size];
             // SAFETY: forwards the caller's guarantees to the wrapped backend.
@@ -42,6 +46,33 @@ impl Tamper {
             }
         }
         Ok(())
+    }
+
+    /// # Safety
+    /// `acc` is a live, exclusive `u64` on the wrapped backend.
+    unsafe fn bump(&self, acc: DevicePtr, s: RawStream) -> Result<()> {
+        if self.mode.load(Ordering::SeqCst) & mode::WRONG_FINGERPRINT == 0 {
+            return Ok(());
+        }
+        let mut v = 0u64;
+        // SAFETY: forwards the caller's guarantees to the wrapped backend;
+        // `v` lives across both synchronous copies.
+        unsafe {
+            self.inner.stream_synchronize(s)?;
+            let down = CopyOp::DtoH {
+                dst: (&mut v as *mut u64).cast(),
+                src: acc,
+            };
+            self.inner.copy(down, 8, s)?;
+            self.inner.stream_synchronize(s)?;
+            v = v.wrapping_add(1);
+            let up = CopyOp::HtoD {
+                dst: acc,
+                src: (&v as *const u64).cast(),
+            };
+            self.inner.copy(up, 8, s)?;
+            self.inner.stream_synchronize(s)
+        }
     }
 }
 
@@ -57,8 +88,9 @@ unsafe impl Driver for Tamper {
     rocm_safe::forward_driver!(all);
 }
 
-// SAFETY: forwards to a correct backend; the only addition is a write
-// inside the conversion's own output range.
+// SAFETY: forwards to a correct backend; the only additions are a write
+// inside the conversion's own output range and one to the fingerprint
+// pass's own accumulator.
 unsafe impl Backend for Tamper {
     rocm_safe::forward_backend!(
         caps,
@@ -74,6 +106,7 @@ unsafe impl Backend for Tamper {
             match *op {
                 KernelOp::Convert { op, dst, n, .. }
                 | KernelOp::ConvertFingerprint { op, dst, n, .. } => self.after(op, dst, n, s),
+                KernelOp::FingerprintSum { acc, .. } => self.bump(acc, s),
                 _ => Ok(()),
             }
         }

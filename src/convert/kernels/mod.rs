@@ -229,14 +229,103 @@ kernel!(
     }
 );
 
+/// A 256-entry table of a scalar f8 conversion, made at compile time from
+/// the scalar reference (so the table is the reference, code for code).
+macro_rules! f8_table {
+    ($name:ident, $t:ty, $f:path) => {
+        static $name: [$t; 256] = {
+            let mut t = [0; 256];
+            let mut i = 0;
+            while i < 256 {
+                t[i] = $f(i as u8);
+                i += 1;
+            }
+            t
+        };
+    };
+}
+f8_table!(E4M3_F32, u32, crate::convert::scalar::f8_e4m3_to_f32);
+f8_table!(E5M2_F32, u32, crate::convert::scalar::f8_e5m2_to_f32);
+f8_table!(E4M3_BF16, u16, crate::convert::scalar::f8_e4m3_to_bf16);
+f8_table!(E5M2_BF16, u16, crate::convert::scalar::f8_e5m2_to_bf16);
+f8_table!(E4M3_F16, u16, crate::convert::scalar::f8_e4m3_to_f16);
+f8_table!(E5M2_F16, u16, crate::convert::scalar::f8_e5m2_to_f16);
+
+/// The f8 kernels: one table look-up per element (a `u8` index cannot
+/// leave a 256-entry table).
+macro_rules! f8_kernel {
+    ($name:ident, $stream:ident, $portable:ident, $d:literal, $table:ident) => {
+        kernel!(
+            $name,
+            $stream,
+            $portable,
+            1,
+            $d,
+            1,
+            |s: &[u8], d: &mut [u8]| {
+                map(s, d, |b: [u8; 1]| $table[usize::from(b[0])].to_le_bytes())
+            }
+        );
+    };
+}
+f8_kernel!(
+    f8e4m3_f32,
+    f8e4m3_f32_stream,
+    f8e4m3_f32_portable,
+    4,
+    E4M3_F32
+);
+f8_kernel!(
+    f8e5m2_f32,
+    f8e5m2_f32_stream,
+    f8e5m2_f32_portable,
+    4,
+    E5M2_F32
+);
+f8_kernel!(
+    f8e4m3_bf16,
+    f8e4m3_bf16_stream,
+    f8e4m3_bf16_portable,
+    2,
+    E4M3_BF16
+);
+f8_kernel!(
+    f8e5m2_bf16,
+    f8e5m2_bf16_stream,
+    f8e5m2_bf16_portable,
+    2,
+    E5M2_BF16
+);
+f8_kernel!(
+    f8e4m3_f16,
+    f8e4m3_f16_stream,
+    f8e4m3_f16_portable,
+    2,
+    E4M3_F16
+);
+f8_kernel!(
+    f8e5m2_f16,
+    f8e5m2_f16_stream,
+    f8e5m2_f16_portable,
+    2,
+    E5M2_F16
+);
+
 /// The identity pairs: a plain copy (the standard library's `memcpy`
 /// already uses the best stores for large sizes).
-fn copy(src: &[u8], dst: &mut [u8]) {
+pub(crate) fn copy(src: &[u8], dst: &mut [u8]) {
     let n = src.len().min(dst.len());
     if let (Some(d), Some(s)) = (dst.get_mut(..n), src.get(..n)) {
         d.copy_from_slice(s);
     }
 }
+
+/// A slice loop: converts `min(src.len() / src_size, dst.len() / dst_size)`
+/// elements.
+pub(crate) type Loop = fn(&[u8], &mut [u8]);
+
+/// The three builds of a loop: dispatched, streaming stores, portable.
+pub(crate) type Builds = [Loop; 3];
 
 /// A bulk conversion loop and its element sizes.
 #[derive(Clone, Copy)]
@@ -255,35 +344,26 @@ pub(crate) struct Kernel {
     pub portable: fn(&[u8], &mut [u8]),
 }
 
-/// The kernel of a supported pair, `None` for any other pair.
+/// The kernel of a supported pair (its row of the conversion table),
+/// `None` for any other pair.
 pub(crate) fn kernel(from: DType, to: DType) -> Option<Kernel> {
-    let k = |src_size, dst_size, (run, stream, portable)| {
-        Some(Kernel {
+    crate::convert::table::find(from, to).map(|row| row.bulk)
+}
+
+impl Kernel {
+    /// A kernel of `src_size`- and `dst_size`-byte elements from its
+    /// three builds (the conversion table's rows are made with it).
+    pub(crate) const fn of(
+        src_size: usize,
+        dst_size: usize,
+        [run, stream, portable]: Builds,
+    ) -> Kernel {
+        Kernel {
             src_size,
             dst_size,
             run,
             stream,
             portable,
-        })
-    };
-    let copies = (
-        copy as fn(&[u8], &mut [u8]),
-        copy as fn(&[u8], &mut [u8]),
-        copy as fn(&[u8], &mut [u8]),
-    );
-    match (from, to) {
-        (DType::BF16, DType::F32) => k(2, 4, (bf16_f32, bf16_f32_stream, bf16_f32_portable)),
-        (DType::F16, DType::F32) => k(2, 4, (f16_f32, f16_f32_stream, f16_f32_portable)),
-        (DType::F32, DType::F32) => k(4, 4, copies),
-        (DType::F64, DType::F32) => k(8, 4, (f64_f32, f64_f32_stream, f64_f32_portable)),
-        (DType::BF16, DType::BF16) => k(2, 2, copies),
-        (DType::F16, DType::BF16) => k(2, 2, (f16_bf16, f16_bf16_stream, f16_bf16_portable)),
-        (DType::F32, DType::BF16) => k(4, 2, (f32_bf16, f32_bf16_stream, f32_bf16_portable)),
-        (DType::F64, DType::BF16) => k(8, 2, (f64_bf16, f64_bf16_stream, f64_bf16_portable)),
-        (DType::BF16, DType::F16) => k(2, 2, (bf16_f16, bf16_f16_stream, bf16_f16_portable)),
-        (DType::F16, DType::F16) => k(2, 2, copies),
-        (DType::F32, DType::F16) => k(4, 2, (f32_f16, f32_f16_stream, f32_f16_portable)),
-        (DType::F64, DType::F16) => k(8, 2, (f64_f16, f64_f16_stream, f64_f16_portable)),
-        _ => None,
+        }
     }
 }

@@ -3,7 +3,14 @@
 use super::*;
 use crate::convert::scalar;
 
-const FROM: [DType; 4] = [DType::F64, DType::F32, DType::F16, DType::BF16];
+const FROM: [DType; 6] = [
+    DType::F64,
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::F8_E4M3,
+    DType::F8_E5M2,
+];
 const TO: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
 /// Runs both builds of the kernel of `from -> to` over `src` (element
@@ -67,6 +74,14 @@ fn every_16_bit_pattern_matches_the_reference() {
     for from in [DType::F16, DType::BF16] {
         for to in TO {
             check_pair(from, to, &all);
+        }
+    }
+    // And every 8-bit code of the f8 sources (each used 256 times, so the
+    // streaming build's blocks and tails see all of them).
+    let f8: Vec<u64> = (0..4096u64).map(|i| i & 0xff).collect();
+    for from in [DType::F8_E4M3, DType::F8_E5M2] {
+        for to in TO {
+            check_pair(from, to, &f8);
         }
     }
 }
@@ -236,11 +251,19 @@ fn every_supported_pair_has_a_kernel() {
                 kernel(from, to).is_some(),
                 crate::convert::supported(from, to)
             );
+            assert_eq!(
+                kernel(from, to).is_some(),
+                FROM.contains(&from) && TO.contains(&to),
+                "{from}->{to}"
+            );
             if let Some(k) = kernel(from, to) {
                 assert_eq!(Some(k.src_size), from.size());
                 assert_eq!(Some(k.dst_size), to.size());
             }
         }
     }
-    assert_eq!(FROM.len() * TO.len(), 12);
+    assert_eq!(
+        FROM.len() * TO.len(),
+        crate::convert::table::CONVERSIONS.len()
+    );
 }

@@ -13,6 +13,7 @@
 mod backward;
 mod check;
 mod host;
+mod launch;
 mod layout;
 
 pub(crate) use backward::{host_conv3d_backward, host_conv3d_backward_check};
@@ -22,6 +23,7 @@ pub use check::{
     CheckBias, CheckedPoint, Conv3dCheckLaunch, Conv3dLayoutLaunch, CHECK_MAX_SAMPLES, CHECK_WORDS,
 };
 pub(crate) use host::host_conv3d;
+pub(crate) use launch::Conv3dArgs;
 use layout::check_len;
 pub use layout::{tiled_weight_layout, Conv3dWeightLayout};
 
