@@ -11,8 +11,21 @@
 
 use std::path::{Path, PathBuf};
 
+/// `hip-kernels/` of the checkout this test was built in, or, for a test
+/// binary copied to another machine (the GPU machine, where the checkout
+/// sits at another path), of the working directory.
 fn kernel_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("hip-kernels")
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("hip-kernels");
+    if built.is_dir() {
+        return built;
+    }
+    let here = Path::new("hip-kernels");
+    assert!(
+        here.is_dir(),
+        "no hip-kernels/ at {} or in the working directory",
+        built.display()
+    );
+    here.to_path_buf()
 }
 
 fn sources() -> Vec<(String, String)> {

@@ -5,6 +5,7 @@ GPU, are in test_conv3d.py)."""
 
 import gc
 import json
+import re
 
 import pytest
 
@@ -127,7 +128,8 @@ def test_load_report(ckpt):
     r = rt.last_load_report()
     assert r is not None
     text = str(r)
-    assert "tensors" in text and "GB/s" in text
+    # The throughput in a unit that fits the load (a small one reads MB/s).
+    assert "tensors" in text and re.search(r"[0-9.]+ [kMG]B/s", text), text
     d = r.to_dict()
     assert len(d["tensors"]) == len(tensors())
     assert d["file_bytes"] == sum(t.numel() * t.element_size() for t in tensors().values())
