@@ -87,8 +87,21 @@ def _chain_takes(input, weight, bias) -> bool:
     return True
 
 
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite, with one read of ``t`` and a
+    two-value read-back: ``aminmax`` propagates NaN and keeps +-inf as its
+    extremes, so the pair is finite exactly when ``t`` is. (``isfinite(t)
+    .all()`` writes and reads a mask as large as ``t`` first.)"""
+    if t.numel() == 0:
+        return True
+    if not t.is_floating_point():
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(torch.stack((lo, hi))).all())
+
+
 def _finite(*ts) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in ts if t is not None)
+    return all(_all_finite(t) for t in ts if t is not None)
 
 
 def _signature(kind, input, weight, bias, *params) -> Tuple:
@@ -251,7 +264,7 @@ def _dispatch(kind: str, orig, chain_fn, verify_fn, args: Tuple):
         return to_chain(e, "fell_back_on_error")
     if not takes or not isinstance(out, torch.Tensor) or not out.is_floating_point():
         return out
-    if not bool(torch.isfinite(out).all()):
+    if not _all_finite(out):
         if not _finite(input, weight, bias):
             return out  # NaN/Inf in, NaN/Inf out: no failure
         _failed_signatures.add(sig)
