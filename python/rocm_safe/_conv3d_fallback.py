@@ -304,7 +304,7 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
     - ``"fallback"`` (the default): torch's own function runs first; when
       it raises, or returns NaN/Inf from finite inputs, the call is served
       by the chain (the FramePack ``miopen_fallback`` pattern). Costs one
-      ``isfinite`` pass over each output. Use it where torch's path works
+      read of each output (``aminmax``) and a wait for it. Use it where torch's path works
       and you want a safety net against crashes and NaNs. A call that
       torch serves keeps torch's gradients; one the chain serves gets the
       chain's (its backward ops, checked).
