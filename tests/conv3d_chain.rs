@@ -215,11 +215,9 @@ fn checks_off_let_a_corrupt_tier_serve() {
     // Shows the checks are what catches corruption: the naive kernel's NaN
     // (3 output channels: the tiled kernel declines) is served.
     let (case, data) = data();
-    let options = Conv3dOptions {
-        verify_samples: 0,
-        scan_non_finite: false,
-        ..Conv3dOptions::default()
-    };
+    let options = Conv3dOptions::default()
+        .with_verify_samples(0)
+        .with_scan_non_finite(false);
     let dev = faulty_host(FaultKind::Conv3dWritesNonFinite);
     let chain = Conv3dChain::with_tiers(device_tiers(&dev), options);
     let p = data.problem(&case, false);

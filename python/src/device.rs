@@ -77,6 +77,9 @@ pub fn policy_name(p: Policy) -> &'static str {
         Policy::Fingerprint => "fingerprint",
         Policy::FusedFingerprint => "fused_fingerprint",
         Policy::ReadBack => "readback",
+        // A policy newer than this package (the enum is non-exhaustive):
+        // named, never mistaken for one of the above.
+        _ => "unknown",
     }
 }
 

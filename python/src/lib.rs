@@ -468,13 +468,9 @@ impl Writer {
         for (name, dtype, shape) in tensors {
             specs.push(TensorSpec::new(name, dtype_of(&dtype)?, shape));
         }
-        // The safetensors crate's order: dtype descending, then name.
-        specs.sort_by(|a, b| {
-            b.dtype
-                .to_safetensors()
-                .cmp(&a.dtype.to_safetensors())
-                .then_with(|| a.name.cmp(&b.name))
-        });
+        // The safetensors crate's order: dtype descending, then name
+        // (`DType`'s order is that crate's: tests/safetensors_read.rs).
+        specs.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
         let order = specs.iter().map(|s| s.name.clone()).collect();
         let w = py
             .detach(|| {

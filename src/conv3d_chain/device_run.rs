@@ -44,6 +44,7 @@ use crate::fallback::Failure;
 /// An input, weight or bias of a conv3d in device memory, compact
 /// row-major.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum DeviceConv3dData<'a> {
     /// f32 elements.
     F32(DeviceView<'a, f32>),

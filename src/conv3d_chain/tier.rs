@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 
 /// The four kinds of tier, in the chain's default order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum TierKind {
     /// The vendor library: MIOpen on HIP, cuDNN on CUDA, loaded at run time.
     Vendor,

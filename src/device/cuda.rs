@@ -11,7 +11,7 @@
 //! from `hip-kernels/` (through `prelude.h`'s CUDA branch): PTX built by
 //! nvcc at build time when it was found, else the embedded source compiled
 //! by NVRTC on first use, cached per compute capability for the process and
-//! on disk ([`super::kernel_cache`]).
+//! on disk (`super::kernel_cache`).
 
 use std::ffi::CString;
 

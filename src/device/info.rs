@@ -8,6 +8,7 @@ use crate::dtype::DType;
 
 /// Which implementation runs a [`Device`](crate::device::Device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub enum BackendKind {
     /// The CPU: device memory is host memory, kernels are `crate::convert`.
     Host,
@@ -45,6 +46,7 @@ impl std::fmt::Display for BackendKind {
 
 /// What a backend reports about its device.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct DeviceInfo {
     /// The backend.
     pub kind: BackendKind,
@@ -171,6 +173,7 @@ impl std::fmt::Display for ConvertOp {
 
 /// How a backend obtains its kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
 pub enum KernelCode {
     /// No device code: the kernels are the CPU implementations (host).
     Cpu,
@@ -179,7 +182,7 @@ pub enum KernelCode {
     Embedded,
     /// Compiled at run time for the device found (CUDA: NVRTC, or PTX from
     /// nvcc that the driver finishes), kept in the kernel cache on disk
-    /// ([`crate::device::kernel_cache`]).
+    /// (`crate::device::kernel_cache`).
     RunTime,
 }
 
@@ -187,6 +190,7 @@ pub enum KernelCode {
 /// choice and the conv3d tiers query, so that no caller tests backend names
 /// or build features.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct KernelCaps {
     /// How the kernels are obtained.
     pub code: KernelCode,
@@ -216,6 +220,7 @@ impl KernelCaps {
 
 /// How the kernels of a device were obtained (the first module loaded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub enum KernelSource {
     /// The CPU implementations (host backend).
     Cpu,
@@ -228,6 +233,6 @@ pub enum KernelSource {
     /// Run-time compiler output reused from this process's cache.
     ProcessCache,
     /// Run-time compiler output of an earlier process, read from the
-    /// kernel cache on disk ([`crate::device::kernel_cache::dir`]).
+    /// kernel cache on disk (`crate::device::kernel_cache::dir`).
     DiskCache,
 }

@@ -93,7 +93,7 @@ mod handle;
 pub mod host;
 mod hostmem;
 mod info;
-pub mod kernel_cache;
+pub(crate) mod kernel_cache;
 pub(crate) mod kernels;
 mod ops;
 mod pinned;

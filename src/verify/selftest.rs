@@ -16,6 +16,7 @@ use crate::error::Result;
 
 /// One kernel's self-test result.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct KernelTest {
     /// The kernel (`"convert bf16->f32"`, `"fused bf16->f32"`, `"fingerprint"`).
     pub kernel: String,
@@ -29,6 +30,7 @@ pub struct KernelTest {
 
 /// The exhaustive self-test of one device.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
 pub struct SelfTestReport {
     /// The device.
     pub device: String,
