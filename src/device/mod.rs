@@ -96,6 +96,7 @@ mod info;
 pub(crate) mod kernel_cache;
 pub(crate) mod kernels;
 mod ops;
+mod options;
 mod pinned;
 mod stream;
 pub(crate) mod vendor;
@@ -114,12 +115,14 @@ pub use conv3d::{
     Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
     CHECK_MAX_SAMPLES, CHECK_WORDS,
 };
-pub use handle::{open_backend, Device};
+pub(crate) use handle::WeakDevice;
+pub use handle::{open_backend, open_backend_with, Device};
 pub use info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelCode, KernelSource, RawEvent,
     RawStream,
 };
 pub use ops::NonFinite;
+pub use options::{DeviceOptions, Pinning, PINNED_VAR};
 pub use pinned::PinnedBuffer;
 pub use stream::{Event, Stream};
 pub use visible::VisibleDevices;
