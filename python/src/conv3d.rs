@@ -17,7 +17,7 @@ use rocm_safe::dlpack::Imported;
 use rocm_safe::DType;
 
 use crate::errors::op_to_py;
-use crate::gpu::{device_of, lock, take_capsule};
+use crate::interop::{device_of, lock, take_capsule};
 
 // ---------------------------------------------------------------- conv3d
 

@@ -14,7 +14,7 @@ use rocm_safe::conv3d_chain::{
 };
 use rocm_safe::device::DeviceViewMut;
 
-use crate::gpu::lock;
+use crate::interop::lock;
 
 /// The tiers of a chain, each made injectable.
 pub fn wrap(tiers: Vec<Box<dyn Conv3dTier>>) -> Vec<Box<dyn Conv3dTier>> {

@@ -43,7 +43,7 @@
 //!   CPU), with the same checks and reports.
 //!
 //! Files: `tier.rs` (what a tier is, the CPU and unavailable tiers),
-//! `gpu.rs` (the tiers of a device), `chain.rs` (the chain and its
+//! `device_tiers.rs` (the tiers of a device), `chain.rs` (the chain and its
 //! checks), `device_run.rs` (the chain over device memory), `backward.rs`
 //! (gradients and the transposed convolution), `report.rs` (reports and
 //! statistics).
@@ -51,14 +51,14 @@
 mod backward;
 mod chain;
 mod device_run;
-mod gpu;
+mod device_tiers;
 mod report;
 mod tier;
 
 pub use backward::{BackwardInputs, DeviceBackwardOperands};
 pub use chain::{Conv3dChain, Conv3dOptions};
 pub use device_run::{DeviceConv3dData, DeviceOperands};
-pub use gpu::{device_tiers, NaiveTier, TiledTier, VendorTier};
+pub use device_tiers::{device_tiers, NaiveTier, TiledTier, VendorTier};
 pub use report::{Conv3dReport, TierAttempt, TierStats};
 pub use tier::{Conv3dTier, CpuTier, Support, TierKind, UnavailableTier};
 

@@ -22,7 +22,7 @@ use cudarc::driver::DriverError;
 use super::backend::{CopyOp, Driver};
 use super::gpu::Runtime;
 use super::info::{
-    BackendKind, DeviceInfo, DevicePtr, KernelCaps, KernelCode, KernelSource, RawEvent, RawStream,
+    BackendKind, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent, RawStream,
 };
 use super::kernel_cache;
 use super::kernels::{self, KernelCall, KernelModule};
@@ -455,9 +455,9 @@ unsafe impl Runtime for CudaRuntime {
     fn caps(&self) -> KernelCaps {
         KernelCaps {
             code: if kernels::CUDA_PTX.is_some() {
-                KernelCode::Embedded
+                KernelBuild::Embedded
             } else {
-                KernelCode::RunTime
+                KernelBuild::RunTime
             },
             modules: KernelModule::ALL.len(),
             bf16_tensor_cores: self.sm() >= 80,

@@ -171,10 +171,12 @@ impl std::fmt::Display for ConvertOp {
     }
 }
 
-/// How a backend obtains its kernels.
+/// How a backend's kernels are built: at build time, at run time, or not
+/// at all (a declaration in [`KernelCaps`]; what a device's kernels actually
+/// came from is [`KernelSource`]). Called `KernelCode` before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[non_exhaustive]
-pub enum KernelCode {
+pub enum KernelBuild {
     /// No device code: the kernels are the CPU implementations (host).
     Cpu,
     /// Code objects compiled at build time and embedded in the binary, one
@@ -193,7 +195,7 @@ pub enum KernelCode {
 #[non_exhaustive]
 pub struct KernelCaps {
     /// How the kernels are obtained.
-    pub code: KernelCode,
+    pub code: KernelBuild,
     /// Separately loaded kernel modules (each loaded on first use). 0 on
     /// the host; 1 on HIP (one code object); 2 on CUDA (conversions, then
     /// conv3d, so a process that only converts never compiles conv3d).
@@ -211,7 +213,7 @@ pub struct KernelCaps {
 impl KernelCaps {
     /// The host backend's: CPU code, no modules, no vendor library.
     pub const HOST: KernelCaps = KernelCaps {
-        code: KernelCode::Cpu,
+        code: KernelBuild::Cpu,
         modules: 0,
         bf16_tensor_cores: false,
         vendor_library: None,

@@ -193,7 +193,7 @@ fn gpu_pinning(
 ) -> (Gpu<Recording>, Log) {
     let log = Log::default();
     let caps = KernelCaps {
-        code: crate::device::KernelCode::RunTime,
+        code: crate::device::KernelBuild::RunTime,
         modules,
         bf16_tensor_cores: tensor_cores,
         vendor_library: Some("test"),

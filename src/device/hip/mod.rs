@@ -50,7 +50,7 @@ pub use result::HipError;
 use super::backend::{CopyOp, Driver};
 use super::gpu::Runtime;
 use super::info::{
-    BackendKind, DeviceInfo, DevicePtr, KernelCaps, KernelCode, KernelSource, RawEvent, RawStream,
+    BackendKind, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent, RawStream,
 };
 use super::kernels::{self, KernelCall, KernelModule};
 use super::vendor::miopen::Miopen;
@@ -549,7 +549,7 @@ unsafe impl Runtime for HipRuntime {
 
     fn caps(&self) -> KernelCaps {
         KernelCaps {
-            code: KernelCode::Embedded,
+            code: KernelBuild::Embedded,
             modules: 1,
             bf16_tensor_cores: false,
             vendor_library: Some("miopen"),
