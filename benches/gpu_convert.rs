@@ -170,10 +170,7 @@ fn benches(c: &mut Criterion) {
         first.elapsed_ms, first.reference_ms, first.upload_ms, first.device_ms, first.all_passed()
     );
     for policy in [Policy::Off, Policy::Fingerprint, Policy::FusedFingerprint] {
-        let opts = VerifyOptions {
-            policy,
-            ..Default::default()
-        };
+        let opts = VerifyOptions::default().with_policy(policy);
         g.bench_function(format!("{policy:?}"), |b| {
             b.iter(|| {
                 verify::convert_verified(&s, &h[..m], &dsrc.view(), &mut dout.view_mut(), &opts)

@@ -12,6 +12,7 @@ use std::str::FromStr;
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
+#[non_exhaustive]
 pub enum DType {
     /// Boolean, one byte per element.
     BOOL,
@@ -159,35 +160,6 @@ impl DType {
         let bits = elements.checked_mul(self.bits())?;
         (bits % 8 == 0).then_some(bits / 8)
     }
-
-    /// The matching dtype of the `safetensors` crate (used when writing).
-    pub fn to_safetensors(self) -> safetensors::Dtype {
-        use safetensors::Dtype as S;
-        match self {
-            DType::BOOL => S::BOOL,
-            DType::F4 => S::F4,
-            DType::F6_E2M3 => S::F6_E2M3,
-            DType::F6_E3M2 => S::F6_E3M2,
-            DType::U8 => S::U8,
-            DType::I8 => S::I8,
-            DType::F8_E5M2 => S::F8_E5M2,
-            DType::F8_E4M3 => S::F8_E4M3,
-            DType::F8_E8M0 => S::F8_E8M0,
-            DType::F8_E4M3FNUZ => S::F8_E4M3FNUZ,
-            DType::F8_E5M2FNUZ => S::F8_E5M2FNUZ,
-            DType::I16 => S::I16,
-            DType::U16 => S::U16,
-            DType::F16 => S::F16,
-            DType::BF16 => S::BF16,
-            DType::I32 => S::I32,
-            DType::U32 => S::U32,
-            DType::F32 => S::F32,
-            DType::C64 => S::C64,
-            DType::F64 => S::F64,
-            DType::I64 => S::I64,
-            DType::U64 => S::U64,
-        }
-    }
 }
 
 impl fmt::Display for DType {
@@ -219,11 +191,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_round_trip_and_match_safetensors() {
+    fn names_round_trip() {
         for d in DType::ALL {
             assert_eq!(d.name().parse::<DType>(), Ok(d));
-            assert_eq!(d.to_safetensors().to_string(), d.name());
-            assert_eq!(d.to_safetensors().bitsize() as u64, d.bits());
         }
         assert!("bf16".parse::<DType>().is_err());
         assert!("F8".parse::<DType>().is_err());

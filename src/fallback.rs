@@ -27,6 +27,7 @@ use crate::error::Error;
 
 /// Which fingerprint check of a transfer caught a bad result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub enum Check {
     /// The copied bytes on the device against the staged host bytes.
     Copy,

@@ -76,6 +76,7 @@ impl Grads {
             Conv3dBackwardOp::Data => Some(choose(&self.w, &self.wb)),
             Conv3dBackwardOp::Weight => Some(choose(&self.x, &self.xb)),
             Conv3dBackwardOp::Bias => None,
+            other => panic!("no operands for {other:?}"),
         };
         let g = match op {
             Conv3dBackwardOp::Bias => {
@@ -409,6 +410,7 @@ impl Buf {
         match d {
             Conv3dData::F32(v) => Buf::F32(s.clone_htod(v).unwrap()),
             Conv3dData::BF16(v) => Buf::BF16(s.clone_htod(v).unwrap()),
+            other => panic!("no buffer for {other:?}"),
         }
     }
     fn data(&self) -> DeviceConv3dData<'_> {

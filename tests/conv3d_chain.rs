@@ -215,11 +215,9 @@ fn checks_off_let_a_corrupt_tier_serve() {
     // Shows the checks are what catches corruption: the naive kernel's NaN
     // (3 output channels: the tiled kernel declines) is served.
     let (case, data) = data();
-    let options = Conv3dOptions {
-        verify_samples: 0,
-        scan_non_finite: false,
-        ..Conv3dOptions::default()
-    };
+    let options = Conv3dOptions::default()
+        .with_verify_samples(0)
+        .with_scan_non_finite(false);
     let dev = faulty_host(FaultKind::Conv3dWritesNonFinite);
     let chain = Conv3dChain::with_tiers(device_tiers(&dev), options);
     let p = data.problem(&case, false);
@@ -431,6 +429,73 @@ fn tier_kind_names_round_trip() {
         assert_eq!(k.to_string(), k.name());
     }
     assert!("gpu".parse::<TierKind>().is_err());
+    let custom = TierKind::Custom("winograd");
+    assert_eq!(custom.name(), "winograd");
+    assert_eq!(custom.to_string(), "winograd");
+    assert!(!custom.is_builtin() && TierKind::ALL.iter().all(|k| k.is_builtin()));
+    // A custom kind's name does not parse: its `&'static str` is the tier's.
+    assert!("winograd".parse::<TierKind>().is_err());
+}
+
+/// A tier written outside the crate claims no built-in kind: forced,
+/// forbidden, counted and reported as itself, the built-in tiers unaffected.
+#[test]
+fn custom_tiers_are_forced_forbidden_counted_and_reported_by_their_own_kind() {
+    let (case, data) = data();
+    let p = data.problem(&case, false);
+    let wino = TierKind::Custom("winograd");
+    let tiers = || {
+        vec![
+            fake(TierKind::Custom("fft"), "fft-broken", Mode::Fails),
+            fake(wino, "winograd-v1", Mode::Good),
+            Box::new(CpuTier) as Box<dyn Conv3dTier>,
+        ]
+    };
+    let chain = Conv3dChain::with_tiers(tiers(), Conv3dOptions::default());
+    assert_eq!(
+        chain.tiers()[..2],
+        [
+            (TierKind::Custom("fft"), "fft-broken".to_owned()),
+            (wino, "winograd-v1".to_owned())
+        ]
+    );
+    let (_, report) = chain.run(&p).unwrap();
+    assert_eq!(report.served_by(), Some(wino));
+    assert_eq!(report.served().unwrap().name, "winograd-v1");
+    assert!(
+        report.to_string().contains("fft-broken: failed"),
+        "{report}"
+    );
+    let stats = chain.stats();
+    assert_eq!(stats[0].name, "fft-broken");
+    assert_eq!((stats[0].attempts, stats[0].errors), (1, 1));
+    assert_eq!(stats[1].name, "winograd-v1");
+    assert_eq!((stats[1].attempts, stats[1].successes), (1, 1));
+    assert_eq!(stats[2].attempts, 0);
+
+    // Forbidding the custom kind falls through to the CPU; the other
+    // custom kind still runs (and fails).
+    let chain = Conv3dChain::with_tiers(tiers(), Conv3dOptions::default().with_forbid(wino));
+    let (_, report) = chain.run(&p).unwrap();
+    assert_eq!(report.served_by(), Some(TierKind::Cpu));
+    assert!(
+        matches!(&report.attempts[1].outcome, Outcome::Skipped(w) if w == "forbidden by the options"),
+        "{report}"
+    );
+    assert_eq!(report.failures().count(), 1);
+
+    // Forcing it runs it alone; forcing a built-in kind skips both custom tiers.
+    let chain = Conv3dChain::with_tiers(tiers(), Conv3dOptions::default().with_force(wino));
+    let (_, report) = chain.run(&p).unwrap();
+    assert_eq!(report.served_by(), Some(wino));
+    assert_eq!(report.failures().count(), 0);
+    let chain =
+        Conv3dChain::with_tiers(tiers(), Conv3dOptions::default().with_force(TierKind::Cpu));
+    let (_, report) = chain.run(&p).unwrap();
+    assert_eq!(report.served_by(), Some(TierKind::Cpu));
+    for a in &report.attempts[..2] {
+        assert!(matches!(&a.outcome, Outcome::Skipped(w) if w == "not the forced tier"));
+    }
 }
 
 // ----- validation: one test per error path -------------------------------

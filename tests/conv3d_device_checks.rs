@@ -88,6 +88,7 @@ fn upload(s: &Stream, p: &Conv3dProblem<'_>, bias_bf16: bool) -> Uploaded {
     let up = |d: Conv3dData<'_>| match d {
         Conv3dData::F32(v) => DeviceData::f32(s, v),
         Conv3dData::BF16(v) => DeviceData::bf16(s, v),
+        other => panic!("no upload for {other:?}"),
     };
     let b = p.bias.map(|b| match b {
         Conv3dData::F32(v) if bias_bf16 => {
@@ -767,7 +768,7 @@ unsafe impl Driver for CountCopies {
                 self.dtoh.fetch_add(1, Ordering::SeqCst);
                 self.dtoh_bytes.fetch_add(bytes, Ordering::SeqCst);
             }
-            CopyOp::DtoD { .. } => {}
+            _ => {}
         }
         // SAFETY: the caller's guarantees, forwarded.
         unsafe { self.inner.copy(op, bytes, s) }

@@ -196,12 +196,10 @@ fn checks_are_what_catch_corruption(open: Open<'_>) {
     let (case, data) = tiled_case();
     let p = data.problem(&case, false);
     let (dev, _) = faulty(open, 7, &[(FaultKind::Conv3dWritesZeros, When::Always)]);
-    let options = Conv3dOptions {
-        verify_samples: 0,
-        scan_non_finite: false,
-        forbid: vec![TierKind::Vendor],
-        ..Conv3dOptions::default()
-    };
+    let options = Conv3dOptions::default()
+        .with_verify_samples(0)
+        .with_scan_non_finite(false)
+        .with_forbid(TierKind::Vendor);
     let c = Conv3dChain::with_tiers(rocm_safe::conv3d_chain::device_tiers(&dev), options);
     let (out, report) = c.run(&p).unwrap();
     assert_eq!(report.served_by(), Some(TierKind::Tiled));

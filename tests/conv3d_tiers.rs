@@ -164,6 +164,7 @@ fn device_tiers_match_reference_on_every_case(dev: &Device) {
         BackendKind::Cuda => "cudnn",
         BackendKind::Hip => "miopen",
         BackendKind::Host => "vendor",
+        other => panic!("no vendor library known for {other}"),
     };
     assert_eq!(VendorTier::new(dev.clone()).name(), want);
     assert_eq!(TiledTier::new(dev.clone()).kind(), TierKind::Tiled);

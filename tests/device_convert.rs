@@ -282,10 +282,7 @@ fn verified_policies_serve_device(dev: &Device) {
         Policy::FusedFingerprint,
         Policy::ReadBack,
     ] {
-        let opts = VerifyOptions {
-            policy,
-            ..Default::default()
-        };
+        let opts = VerifyOptions::default().with_policy(policy);
         let mut out = s.alloc::<f32>(h.len()).unwrap();
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
         assert!(matches!(r.outcome, Outcome::Served), "{policy:?}");
@@ -345,10 +342,7 @@ fn verified_mismatch_falls_back_or_fails(open: Open<'_>) {
     convert::convert_slice(&h, &mut want).unwrap();
     for policy in [Policy::Fingerprint, Policy::ReadBack] {
         let mut out = s.alloc::<f32>(h.len()).unwrap();
-        let opts = VerifyOptions {
-            policy,
-            ..Default::default()
-        };
+        let opts = VerifyOptions::default().with_policy(policy);
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
         match r.outcome {
             Outcome::Failed(Failure::FingerprintMismatch {
@@ -364,10 +358,7 @@ fn verified_mismatch_falls_back_or_fails(open: Open<'_>) {
         // The CPU result replaced the corrupted one.
         assert_eq!(bits32(&out.to_vec().unwrap()), bits32(&want), "{policy:?}");
 
-        let opts = VerifyOptions {
-            allow_cpu_fallback: false,
-            ..opts
-        };
+        let opts = opts.with_cpu_fallback(false);
         let e = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap_err();
         assert!(
             matches!(e, Error::VerificationFailed { .. }),
@@ -379,10 +370,7 @@ fn verified_mismatch_falls_back_or_fails(open: Open<'_>) {
     // through (documented limits of those policies).
     for policy in [Policy::Off, Policy::FusedFingerprint] {
         let mut out = s.alloc::<f32>(h.len()).unwrap();
-        let opts = VerifyOptions {
-            policy,
-            ..Default::default()
-        };
+        let opts = VerifyOptions::default().with_policy(policy);
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
         assert!(matches!(r.outcome, Outcome::Served), "{policy:?}");
         assert_ne!(bits32(&out.to_vec().unwrap()), bits32(&want), "{policy:?}");
@@ -406,10 +394,7 @@ fn untrusted_fingerprint_kernel_reads_back(open: Open<'_>) {
         .all(|k| k.mismatches == 0));
     let h = as_bf16(&[1, 2, 3, 0x7fc1]);
     for policy in [Policy::Fingerprint, Policy::FusedFingerprint] {
-        let opts = VerifyOptions {
-            policy,
-            ..Default::default()
-        };
+        let opts = VerifyOptions::default().with_policy(policy);
         let mut out = s.alloc::<f32>(4).unwrap();
         let r = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap();
         assert_eq!(r.policy, Policy::ReadBack, "{policy:?}");
@@ -467,10 +452,7 @@ fn untrusted_kernel_goes_to_cpu(open: Open<'_>) {
         bits32(&out.to_vec().unwrap()),
         vec![1 << 16, 2 << 16, 3 << 16, 0x7fc1 << 16]
     );
-    let opts = VerifyOptions {
-        allow_cpu_fallback: false,
-        ..Default::default()
-    };
+    let opts = VerifyOptions::default().with_cpu_fallback(false);
     let e = verify::upload_convert(&s, &h, &mut out.view_mut(), &opts).unwrap_err();
     assert!(
         matches!(e, Error::KernelUntrusted { mismatches: 1, .. }),

@@ -166,10 +166,7 @@ fn convert_writes_zeros_is_caught_by_both_fingerprints(open: Open<'_>) {
         trusted(&d, &h);
         let s = d.stream().unwrap();
         let mut out = s.alloc::<f32>(src.len()).unwrap();
-        let opts = VerifyOptions {
-            policy,
-            ..Default::default()
-        };
+        let opts = VerifyOptions::default().with_policy(policy);
         let r = verify::upload_convert(&s, &src, &mut out.view_mut(), &opts).unwrap();
         assert!(
             matches!(
@@ -231,7 +228,7 @@ fn launch_failure_is_an_error(open: Open<'_>) {
         ),
         "{e}"
     );
-    let e = verify::self_test_uncached(&s).unwrap_err();
+    let e = verify::self_test(&s).unwrap_err();
     assert!(matches!(e, Error::InjectedFault { .. }), "{e}");
 }
 

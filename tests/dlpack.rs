@@ -31,6 +31,7 @@ fn expected_device_type(kind: BackendKind) -> u32 {
         BackendKind::Host => 1,
         BackendKind::Cuda => 2,
         BackendKind::Hip => 10,
+        other => panic!("no DLPack device type known for {other}"),
     }
 }
 
@@ -59,6 +60,7 @@ fn expected_code(d: DType) -> (u8, u8) {
         DType::F64 => (2, 64),
         DType::I64 => (0, 64),
         DType::U64 => (1, 64),
+        other => panic!("no DLPack code known for {other}"),
     }
 }
 

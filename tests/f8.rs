@@ -181,7 +181,7 @@ fn the_device_path_converts_f8_to_f32_and_refuses_the_rest() {
 #[test]
 fn the_self_test_covers_the_f8_kernels_and_catches_a_bad_one() {
     let dev = host();
-    let r = verify::self_test_uncached(&dev.stream().unwrap()).unwrap();
+    let r = verify::self_test(&dev.stream().unwrap()).unwrap();
     assert!(r.all_passed(), "{r:#?}");
     for d in F8 {
         let op = ConvertOp {
@@ -195,7 +195,7 @@ fn the_self_test_covers_the_f8_kernels_and_catches_a_bad_one() {
         FaultPlan::one(FaultKind::ConvertWritesZeros, When::Always),
     );
     let dev = Device::from_backend(Box::new(f));
-    let r = verify::self_test_uncached(&dev.stream().unwrap()).unwrap();
+    let r = verify::self_test(&dev.stream().unwrap()).unwrap();
     let k = r
         .kernels
         .iter()

@@ -1360,20 +1360,13 @@ fn kernels_that_never_ran_are_never_reported_correct() {
             let src = s.clone_htod(&host).map_err(err("upload"))?;
             for opts in [
                 VerifyOptions::default(),
-                VerifyOptions {
-                    self_test: false,
-                    ..VerifyOptions::default()
-                },
-                VerifyOptions {
-                    self_test: false,
-                    policy: Policy::ReadBack,
-                    ..VerifyOptions::default()
-                },
-                VerifyOptions {
-                    self_test: false,
-                    policy: Policy::FusedFingerprint,
-                    ..VerifyOptions::default()
-                },
+                VerifyOptions::default().with_self_test(false),
+                VerifyOptions::default()
+                    .with_self_test(false)
+                    .with_policy(Policy::ReadBack),
+                VerifyOptions::default()
+                    .with_self_test(false)
+                    .with_policy(Policy::FusedFingerprint),
             ] {
                 let mut dst = s.alloc::<f32>(host.len()).map_err(err("alloc"))?;
                 let launches = st.launches().len();
@@ -1389,10 +1382,7 @@ fn kernels_that_never_ran_are_never_reported_correct() {
                 );
                 let out = dst.to_vec().map_err(err("download"))?;
                 ensure!(out == want, "{opts:?}: the CPU fallback's output is wrong");
-                let strict = VerifyOptions {
-                    allow_cpu_fallback: false,
-                    ..opts
-                };
+                let strict = opts.with_cpu_fallback(false);
                 let mut dst = s.alloc::<f32>(host.len()).map_err(err("alloc"))?;
                 match convert_verified(&s, &host, &src.view(), &mut dst.view_mut(), &strict) {
                     Ok(r) => return Err(format!("{strict:?}: returned as correct: {r}")),

@@ -12,9 +12,10 @@ mod gpu {
 
     use half::bf16;
     use rocm_safe::convert::scalar;
-    use rocm_safe::device::kernel_cache::CACHE_DIR_VAR;
     use rocm_safe::device::{BackendKind, Device, KernelSource};
 
+    /// Where the kernel cache lives (the README's `ROCM_SAFE_CACHE_DIR`).
+    const CACHE_DIR_VAR: &str = "ROCM_SAFE_CACHE_DIR";
     /// The kernel source the child process must report.
     const EXPECT_VAR: &str = "ROCM_SAFE_TEST_EXPECT_KERNEL_SOURCE";
 

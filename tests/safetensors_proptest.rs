@@ -3,6 +3,8 @@
 //! truncations never panic and, when they still validate, describe a
 //! consistent file.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -88,7 +90,7 @@ fn serialize(ts: &[T], meta: Option<HashMap<String, String>>) -> Vec<u8> {
     let views = ts.iter().map(|t| {
         (
             t.name.clone(),
-            TensorView::new(t.dtype.to_safetensors(), t.shape.clone(), &t.data).unwrap(),
+            TensorView::new(common::st::to_st(t.dtype), t.shape.clone(), &t.data).unwrap(),
         )
     });
     safetensors::serialize(views, meta).unwrap()

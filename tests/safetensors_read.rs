@@ -166,7 +166,7 @@ fn agrees_with_safetensors_crate() {
         .map(|((n, d, s), b)| {
             (
                 *n,
-                TensorView::new(d.to_safetensors(), s.clone(), b).unwrap(),
+                TensorView::new(common::st::to_st(*d), s.clone(), b).unwrap(),
             )
         })
         .collect();
@@ -192,10 +192,8 @@ fn agrees_with_safetensors_crate() {
     // produces byte-identical output.
     let mut order: Vec<usize> = (0..specs.len()).collect();
     order.sort_by(|&a, &b| {
-        specs[b]
-            .1
-            .to_safetensors()
-            .cmp(&specs[a].1.to_safetensors())
+        common::st::to_st(specs[b].1)
+            .cmp(&common::st::to_st(specs[a].1))
             .then(specs[a].0.cmp(specs[b].0))
     });
     let ours = dir.path().join("ours.safetensors");
@@ -301,6 +299,26 @@ fn null_metadata_is_no_metadata() {
         assert!(c.metadata().is_none(), "{header}");
         if !data.is_empty() {
             assert_eq!(c.read_bytes("a").unwrap(), data);
+        }
+    }
+}
+
+/// Every dtype has the `safetensors` crate's name and size, and the same
+/// order (the Python writer sorts by `DType`'s order as that crate does).
+#[test]
+fn dtypes_match_the_safetensors_crate() {
+    for d in DType::ALL {
+        let s = common::st::to_st(d);
+        assert_eq!(s.to_string(), d.name());
+        assert_eq!(s.bitsize() as u64, d.bits());
+    }
+    for a in DType::ALL {
+        for b in DType::ALL {
+            assert_eq!(
+                a.cmp(&b),
+                common::st::to_st(a).cmp(&common::st::to_st(b)),
+                "{a} vs {b}"
+            );
         }
     }
 }

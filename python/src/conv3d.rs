@@ -17,7 +17,7 @@ use rocm_safe::dlpack::Imported;
 use rocm_safe::DType;
 
 use crate::errors::op_to_py;
-use crate::gpu::{device_of, lock, take_capsule};
+use crate::interop::{device_of, lock, take_capsule};
 
 // ---------------------------------------------------------------- conv3d
 
@@ -25,6 +25,9 @@ use crate::gpu::{device_of, lock, take_capsule};
 type Chains = Mutex<Vec<(Device, Arc<Conv3dChain>)>>;
 
 /// The chain of each device, made once (statistics accumulate there).
+/// Per process, not in the device's slot: a chain holds its device, and a
+/// slot holding its own device would never be dropped (the devices live
+/// for the process anyway: [`device_of`]).
 fn chains() -> &'static Chains {
     static C: OnceLock<Chains> = OnceLock::new();
     C.get_or_init(Default::default)

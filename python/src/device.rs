@@ -4,7 +4,7 @@
 //! [`Checkpoint`](crate::Checkpoint), the tensors asked for, the parsed
 //! device, the conversion dtype and the verification policy, and must
 //! return one DLPack capsule per tensor (`(name, capsule)`), which the
-//! Python side hands to `torch.from_dlpack`; the work is in `gpu.rs`.
+//! Python side hands to `torch.from_dlpack`; the work is in `interop.rs`.
 
 use pyo3::prelude::*;
 
@@ -77,6 +77,9 @@ pub fn policy_name(p: Policy) -> &'static str {
         Policy::Fingerprint => "fingerprint",
         Policy::FusedFingerprint => "fused_fingerprint",
         Policy::ReadBack => "readback",
+        // A policy newer than this package (the enum is non-exhaustive):
+        // named, never mistaken for one of the above.
+        _ => "unknown",
     }
 }
 
@@ -123,7 +126,7 @@ pub fn load_to_device(
     policy: Policy,
     backend: Option<&str>,
 ) -> PyResult<Vec<(String, Py<PyAny>)>> {
-    crate::gpu::load(
+    crate::interop::load(
         py,
         checkpoint,
         names,

@@ -14,7 +14,7 @@ use rocm_safe::conv3d_chain::{
 };
 use rocm_safe::device::DeviceViewMut;
 
-use crate::gpu::lock;
+use crate::interop::lock;
 
 /// The tiers of a chain, each made injectable.
 pub fn wrap(tiers: Vec<Box<dyn Conv3dTier>>) -> Vec<Box<dyn Conv3dTier>> {
@@ -53,8 +53,11 @@ fn mask_of<'a>(kinds: impl IntoIterator<Item = &'a str>) -> Result<u8, String> {
 }
 
 fn is_injected(kind: TierKind) -> bool {
-    let i = TierKind::ALL.iter().position(|t| *t == kind).unwrap_or(0);
-    *lock(injected()) & (1 << i) != 0
+    // A kind outside `TierKind::ALL` (a custom tier) is never injected.
+    TierKind::ALL
+        .iter()
+        .position(|t| *t == kind)
+        .is_some_and(|i| *lock(injected()) & (1 << i) != 0)
 }
 
 /// A tier that fails on demand (tests), otherwise its inner tier.

@@ -14,7 +14,7 @@
 //!
 //! The GPU path (`device="cuda"`) is [`load_to_device`]: the verified
 //! loader fills device memory and hands each tensor over as a DLPack
-//! capsule. `gpu.rs` also runs the conv3d chain on tensors borrowed from
+//! capsule. `interop.rs` (DLPack capsules, loads to a device) also runs the conv3d chain on tensors borrowed from
 //! PyTorch through DLPack.
 
 #![deny(missing_docs)]
@@ -24,9 +24,9 @@
 mod conv3d;
 mod device;
 mod errors;
-mod gpu;
 #[cfg(feature = "testing")]
 mod inject;
+mod interop;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -468,13 +468,9 @@ impl Writer {
         for (name, dtype, shape) in tensors {
             specs.push(TensorSpec::new(name, dtype_of(&dtype)?, shape));
         }
-        // The safetensors crate's order: dtype descending, then name.
-        specs.sort_by(|a, b| {
-            b.dtype
-                .to_safetensors()
-                .cmp(&a.dtype.to_safetensors())
-                .then_with(|| a.name.cmp(&b.name))
-        });
+        // The safetensors crate's order: dtype descending, then name
+        // (`DType`'s order is that crate's: tests/safetensors_read.rs).
+        specs.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
         let order = specs.iter().map(|s| s.name.clone()).collect();
         let w = py
             .detach(|| {
@@ -570,10 +566,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::parse_device_py, m)?)?;
     m.add_function(wrap_pyfunction!(device::parse_verify_py, m)?)?;
     m.add_function(wrap_pyfunction!(device::load_to_device_py, m)?)?;
-    m.add_class::<gpu::LoadReport>()?;
-    m.add_function(wrap_pyfunction!(gpu::last_load_report, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu::device_owned_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(gpu::device_synchronize, m)?)?;
+    m.add_class::<interop::LoadReport>()?;
+    m.add_function(wrap_pyfunction!(interop::last_load_report, m)?)?;
+    m.add_function(wrap_pyfunction!(interop::device_owned_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(interop::device_synchronize, m)?)?;
     m.add_function(wrap_pyfunction!(conv3d::conv3d, m)?)?;
     m.add_function(wrap_pyfunction!(conv3d::conv3d_stats, m)?)?;
     m.add_function(wrap_pyfunction!(conv3d::conv3d_verify, m)?)?;

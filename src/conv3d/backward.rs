@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 
 /// Which gradient of a forward convolution (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
 pub enum Conv3dBackwardOp {
     /// The input's gradient `[N, C, D, H, W]` from `dy` and the weight (the
     /// transposed convolution).

@@ -48,6 +48,7 @@ struct Padded {
 
 /// Which compiled CPU kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CpuKernel {
     /// The best this CPU has (checked at run time).
     Auto,

@@ -56,6 +56,7 @@ impl Conv3dParams {
 
 /// A borrowed tensor of one of the two input dtypes conv3d takes.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum Conv3dData<'a> {
     /// 32-bit floats.
     F32(&'a [f32]),

@@ -44,6 +44,7 @@ use crate::fallback::Failure;
 /// The operands of a gradient on the device
 /// ([`Conv3dChain::backward_device`]).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum BackwardInputs<'a> {
     /// The input's gradient from `dy` and the weight (standard layout).
     Data {

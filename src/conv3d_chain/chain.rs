@@ -14,8 +14,10 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::fallback::{Failure, Outcome};
 
-/// How results are checked and which tiers may run.
+/// How results are checked and which tiers may run: `Conv3dOptions::default()`
+/// and the `with_*` methods (non-exhaustive: fields may be added).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Conv3dOptions {
     /// Run only this kind of tier (no fallback): fail fast, or test one tier.
     pub force: Option<TierKind>,
@@ -50,6 +52,46 @@ impl Default for Conv3dOptions {
             rel_tol_f32: 1e-4,
             rel_tol_bf16: 1e-2,
         }
+    }
+}
+
+impl Conv3dOptions {
+    /// Runs only tiers of `kind` (no fallback).
+    pub fn with_force(mut self, kind: TierKind) -> Self {
+        self.force = Some(kind);
+        self
+    }
+
+    /// Never runs tiers of `kind` (added to [`Conv3dOptions::forbid`]).
+    pub fn with_forbid(mut self, kind: TierKind) -> Self {
+        self.forbid.push(kind);
+        self
+    }
+
+    /// Recomputes `n` output points per result on the CPU (0: none).
+    pub fn with_verify_samples(mut self, n: usize) -> Self {
+        self.verify_samples = n;
+        self
+    }
+
+    /// Turns the NaN/infinity scan of results on or off.
+    pub fn with_scan_non_finite(mut self, on: bool) -> Self {
+        self.scan_non_finite = on;
+        self
+    }
+
+    /// The seed choosing the sampled points.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The relative tolerances of the sampled points: f32 inputs, bf16
+    /// inputs.
+    pub fn with_tolerances(mut self, rel_tol_f32: f64, rel_tol_bf16: f64) -> Self {
+        self.rel_tol_f32 = rel_tol_f32;
+        self.rel_tol_bf16 = rel_tol_bf16;
+        self
     }
 }
 

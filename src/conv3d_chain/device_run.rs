@@ -23,7 +23,7 @@
 //! The buffers this needs (the bias widened to f32 when it is bf16, the
 //! check's counts and results) are kept by the chain and reused across
 //! calls ([`DeviceScratch`]); the tiled kernels' weight layouts are kept
-//! by their tiers (`gpu.rs`).
+//! by their tiers (`device_tiers.rs`).
 
 use std::cell::OnceCell;
 use std::sync::{MutexGuard, TryLockError};
@@ -44,6 +44,7 @@ use crate::fallback::Failure;
 /// An input, weight or bias of a conv3d in device memory, compact
 /// row-major.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum DeviceConv3dData<'a> {
     /// f32 elements.
     F32(DeviceView<'a, f32>),

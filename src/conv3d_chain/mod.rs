@@ -43,7 +43,7 @@
 //!   CPU), with the same checks and reports.
 //!
 //! Files: `tier.rs` (what a tier is, the CPU and unavailable tiers),
-//! `gpu.rs` (the tiers of a device), `chain.rs` (the chain and its
+//! `device_tiers.rs` (the tiers of a device), `chain.rs` (the chain and its
 //! checks), `device_run.rs` (the chain over device memory), `backward.rs`
 //! (gradients and the transposed convolution), `report.rs` (reports and
 //! statistics).
@@ -51,28 +51,39 @@
 mod backward;
 mod chain;
 mod device_run;
-mod gpu;
+mod device_tiers;
 mod report;
 mod tier;
 
 pub use backward::{BackwardInputs, DeviceBackwardOperands};
 pub use chain::{Conv3dChain, Conv3dOptions};
 pub use device_run::{DeviceConv3dData, DeviceOperands};
-pub use gpu::{device_tiers, NaiveTier, TiledTier, VendorTier};
+pub use device_tiers::{device_tiers, NaiveTier, TiledTier, VendorTier};
 pub use report::{Conv3dReport, TierAttempt, TierStats};
 pub use tier::{Conv3dTier, CpuTier, Support, TierKind, UnavailableTier};
 
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
-use crate::device::{BackendKind, Device};
+use crate::device::{BackendKind, Device, WeakDevice};
 
 /// The first GPU device this build has and this machine shows (HIP, then
-/// CUDA), or why there is none; opened once per process and shared, so
-/// every [`Conv3dChain::first_gpu`] reuses its loaded kernels and vendor-library
-/// handle and plans.
+/// CUDA), or why there is none. While a chain made by
+/// [`Conv3dChain::first_gpu`] holds it, later ones share it (its loaded
+/// kernels, vendor-library handle and plans); once the last is dropped, the
+/// device closes and the next call opens it again. Only a weak handle is
+/// kept here, so no device outlives the chains that use it.
 fn default_gpu() -> std::result::Result<Device, String> {
-    static GPU: OnceLock<std::result::Result<Device, String>> = OnceLock::new();
-    GPU.get_or_init(open_default_gpu).clone()
+    static GPU: Mutex<WeakDevice> = Mutex::new(WeakDevice::new());
+    let mut weak = match GPU.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    if let Some(d) = weak.upgrade() {
+        return Ok(d);
+    }
+    let d = open_default_gpu()?;
+    *weak = d.downgrade();
+    Ok(d)
 }
 
 fn open_default_gpu() -> std::result::Result<Device, String> {

@@ -13,6 +13,7 @@ use crate::fallback::{Failure, Outcome};
 /// One tier's part in a call: what happened there ([`Outcome`]) and how
 /// long it took.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct TierAttempt {
     /// The tier's kind.
     pub kind: TierKind,
@@ -26,6 +27,7 @@ pub struct TierAttempt {
 
 /// The record of one call: which tier served and what happened before.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Conv3dReport {
     /// Every tier of the chain in order, up to the one that served.
     pub attempts: Vec<TierAttempt>,
@@ -90,6 +92,7 @@ impl std::error::Error for Conv3dReport {}
 
 /// Counters of one tier over the chain's life.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TierStats {
     /// The tier's name.
     pub name: String,

@@ -13,8 +13,14 @@ use crate::conv3d::{
 use crate::device::DeviceViewMut;
 use crate::error::{Error, Result};
 
-/// The four kinds of tier, in the chain's default order.
+/// What a tier is: the crate's four kinds, in the chain's default order,
+/// or [`TierKind::Custom`] for a tier written outside the crate.
+///
+/// Options ([`Conv3dOptions::force`](super::Conv3dOptions::force),
+/// [`forbid`](super::Conv3dOptions::forbid)) select tiers by kind; reports
+/// and statistics name each tier by [`Conv3dTier::name`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum TierKind {
     /// The vendor library: MIOpen on HIP, cuDNN on CUDA, loaded at run time.
     Vendor,
@@ -24,10 +30,16 @@ pub enum TierKind {
     Naive,
     /// The CPU implementation (rayon), which takes every parameter set.
     Cpu,
+    /// A tier written outside the crate, with its kind's name (`"winograd"`):
+    /// forced and forbidden by that name, counted and reported under its
+    /// tier's [`Conv3dTier::name`]. It should not reuse one of the names
+    /// above (those parse as the crate's kinds).
+    Custom(&'static str),
 }
 
 impl TierKind {
-    /// All kinds in the default order.
+    /// The crate's kinds in the default order ([`TierKind::Custom`] kinds
+    /// are the caller's).
     pub const ALL: [TierKind; 4] = [
         TierKind::Vendor,
         TierKind::Tiled,
@@ -35,14 +47,21 @@ impl TierKind {
         TierKind::Cpu,
     ];
 
-    /// Lowercase name: `vendor`, `tiled`, `naive`, `cpu`.
+    /// Lowercase name: `vendor`, `tiled`, `naive`, `cpu`, or a custom
+    /// kind's own.
     pub fn name(self) -> &'static str {
         match self {
             TierKind::Vendor => "vendor",
             TierKind::Tiled => "tiled",
             TierKind::Naive => "naive",
             TierKind::Cpu => "cpu",
+            TierKind::Custom(name) => name,
         }
+    }
+
+    /// Whether this is one of the crate's kinds ([`TierKind::ALL`]).
+    pub fn is_builtin(self) -> bool {
+        !matches!(self, TierKind::Custom(_))
     }
 }
 
@@ -54,7 +73,8 @@ impl fmt::Display for TierKind {
 
 impl std::str::FromStr for TierKind {
     type Err = ();
-    /// Parses a [`TierKind::name`].
+    /// Parses the name of one of the crate's kinds ([`TierKind::ALL`]); a
+    /// custom kind's name is an error (its `&'static str` is the tier's).
     fn from_str(s: &str) -> std::result::Result<Self, ()> {
         TierKind::ALL.into_iter().find(|k| k.name() == s).ok_or(())
     }

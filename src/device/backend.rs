@@ -207,6 +207,7 @@ pub unsafe trait Backend: Driver {
 
 /// One copy of [`Driver::copy`]: its direction and addresses.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum CopyOp {
     /// Host memory at `src` to the device at `dst`.
     HtoD {
@@ -245,6 +246,7 @@ impl CopyOp {
 /// One kernel operation of [`Backend::run`]. Lengths count elements unless
 /// named `bytes`; every address is the caller's, aligned to its element.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum KernelOp<'a> {
     /// Converts `n` elements `op.from` at `src` into `op.to` at `dst`
     /// (`op.on_device()`).

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::ops::{Bound, Deref, RangeBounds};
 
 use super::backend::CopyOp;
-use super::handle::Device;
+use super::device_handle::Device;
 use super::info::DevicePtr;
 use super::pinned::PinnedBuffer;
 use super::stream::Stream;

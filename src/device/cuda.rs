@@ -11,7 +11,7 @@
 //! from `hip-kernels/` (through `prelude.h`'s CUDA branch): PTX built by
 //! nvcc at build time when it was found, else the embedded source compiled
 //! by NVRTC on first use, cached per compute capability for the process and
-//! on disk ([`super::kernel_cache`]).
+//! on disk (`super::kernel_cache`).
 
 use std::ffi::CString;
 
@@ -22,7 +22,7 @@ use cudarc::driver::DriverError;
 use super::backend::{CopyOp, Driver};
 use super::gpu::Runtime;
 use super::info::{
-    BackendKind, DeviceInfo, DevicePtr, KernelCaps, KernelCode, KernelSource, RawEvent, RawStream,
+    BackendKind, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent, RawStream,
 };
 use super::kernel_cache;
 use super::kernels::{self, KernelCall, KernelModule};
@@ -455,9 +455,9 @@ unsafe impl Runtime for CudaRuntime {
     fn caps(&self) -> KernelCaps {
         KernelCaps {
             code: if kernels::CUDA_PTX.is_some() {
-                KernelCode::Embedded
+                KernelBuild::Embedded
             } else {
-                KernelCode::RunTime
+                KernelBuild::RunTime
             },
             modules: KernelModule::ALL.len(),
             bf16_tensor_cores: self.sm() >= 80,

@@ -43,6 +43,7 @@ pub use crate::error::FaultKind;
 
 /// Which of the operations a rule applies to are hit.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[non_exhaustive]
 pub enum When {
     /// Every one.
     Always,

@@ -18,9 +18,10 @@ use std::sync::{Arc, Mutex};
 
 use super::backend::{Backend, Driver, KernelOp};
 use super::conv3d::{Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
-use super::hostmem::{Mapping, PinMethod, REGISTER_MIN};
+use super::hostmem::{Mapping, REGISTER_MIN};
 use super::info::{KernelCaps, KernelSource, RawStream};
 use super::kernels::{Kernel, KernelCall, KernelModule};
+use super::options::Pinning;
 use super::vendor::{vendor_conv3d, VendorConv};
 use super::wrap::Wrap;
 use crate::conv3d::Conv3dGeometry;
@@ -102,8 +103,8 @@ pub(crate) struct Gpu<R: Runtime> {
     /// Pinned host memory we mapped and registered, by address
     /// ([`Driver::alloc_pinned`] here).
     mapped: Mutex<HashMap<usize, Mapping>>,
-    /// How large pinned buffers are made (`ROCM_SAFE_PINNED`).
-    pin: PinMethod,
+    /// How large pinned buffers are made (`DeviceOptions::pinning`).
+    pin: Pinning,
     /// Set when the runtime refused a registration: the runtime's own
     /// pinned allocator serves from then on.
     register_refused: AtomicBool,
@@ -125,13 +126,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<R: Runtime> Gpu<R> {
-    /// The GPU body over an opened runtime.
-    pub(crate) fn new(rt: R) -> Gpu<R> {
-        Gpu::with_pin(rt, PinMethod::from_env())
-    }
-
-    /// [`Gpu::new`] with the pinning method given (tests).
-    pub(crate) fn with_pin(rt: R, pin: PinMethod) -> Gpu<R> {
+    /// The GPU body over an opened runtime, pinning host memory by `pin`
+    /// (the device's [`DeviceOptions`](super::DeviceOptions)).
+    pub(crate) fn new(rt: R, pin: Pinning) -> Gpu<R> {
         let n = rt.caps().modules.max(1);
         Gpu {
             modules: (0..n).map(|_| Mutex::new(None)).collect(),
@@ -164,7 +161,7 @@ impl<R: Runtime> Gpu<R> {
     /// the runtime's allocator).
     fn alloc_registered(&self, bytes: usize) -> Option<*mut u8> {
         if bytes < REGISTER_MIN
-            || self.pin != PinMethod::Register
+            || self.pin != Pinning::Register
             || self.register_refused.load(Ordering::Relaxed)
         {
             return None;

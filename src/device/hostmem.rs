@@ -22,46 +22,6 @@ use crate::error::{Error, Result};
 pub(crate) const REGISTER_MIN: usize = 1 << 20;
 /// A transparent huge page.
 pub(crate) const HUGE_PAGE: usize = 2 << 20;
-/// The environment variable that picks how GPU backends pin host memory.
-pub(crate) const PINNED_ENV: &str = "ROCM_SAFE_PINNED";
-
-/// How the GPU backends pin host memory for the loader's ring and other
-/// large pinned buffers (`ROCM_SAFE_PINNED`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PinMethod {
-    /// Map huge pages, fault them in on the rayon pool, register them
-    /// (`register`, the default). Falls back to [`PinMethod::HostAlloc`]
-    /// for the rest of the device's life if the runtime refuses a
-    /// registration.
-    Register,
-    /// The runtime's own pinned allocator (`hostalloc`).
-    HostAlloc,
-}
-
-impl PinMethod {
-    /// The method `ROCM_SAFE_PINNED` asks for (unset or unknown values:
-    /// [`PinMethod::Register`]; an unknown value is logged).
-    pub(crate) fn from_env() -> PinMethod {
-        let v = std::env::var(PINNED_ENV).ok();
-        let m = PinMethod::parse(v.as_deref());
-        if m.is_none() {
-            tracing::warn!(value = ?v, "{PINNED_ENV}: expected `register` or `hostalloc`; using `register`");
-        }
-        m.unwrap_or(PinMethod::Register)
-    }
-
-    /// `None` for a value that is neither `register` nor `hostalloc`
-    /// (unset and empty mean `register`).
-    pub(crate) fn parse(v: Option<&str>) -> Option<PinMethod> {
-        match v.map(str::trim) {
-            None | Some("") => Some(PinMethod::Register),
-            Some(s) if s.eq_ignore_ascii_case("register") => Some(PinMethod::Register),
-            Some(s) if s.eq_ignore_ascii_case("hostalloc") => Some(PinMethod::HostAlloc),
-            Some(_) => None,
-        }
-    }
-}
-
 /// An anonymous private mapping, 2 MiB-aligned and a whole number of
 /// 2 MiB pages long, every page faulted in (so zeroed) before it is
 /// returned; unmapped when dropped.
@@ -226,21 +186,6 @@ mod tests {
             let e = Mapping::new(bytes).unwrap_err();
             assert!(matches!(e, Error::OutOfMemory { .. }), "{bytes}: {e:?}");
         }
-    }
-
-    #[test]
-    fn pin_method_values() {
-        assert_eq!(PinMethod::parse(None), Some(PinMethod::Register));
-        assert_eq!(PinMethod::parse(Some("")), Some(PinMethod::Register));
-        assert_eq!(
-            PinMethod::parse(Some("register")),
-            Some(PinMethod::Register)
-        );
-        assert_eq!(
-            PinMethod::parse(Some(" HostAlloc ")),
-            Some(PinMethod::HostAlloc)
-        );
-        assert_eq!(PinMethod::parse(Some("mmap")), None);
     }
 
     #[test]

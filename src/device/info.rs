@@ -8,6 +8,7 @@ use crate::dtype::DType;
 
 /// Which implementation runs a [`Device`](crate::device::Device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub enum BackendKind {
     /// The CPU: device memory is host memory, kernels are `crate::convert`.
     Host,
@@ -45,6 +46,7 @@ impl std::fmt::Display for BackendKind {
 
 /// What a backend reports about its device.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct DeviceInfo {
     /// The backend.
     pub kind: BackendKind,
@@ -169,9 +171,12 @@ impl std::fmt::Display for ConvertOp {
     }
 }
 
-/// How a backend obtains its kernels.
+/// How a backend's kernels are built: at build time, at run time, or not
+/// at all (a declaration in [`KernelCaps`]; what a device's kernels actually
+/// came from is [`KernelSource`]). Called `KernelCode` before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum KernelCode {
+#[non_exhaustive]
+pub enum KernelBuild {
     /// No device code: the kernels are the CPU implementations (host).
     Cpu,
     /// Code objects compiled at build time and embedded in the binary, one
@@ -179,7 +184,7 @@ pub enum KernelCode {
     Embedded,
     /// Compiled at run time for the device found (CUDA: NVRTC, or PTX from
     /// nvcc that the driver finishes), kept in the kernel cache on disk
-    /// ([`crate::device::kernel_cache`]).
+    /// (`crate::device::kernel_cache`).
     RunTime,
 }
 
@@ -187,9 +192,10 @@ pub enum KernelCode {
 /// choice and the conv3d tiers query, so that no caller tests backend names
 /// or build features.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct KernelCaps {
     /// How the kernels are obtained.
-    pub code: KernelCode,
+    pub code: KernelBuild,
     /// Separately loaded kernel modules (each loaded on first use). 0 on
     /// the host; 1 on HIP (one code object); 2 on CUDA (conversions, then
     /// conv3d, so a process that only converts never compiles conv3d).
@@ -207,7 +213,7 @@ pub struct KernelCaps {
 impl KernelCaps {
     /// The host backend's: CPU code, no modules, no vendor library.
     pub const HOST: KernelCaps = KernelCaps {
-        code: KernelCode::Cpu,
+        code: KernelBuild::Cpu,
         modules: 0,
         bf16_tensor_cores: false,
         vendor_library: None,
@@ -216,6 +222,7 @@ impl KernelCaps {
 
 /// How the kernels of a device were obtained (the first module loaded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub enum KernelSource {
     /// The CPU implementations (host backend).
     Cpu,
@@ -228,6 +235,6 @@ pub enum KernelSource {
     /// Run-time compiler output reused from this process's cache.
     ProcessCache,
     /// Run-time compiler output of an earlier process, read from the
-    /// kernel cache on disk ([`crate::device::kernel_cache::dir`]).
+    /// kernel cache on disk (`crate::device::kernel_cache::dir`).
     DiskCache,
 }

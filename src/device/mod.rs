@@ -31,7 +31,7 @@
 //! | --- | --- |
 //! | `info.rs` | [`BackendKind`], [`DeviceInfo`], [`KernelCaps`], raw handles |
 //! | `backend.rs`, `wrap.rs` | the [`Driver`] and [`Backend`] traits; [`Wrap`] and the forwarding macros |
-//! | `handle.rs` | [`Device`] |
+//! | `device_handle.rs` | [`Device`], [`DeviceOptions`] (`options.rs`) |
 //! | `stream.rs`, `ops.rs` | [`Stream`], [`Event`]; the kernel operations on a stream |
 //! | `buffer.rs`, `pinned.rs` | [`DeviceBuffer`], views, [`DeviceSpan`]; [`PinnedBuffer`] |
 //! | `conv3d/` | [`Conv3dLaunch`], [`Conv3dKernel`], weight layouts, host emulation, the backward ops ([`Conv3dBackwardLaunch`]) |
@@ -84,18 +84,19 @@
 mod backend;
 mod buffer;
 mod conv3d;
+mod device_handle;
 pub(crate) mod dynlib;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod faults;
 mod gpu;
-mod handle;
 pub mod host;
 mod hostmem;
 mod info;
-pub mod kernel_cache;
+pub(crate) mod kernel_cache;
 pub(crate) mod kernels;
 mod ops;
+mod options;
 mod pinned;
 mod stream;
 pub(crate) mod vendor;
@@ -114,12 +115,18 @@ pub use conv3d::{
     Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
     CHECK_MAX_SAMPLES, CHECK_WORDS,
 };
-pub use handle::{open_backend, Device};
+pub(crate) use device_handle::WeakDevice;
+pub use device_handle::{open_backend, open_backend_with, Device};
 pub use info::{
-    BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelCode, KernelSource, RawEvent,
+    BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent,
     RawStream,
 };
+/// Renamed [`KernelBuild`] (beside [`KernelSource`], `KernelCode` did not
+/// say which of the two it was).
+#[deprecated(since = "0.1.0", note = "renamed KernelBuild")]
+pub type KernelCode = KernelBuild;
 pub use ops::NonFinite;
+pub use options::{DeviceOptions, Pinning, PINNED_VAR};
 pub use pinned::PinnedBuffer;
 pub use stream::{Event, Stream};
 pub use visible::VisibleDevices;

@@ -3,7 +3,7 @@
 
 use std::marker::PhantomData;
 
-use super::handle::Device;
+use super::device_handle::Device;
 use super::stream::{Event, Stream};
 use crate::error::Result;
 

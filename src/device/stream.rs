@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::backend::Backend;
 use super::buffer::DeviceBuffer;
-use super::handle::{byte_len, Device};
+use super::device_handle::{byte_len, Device};
 use super::info::{DevicePtr, RawEvent, RawStream};
 use crate::error::{Error, Result};
 

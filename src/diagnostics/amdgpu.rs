@@ -13,6 +13,7 @@ use std::path::Path;
 /// One amdgpu device's memory pools, the driver's limits, and the runtime's
 /// figures for it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct AmdgpuMemory {
     /// The DRM card (`card0`).
     pub card: String,
@@ -53,6 +54,7 @@ pub struct AmdgpuMemory {
 /// How the runtime's memory figures compare with the amdgpu pools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum MemoryAssessment {
     /// VRAM is the main pool (a discrete GPU, or an APU with a large
     /// carve-out): a runtime total near VRAM is right.
@@ -82,6 +84,7 @@ pub enum MemoryAssessment {
 
 /// The figures [`assess_memory`] compares, all in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryFigures {
     /// `hipMemGetInfo`'s total.
     pub runtime_total: Option<u64>,
@@ -230,6 +233,7 @@ pub fn assess_memory(f: &MemoryFigures) -> (MemoryAssessment, Option<String>) {
 
 /// The runtime's view of one HIP device, to compare with sysfs.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RuntimeMemory {
     /// HIP ordinal.
     pub ordinal: usize,
@@ -349,7 +353,7 @@ pub fn amdgpu_memory_in(drm: &Path, modules: &Path) -> Vec<AmdgpuMemory> {
     cards
 }
 
-/// [`amdgpu_memory_in`] of `/sys/class/drm` and `/sys/module`.
+/// `amdgpu_memory_in` of `/sys/class/drm` and `/sys/module`.
 pub fn amdgpu_memory() -> Vec<AmdgpuMemory> {
     amdgpu_memory_in(Path::new("/sys/class/drm"), Path::new("/sys/module"))
 }

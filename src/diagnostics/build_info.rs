@@ -45,6 +45,7 @@ impl Audience {
 
 /// The HIP side of this build, and whether it covers the HIP devices seen.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct HipBuild {
     /// Whether the `hip` cargo feature is on.
     pub built: bool,
@@ -67,6 +68,7 @@ pub struct HipBuild {
 
 /// One HIP device against this build.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct HipDeviceBuild {
     /// HIP ordinal.
     pub ordinal: usize,
@@ -76,6 +78,7 @@ pub struct HipDeviceBuild {
     pub built: bool,
 }
 
+#[cfg(all(test, feature = "hip"))] // used by the unit tests only
 /// The code object version `build.rs` pinned (`None` without `hip`).
 pub fn code_object_version() -> Option<u32> {
     generated::CODE_OBJECT_VERSION

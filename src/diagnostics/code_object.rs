@@ -10,6 +10,7 @@ use std::fmt;
 
 /// Why a code object could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CodeObjectError {
     /// The bytes end before a field that must be there.
     Truncated {
@@ -50,6 +51,7 @@ type Result<T> = std::result::Result<T, CodeObjectError>;
 
 /// One kernel's resources, as the compiler recorded them.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct KernelResources {
     /// The kernel's symbol (`conv3d_tiled_f32`).
     pub name: String,
@@ -86,6 +88,7 @@ pub struct KernelResources {
 
 /// One argument of a kernel (`.args` in the AMDGPU metadata).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct KernelArgInfo {
     /// The parameter's name in the source, when recorded.
     pub name: Option<String>,
@@ -126,6 +129,7 @@ impl KernelResources {
 
 /// What one arch's code object says.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct CodeObjectInfo {
     /// The ELF's target id (`amdgcn-amd-amdhsa--gfx1151`).
     pub target: String,
@@ -135,6 +139,7 @@ pub struct CodeObjectInfo {
     pub kernels: Vec<KernelResources>,
 }
 
+#[cfg(test)] // used by the unit tests only
 /// The lanes per wavefront an arch runs HIP kernels with: 64 on gfx9
 /// (GCN/CDNA), 32 on gfx10, gfx11 and gfx12 (RDNA; HIP builds them wave32).
 /// `None` for a name that is not a gfx arch.
@@ -478,6 +483,7 @@ fn parse_metadata(meta: &[u8], code_object_version: u32) -> Result<CodeObjectInf
     })
 }
 
+#[cfg(test)] // used by the unit tests only
 /// Every problem with one arch's kernels: a kernel of `expected` missing,
 /// a kernel using scratch memory, or a wavefront size other than the one
 /// `arch` runs. Empty when all is well.

@@ -10,6 +10,7 @@ use crate::verify;
 
 /// One backend as this build and machine see it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct BackendReport {
     /// `"host"`, `"hip"` or `"cuda"`.
     pub backend: String,
@@ -24,6 +25,7 @@ pub struct BackendReport {
 
 /// One device, the runtime's memory figures, and its self-test.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct DeviceReport {
     /// Ordinal after `HIP_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES`.
     pub ordinal: usize,

@@ -25,6 +25,7 @@ pub const WATCHED: &[&str] = &[
 /// `HSA_OVERRIDE_GFX_VERSION` as the HIP runtime reads it: the arch whose
 /// code object it loads instead of the GPU's own.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct GfxOverrideReport {
     /// The variable.
     pub var: String,
@@ -72,6 +73,7 @@ pub fn gfx_override() -> Option<GfxOverrideReport> {
 
 /// One variable and its value in this process.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct EnvVar {
     /// The variable's name.
     pub name: String,
@@ -144,6 +146,7 @@ impl ArchFamily {
         }
     }
 
+    #[cfg(test)] // used by the unit tests only
     /// Whether the GPU shares system RAM (an APU).
     pub const fn is_apu(self) -> bool {
         matches!(self, ArchFamily::Gfx1151 | ArchFamily::Gfx1150)
@@ -276,6 +279,7 @@ fn follows(action: Action, arch: &str, value: Option<&str>) -> bool {
 
 /// One piece of advice for one device, with whether it is already followed.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Advice {
     /// The device's gfx target.
     pub arch: String,

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// One runtime or vendor library as this process uses it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct RuntimeFile {
     /// `"hip_runtime"`, `"cuda_driver"`, `"cudnn"`, `"nvrtc"`, `"miopen"`.
     pub library: String,
@@ -98,8 +99,9 @@ pub const WATCHED_LIBRARIES: [(&str, &str); 5] = [
 
 /// A library mapped from more than one file in this process.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct DuplicateLibrary {
-    /// The library (`"cudnn"`), as in [`WATCHED_LIBRARIES`].
+    /// The library (`"cudnn"`), as in `WATCHED_LIBRARIES`.
     pub library: String,
     /// The distinct files mapped, in the order of `/proc/self/maps`.
     pub files: Vec<String>,
@@ -107,7 +109,7 @@ pub struct DuplicateLibrary {
     pub warning: String,
 }
 
-/// The libraries of [`WATCHED_LIBRARIES`] that the `/proc/<pid>/maps` text
+/// The libraries of `WATCHED_LIBRARIES` that the `/proc/<pid>/maps` text
 /// `maps` shows from more than one file. Files are told apart by identity
 /// (device and inode, from `identity`; a path it cannot identify counts as
 /// a file of its own), so a symbolic link and its target are one copy.
@@ -250,7 +252,7 @@ fn cuda_libraries() -> [RuntimeFile; 3] {
 
 /// Every runtime and vendor library of this build, in use or why not
 /// (opening those not yet opened, the way the backends do: a copy already
-/// in the process first). In the order of [`WATCHED_LIBRARIES`].
+/// in the process first). In the order of `WATCHED_LIBRARIES`.
 pub fn runtime_files() -> Vec<RuntimeFile> {
     let hip = hip_runtime();
     let miopen = miopen(&hip);

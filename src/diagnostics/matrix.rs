@@ -22,6 +22,7 @@ use crate::transfer::{LoadOptions, Loader, Rung};
 /// variant's own fields.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Compat {
     /// Served by its first choice and checked against the CPU.
     Verified,
@@ -49,6 +50,7 @@ pub enum Compat {
 
 /// One cell of the matrix.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct MatrixEntry {
     /// The operation: `"staged copy bf16->f32"`, `"conv3d tier"` (one tier
     /// forced), `"conv3d"` (the whole chain).

@@ -7,17 +7,24 @@
 //! what it saw. It is public so that the `doctor` example, and tools like
 //! it, can build on it; a trainer that loads and converts tensors needs
 //! the modules below it, not this one.
+//!
+//! Public: the report and every type it holds (re-exported here), how to
+//! collect and render it, and the few probes the doctor example calls
+//! itself. The engine's tables (the watched variables, the advice rules,
+//! the matrix's cells) are private: they change with every release.
+//! [`verdict`] stays a module because its [`verdict::Verdict`] (the
+//! report's one line) and the self-test's [`Verdict`] share a name.
 
-pub mod amdgpu;
-pub mod build_info;
-pub mod code_object;
-pub mod devices;
-pub mod env;
-pub mod libraries;
-pub mod matrix;
-pub mod platform;
-pub mod render;
-pub mod selftest;
+mod amdgpu;
+mod build_info;
+mod code_object;
+mod devices;
+mod env;
+mod libraries;
+mod matrix;
+mod platform;
+mod render;
+mod selftest;
 pub mod verdict;
 
 pub use amdgpu::{
@@ -60,6 +67,7 @@ pub const SCHEMA_VERSION: u32 = 5;
 /// The complete doctor report. Serialised (serde) with these field names,
 /// which are stable within a [`SCHEMA_VERSION`].
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Report {
     /// Version of the report's JSON layout ([`SCHEMA_VERSION`]); bumped
     /// when a field changes meaning or is added.
@@ -113,6 +121,7 @@ pub struct Report {
 
 /// Which devices the self-tests and the matrix run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeviceSelector {
     /// Ordinal N of every backend that has one (`--device 1`: hip:1 and
     /// cuda:1; the host device is 0).
@@ -178,6 +187,7 @@ impl CollectOptions {
 /// Progress of [`Report::collect_with`]: reported before each step and once
 /// at the end (`done == total`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Progress {
     /// Steps finished.
     pub done: usize,

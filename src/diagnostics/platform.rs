@@ -7,6 +7,7 @@
 
 /// What the machine is, as far as rocm-safe cares.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Platform {
     /// Operating system (`PRETTY_NAME` of /etc/os-release, else the target OS).
     pub os: String,
@@ -41,6 +42,7 @@ pub struct Platform {
 
 /// A shared library the dynamic loader could open.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Library {
     /// The soname that was opened (`libamdhip64.so.5`, ...).
     pub soname: String,
@@ -57,6 +59,7 @@ pub struct Library {
 
 /// A runtime's version as it reports it, or why it is unknown.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct RuntimeVersion {
     /// The version as text (`"5.2.21153"`, `"12.4"`), `None` when unknown.
     pub version: Option<String>,

@@ -18,6 +18,7 @@ pub enum Verdict {
 
 /// One self-test's result.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct SelfTest {
     /// Stable identifier (`cpu.bf16_to_f32.exhaustive`, ...).
     pub name: String,

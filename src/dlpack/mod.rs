@@ -59,8 +59,8 @@
 //! compactness rule, and the views. Writing the `#[repr(C)]` structs by
 //! hand would repeat the header without its layout checks, and the Python
 //! bindings will want the same pointer types that dlpark's own PyO3 support
-//! uses. Its types appear in this module's signatures (re-exported here as
-//! [`ffi`], [`Managed`], [`DlpackFlags`]), so a dlpark release that changes
+//! uses. Its types appear in this module's signatures (re-exported here: the
+//! structures in [`ffi`], [`Managed`], [`DlpackFlags`]), so a dlpark release that changes
 //! them is an API change of this module.
 //!
 //! # Example: a round trip on the host backend
@@ -90,7 +90,18 @@ mod export;
 mod import;
 mod types;
 
-pub use dlpark::{ffi, DlpackFlags, Managed};
+pub use dlpark::{DlpackFlags, Managed};
+
+/// The DLPack C structures this module's signatures use (dlpark's `ffi`,
+/// the types only): the managed tensors a caller hands to Python or C and
+/// takes back, and what they hold. dlpark's exchange-API tables and flag
+/// constants are not re-exported ([`DlpackFlags`] covers the flags).
+pub mod ffi {
+    pub use dlpark::ffi::{
+        DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor,
+        DLManagedTensorVersioned, DLPackVersion, DLTensor,
+    };
+}
 pub use export::Export;
 pub use import::Imported;
 pub use types::{data_type, dl_device, dtype};

@@ -73,6 +73,7 @@ impl std::error::Error for NotFound {}
 /// A failure mode to inject (the fault-injection backend,
 /// `crate::device::faults` (feature `testing`), re-exported there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
 pub enum FaultKind {
     /// A host-to-device copy lands zeros.
     CopyLandsZeros,

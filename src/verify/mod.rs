@@ -39,7 +39,12 @@ pub(crate) mod staged;
 
 pub use convert::{convert_verified, upload_convert};
 pub(crate) use selftest::self_test_cached;
-pub use selftest::{self_test, self_test_uncached, KernelTest, SelfTestReport};
+pub use selftest::{self_test, KernelTest, SelfTestReport};
+// The self-test without the device's slot: public for
+// benches/gpu_convert.rs only (which times the test itself), not part of
+// the API; `self_test` on a newly opened device runs it afresh.
+#[doc(hidden)]
+pub use selftest::self_test_uncached;
 
 use crate::convert::fingerprint::Fingerprint;
 use crate::device::{ConvertOp, Device};
@@ -47,6 +52,7 @@ use crate::fallback::{Failure, Outcome};
 
 /// What is checked on each conversion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
 pub enum Policy {
     /// No per-call check (the self-test still runs if enabled).
     Off,
@@ -59,8 +65,10 @@ pub enum Policy {
     ReadBack,
 }
 
-/// Options of a verified conversion.
+/// Options of a verified conversion: `VerifyOptions::default()` and the
+/// `with_*` methods (non-exhaustive: fields may be added).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct VerifyOptions {
     /// The per-call check.
     pub policy: Policy,
@@ -81,8 +89,31 @@ impl Default for VerifyOptions {
     }
 }
 
+impl VerifyOptions {
+    /// The per-call check.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Whether the device's first verified call runs the exhaustive
+    /// self-test.
+    pub fn with_self_test(mut self, on: bool) -> Self {
+        self.self_test = on;
+        self
+    }
+
+    /// Whether an untrusted kernel or a mismatch falls back to the CPU
+    /// (`true`) or is an error.
+    pub fn with_cpu_fallback(mut self, allow: bool) -> Self {
+        self.allow_cpu_fallback = allow;
+        self
+    }
+}
+
 /// What a verified conversion did.
 #[derive(Debug, serde::Serialize)]
+#[non_exhaustive]
 pub struct ConvertReport {
     /// The conversion.
     pub op: ConvertOp,

@@ -1,8 +1,7 @@
 //! The exhaustive per-device self-test of the conversion and fingerprint
-//! kernels, cached per device for the process.
+//! kernels, kept on the device (a slot of [`crate::device::Device`]).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -16,6 +15,7 @@ use crate::error::Result;
 
 /// One kernel's self-test result.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
 pub struct KernelTest {
     /// The kernel (`"convert bf16->f32"`, `"fused bf16->f32"`, `"fingerprint"`).
     pub kernel: String,
@@ -29,6 +29,7 @@ pub struct KernelTest {
 
 /// The exhaustive self-test of one device.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
 pub struct SelfTestReport {
     /// The device.
     pub device: String,
@@ -89,39 +90,28 @@ fn compare(kernel: String, inputs: &[u32], expected: &[u32], got: &[u32]) -> Ker
     }
 }
 
-/// The self-test reports of this process, per [`crate::device::Device::id`]
-/// (kept here, above the device layer, rather than on the device: a
-/// device knows nothing of verification). A few hundred bytes per device
-/// ever opened.
-fn self_tests() -> std::sync::MutexGuard<'static, HashMap<u64, Arc<SelfTestReport>>> {
-    static CACHE: OnceLock<Mutex<HashMap<u64, Arc<SelfTestReport>>>> = OnceLock::new();
-    match CACHE.get_or_init(|| Mutex::new(HashMap::new())).lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
-
-/// Runs the exhaustive self-test on `stream`'s device once and caches it
-/// for the device; later calls return the cached report.
+/// Runs the exhaustive self-test on `stream`'s device once and keeps the
+/// report on the device (dropped with it); later calls on the same device
+/// return it. A device opened again is a new device: tested afresh.
 ///
-/// Errors are device errors (allocation, copy, launch); wrong results are
-/// not errors but recorded in the report.
+/// Errors are device errors (allocation, copy, launch; not kept: the next
+/// call tries again); wrong results are not errors but recorded in the
+/// report.
 pub fn self_test(stream: &Stream) -> Result<Arc<SelfTestReport>> {
-    let id = stream.device().id();
-    let hit = self_tests().get(&id).cloned();
-    if let Some(r) = hit {
+    let device = stream.device();
+    if let Some(r) = device.slot::<SelfTestReport>() {
         return Ok(r);
     }
-    // Not under the lock: the test takes a while and other devices may
-    // run theirs meanwhile; the first report stored wins.
-    let r = Arc::new(self_test_uncached(stream)?);
-    Ok(Arc::clone(self_tests().entry(id).or_insert(r)))
+    // The test takes a while: other threads may run it on the same device
+    // meanwhile; the first report stored wins.
+    let r = self_test_uncached(stream)?;
+    Ok(device.slot_or_insert(r))
 }
 
 /// Whether [`self_test`] has a report for `device` already (so calling it
 /// costs nothing).
 pub(crate) fn self_test_cached(device: &crate::device::Device) -> bool {
-    self_tests().contains_key(&device.id())
+    device.slot::<SelfTestReport>().is_some()
 }
 
 /// Alignment of every region of the self-test's device arena.
@@ -409,4 +399,28 @@ fn compare_rows(name: String, t: &RowTest, src: &[u8], want: &[u8], got: &[u8]) 
         &words(want, t.row.dst_size),
         &words(got, t.row.dst_size),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Device;
+
+    #[test]
+    fn the_report_is_kept_on_its_device_and_dropped_with_it() {
+        let dev = Device::host();
+        assert!(!self_test_cached(&dev));
+        let s = dev.stream().unwrap();
+        let r = self_test(&s).unwrap();
+        assert!(r.all_passed());
+        assert!(self_test_cached(&dev));
+        assert!(Arc::ptr_eq(&r, &self_test(&s).unwrap()), "run once");
+        // Another device (the same hardware opened again) is tested afresh.
+        let other = Device::host();
+        assert!(!self_test_cached(&other));
+        let r2 = self_test(&other.stream().unwrap()).unwrap();
+        assert!(!Arc::ptr_eq(&r, &r2));
+        drop((s, dev));
+        assert_eq!(Arc::strong_count(&r), 1, "dropped with its device");
+    }
 }

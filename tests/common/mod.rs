@@ -9,6 +9,7 @@ pub mod device;
 #[cfg(feature = "hip")]
 pub mod hip_standin;
 pub mod rng;
+pub mod st;
 pub mod tamper;
 
 #[allow(unused_imports)]

@@ -76,6 +76,9 @@ pub(crate) use spec::mix64;
 pub(crate) use spec::term;
 pub use spec::{finish, Fingerprint};
 pub use stream::Fingerprinter;
+// The loader's one-pass host sums: public for benches/convert.rs only (a
+// bench is a crate of its own), not part of the API.
+#[doc(hidden)]
 pub use widened::{sum_raw_and_widened, RawAndWidened};
 
 use blocks::sum_whole_words;

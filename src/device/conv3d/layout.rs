@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 /// lays the weight out so ([`Conv3dWeightLayout::arrange`]) before the
 /// upload. `R = C/G * KD * KH * KW` below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
 pub enum Conv3dWeightLayout {
     /// `[K, C/G, KD, KH, KW]` as given (the naive kernel, vendor libraries).
     Standard,

@@ -38,6 +38,7 @@ use crate::error::{Error, Result};
 
 /// Which GPU conv3d kernel of `hip-kernels/conv3d.hip` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
 pub enum Conv3dKernel {
     /// `conv3d_tiled_{f32,bf16}`: implicit GEMM on 128 x 128 output tiles
     /// (96 x 128 where the output channels per group are a multiple of 96).

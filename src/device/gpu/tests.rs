@@ -179,7 +179,7 @@ fn gpu(modules: usize, tensor_cores: bool, absent: Vec<&'static str>) -> (Gpu<Re
         modules,
         tensor_cores,
         absent,
-        PinMethod::Register,
+        Pinning::Register,
         (false, false),
     )
 }
@@ -188,12 +188,12 @@ fn gpu_pinning(
     modules: usize,
     tensor_cores: bool,
     absent: Vec<&'static str>,
-    pin: PinMethod,
+    pin: Pinning,
     refuse: (bool, bool),
 ) -> (Gpu<Recording>, Log) {
     let log = Log::default();
     let caps = KernelCaps {
-        code: crate::device::KernelCode::RunTime,
+        code: crate::device::KernelBuild::RunTime,
         modules,
         bf16_tensor_cores: tensor_cores,
         vendor_library: Some("test"),
@@ -205,7 +205,7 @@ fn gpu_pinning(
         absent,
         refuse,
     };
-    (Gpu::with_pin(rt, pin), log)
+    (Gpu::new(rt, pin), log)
 }
 
 fn taken(log: &Log) -> Vec<String> {
@@ -249,7 +249,7 @@ fn large_pinned_buffers_are_registered_mappings_small_ones_the_runtimes() {
 #[test]
 fn hostalloc_or_a_refused_registration_uses_the_runtimes_allocator() {
     let big = 4 << 20;
-    let (g, log) = gpu_pinning(1, false, vec![], PinMethod::HostAlloc, (false, false));
+    let (g, log) = gpu_pinning(1, false, vec![], Pinning::HostAlloc, (false, false));
     let p = g.alloc_pinned(big).unwrap();
     // SAFETY: allocated above with `big`, freed once, idle.
     unsafe { g.free_pinned(p, big) }.unwrap();
@@ -261,7 +261,7 @@ fn hostalloc_or_a_refused_registration_uses_the_runtimes_allocator() {
         ]
     );
 
-    let (g, log) = gpu_pinning(1, false, vec![], PinMethod::Register, (true, false));
+    let (g, log) = gpu_pinning(1, false, vec![], Pinning::Register, (true, false));
     let a = g.alloc_pinned(big).unwrap();
     let b = g.alloc_pinned(big).unwrap();
     // SAFETY: as above, each once.
@@ -287,7 +287,7 @@ fn hostalloc_or_a_refused_registration_uses_the_runtimes_allocator() {
 #[test]
 fn unregistration_failures_and_leaks() {
     let big = 2 << 20;
-    let (g, log) = gpu_pinning(1, false, vec![], PinMethod::Register, (false, true));
+    let (g, log) = gpu_pinning(1, false, vec![], Pinning::Register, (false, true));
     let p = g.alloc_pinned(big).unwrap();
     // SAFETY: allocated above with `big`, freed once, idle.
     let e = unsafe { g.free_pinned(p, big) }.unwrap_err();

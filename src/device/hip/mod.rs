@@ -1,12 +1,12 @@
-//! The HIP runtime, loaded at run time: [`loader`] finds and opens
+//! The HIP runtime, loaded at run time: `loader` finds and opens
 //! `libamdhip64` once per process -> `sys` binds the functions used
 //! (declared here, checked against the HIP 5.4 to 7.14 headers) ->
-//! [`result`] (one runtime call each, returning [`HipError`]) -> this
+//! `result` (one runtime call each, returning [`HipError`]) -> this
 //! module's [`HipRuntime`] (owning handles, implementing the crate's
 //! `Driver` and `Runtime` traits) under the generic GPU body (`gpu.rs`),
 //! which implements the kernel operations once for HIP and CUDA.
 //!
-//! **What the loader reads** (details in [`loader`]): a HIP runtime
+//! **What the loader reads** (details in `loader`): a HIP runtime
 //! already in the process first (PyTorch's, say: one runtime per process);
 //! else `ROCM_SAFE_HIP_RUNTIME` (a `libamdhip64.so*` file, or a folder
 //! holding one), `$ROCM_PATH/lib`, `$HIP_PATH/lib`, the loader path,
@@ -28,7 +28,7 @@
 //! arch is the override's, or `unknown`. [`arch_choice`] reports both.
 //!
 //! **Errors are cleared where handled**: after every failed runtime call,
-//! `hipGetLastError` (see [`result`]), so HIP 7's sticky last error never
+//! `hipGetLastError` (see `result`), so HIP 7's sticky last error never
 //! reaches the caller's next check. A user who may not open `/dev/kfd` gets
 //! [`Error::DevicePermission`] (join the `render` and `video` groups), not
 //! "no device".
@@ -37,8 +37,8 @@
 //! with `hipModuleLoadData`.
 
 mod kfd;
-pub mod loader;
-pub mod result;
+mod loader;
+mod result;
 pub(crate) mod sys;
 
 use std::ffi::{c_void, CString};
@@ -50,7 +50,7 @@ pub use result::HipError;
 use super::backend::{CopyOp, Driver};
 use super::gpu::Runtime;
 use super::info::{
-    BackendKind, DeviceInfo, DevicePtr, KernelCaps, KernelCode, KernelSource, RawEvent, RawStream,
+    BackendKind, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent, RawStream,
 };
 use super::kernels::{self, KernelCall, KernelModule};
 use super::vendor::miopen::Miopen;
@@ -549,7 +549,7 @@ unsafe impl Runtime for HipRuntime {
 
     fn caps(&self) -> KernelCaps {
         KernelCaps {
-            code: KernelCode::Embedded,
+            code: KernelBuild::Embedded,
             modules: 1,
             bf16_tensor_cores: false,
             vendor_library: Some("miopen"),

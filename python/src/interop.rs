@@ -74,7 +74,10 @@ fn gpu_backend(hint: Option<&str>) -> PyResult<BackendKind> {
 /// The device of `device` (`"cpu"`: the host backend, whose "device
 /// memory" is host memory; `"cuda:N"`: the GPU backend of this build),
 /// opened once per process and shared, so that every buffer, import and
-/// chain of one GPU is of one [`Device`].
+/// chain of one GPU is of one [`Device`]. Per process on purpose: Python
+/// names devices by string (`"cuda:0"`) as torch does, and one handle per
+/// GPU keeps its self-test, loaded kernels and vendor handles for the
+/// process, as torch keeps its CUDA context.
 pub fn device_of(device: &str, hint: Option<&str>) -> PyResult<Device> {
     static DEVICES: OnceLock<Mutex<HashMap<(BackendKind, usize), Device>>> = OnceLock::new();
     let (kind, ordinal) = match crate::parse_device(device).map_err(PyValueError::new_err)? {
@@ -305,6 +308,8 @@ fn report_of(py: Python<'_>, r: &rocm_safe::transfer::LoadReport) -> PyResult<Lo
     })
 }
 
+/// Per process: `last_load_report()` is the process's last load, whatever
+/// the device.
 fn last_report() -> &'static Mutex<Option<Py<LoadReport>>> {
     static LAST: OnceLock<Mutex<Option<Py<LoadReport>>>> = OnceLock::new();
     LAST.get_or_init(Default::default)
@@ -321,7 +326,8 @@ pub fn last_load_report(py: Python<'_>) -> Option<Py<LoadReport>> {
 type LoaderKey = (u64, Option<DType>, &'static str);
 
 /// One loader per device and options, kept between loads (its pinned ring
-/// and staging are made once: a warm load reuses them).
+/// and staging are made once: a warm load reuses them). Per process, not
+/// in the device's slot: a loader holds its device (a cycle in a slot).
 fn loaders() -> &'static Mutex<HashMap<LoaderKey, Arc<Mutex<Loader>>>> {
     static L: OnceLock<Mutex<HashMap<LoaderKey, Arc<Mutex<Loader>>>>> = OnceLock::new();
     L.get_or_init(Default::default)

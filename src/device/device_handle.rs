@@ -1,8 +1,10 @@
 //! [`Device`]: an opened device, shared by cheap clones, recording the
 //! errors that happen where they cannot be returned (`Drop`).
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use super::backend::{Backend, Driver};
 #[cfg(feature = "cuda")]
@@ -12,15 +14,28 @@ use super::gpu::Gpu;
 #[cfg(feature = "hip")]
 use super::hip;
 use super::info::{BackendKind, DeviceInfo, DevicePtr};
+use super::options::DeviceOptions;
 use super::pinned::PinnedBuffer;
 use super::stream::{Event, Stream};
 use super::{host, VisibleDevices};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Opens the raw backend of device `ordinal` of `kind` (to wrap it, for
-/// example in [`super::faults::Faults`], before [`Device::from_backend`]). Errors as
+/// example in `Faults` (feature `testing`), before [`Device::from_backend`]),
+/// with the options of [`DeviceOptions::from_env`]. Errors as
 /// [`Device::open`].
 pub fn open_backend(kind: BackendKind, ordinal: usize) -> Result<Box<dyn Backend>> {
+    open_backend_with(kind, ordinal, &DeviceOptions::from_env())
+}
+
+/// [`open_backend`] with the options given (no environment is read).
+pub fn open_backend_with(
+    kind: BackendKind,
+    ordinal: usize,
+    options: &DeviceOptions,
+) -> Result<Box<dyn Backend>> {
+    #[cfg(not(any(feature = "hip", feature = "cuda")))]
+    let _ = options;
     match kind {
         BackendKind::Host if ordinal == 0 => Ok(Box::new(host::HostBackend::new())),
         BackendKind::Host => Err(Error::NoDevice {
@@ -30,9 +45,15 @@ pub fn open_backend(kind: BackendKind, ordinal: usize) -> Result<Box<dyn Backend
             visible: VisibleDevices::none(),
         }),
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => Ok(Box::new(Gpu::new(cuda::CudaRuntime::open(ordinal)?))),
+        BackendKind::Cuda => Ok(Box::new(Gpu::new(
+            cuda::CudaRuntime::open(ordinal)?,
+            options.pinning,
+        ))),
         #[cfg(feature = "hip")]
-        BackendKind::Hip => Ok(Box::new(Gpu::new(hip::HipRuntime::open(ordinal)?))),
+        BackendKind::Hip => Ok(Box::new(Gpu::new(
+            hip::HipRuntime::open(ordinal)?,
+            options.pinning,
+        ))),
         #[allow(unreachable_patterns)]
         other => Err(Error::BackendNotBuilt {
             backend: other.name(),
@@ -49,6 +70,9 @@ struct DeviceInner {
     /// Bytes of device memory rocm-safe owns on this device (allocated or
     /// taken over, not yet freed or given away).
     owned: AtomicU64,
+    /// State that layers above keep per device (the verified conversion's
+    /// self-test report), one value per type; dropped with the device.
+    slots: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 /// Frees waiting for the device's next sync point: a dropped buffer may
@@ -109,6 +133,7 @@ impl Device {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
                 pending: Mutex::new(Pending::default()),
                 owned: AtomicU64::new(0),
+                slots: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -118,14 +143,23 @@ impl Device {
         Device::from_backend(Box::new(host::HostBackend::new()))
     }
 
-    /// Opens device `ordinal` of `kind`.
+    /// Opens device `ordinal` of `kind` with the options the environment
+    /// asks for ([`DeviceOptions::from_env`]).
     ///
     /// Errors: [`Error::BackendNotBuilt`] when the feature is off,
     /// [`Error::NoRuntime`] when the runtime library cannot be loaded,
     /// [`Error::NoDevice`] when there is no such device, or the runtime's own
     /// error.
     pub fn open(kind: BackendKind, ordinal: usize) -> Result<Device> {
-        Ok(Device::from_backend(open_backend(kind, ordinal)?))
+        Device::open_with(kind, ordinal, &DeviceOptions::from_env())
+    }
+
+    /// Opens device `ordinal` of `kind` with `options` (no environment
+    /// variable is read). Errors as [`Device::open`].
+    pub fn open_with(kind: BackendKind, ordinal: usize, options: &DeviceOptions) -> Result<Device> {
+        Ok(Device::from_backend(open_backend_with(
+            kind, ordinal, options,
+        )?))
     }
 
     /// The first device that opens, in the order HIP, CUDA, host: ordinal
@@ -327,10 +361,57 @@ impl Device {
     }
 
     /// A number no other device opened by this process has (clones share
-    /// it): a key for per-device state kept by layers above this one (the
-    /// verified-conversion self-test caches its report under it).
+    /// it).
     pub fn id(&self) -> u64 {
         self.inner.id
+    }
+
+    /// The value of type `T` kept on this device by a layer above (the
+    /// device knows nothing of the type), if one was stored.
+    pub(crate) fn slot<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        let v = lock(&self.inner.slots).get(&TypeId::of::<T>()).cloned()?;
+        v.downcast::<T>().ok()
+    }
+
+    /// Stores `value` as this device's `T` unless one is there already;
+    /// returns the one kept (the first stored wins). It lives as long as
+    /// the device: a value must not hold the device itself (the cycle
+    /// would keep both alive).
+    pub(crate) fn slot_or_insert<T: Any + Send + Sync>(&self, value: T) -> Arc<T> {
+        let key = TypeId::of::<T>();
+        let mut slots = lock(&self.inner.slots);
+        // The entry of `TypeId::of::<T>()` always holds a `T`.
+        if let Some(v) = slots
+            .get(&key)
+            .cloned()
+            .and_then(|v| v.downcast::<T>().ok())
+        {
+            return v;
+        }
+        let v = Arc::new(value);
+        slots.insert(key, v.clone());
+        v
+    }
+
+    /// A handle that does not keep the device open.
+    pub(crate) fn downgrade(&self) -> WeakDevice {
+        WeakDevice(Arc::downgrade(&self.inner))
+    }
+}
+
+/// A [`Device`] that is not kept open by this handle.
+#[derive(Clone)]
+pub(crate) struct WeakDevice(Weak<DeviceInner>);
+
+impl WeakDevice {
+    /// A handle of no device (`upgrade` gives `None`).
+    pub(crate) const fn new() -> WeakDevice {
+        WeakDevice(Weak::new())
+    }
+
+    /// The device, while another handle keeps it open.
+    pub(crate) fn upgrade(&self) -> Option<Device> {
+        self.0.upgrade().map(|inner| Device { inner })
     }
 }
 
@@ -400,5 +481,36 @@ mod tests {
             "{errs:?}"
         );
         assert_eq!(dev.owned_bytes(), 64, "a failed free stays owned (leaked)");
+    }
+
+    #[test]
+    fn slots_keep_one_value_per_type_and_drop_with_the_device() {
+        struct Marker(u32);
+        let dev = Device::host();
+        assert!(dev.slot::<Marker>().is_none());
+        let first = dev.slot_or_insert(Marker(1));
+        // The first stored wins; clones of the handle see it.
+        let again = dev.clone().slot_or_insert(Marker(2));
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(dev.slot::<Marker>().map(|m| m.0), Some(1));
+        assert!(dev.slot::<u64>().is_none());
+        // Another device has slots of its own.
+        assert!(Device::host().slot::<Marker>().is_none());
+        let weak = dev.downgrade();
+        assert!(weak.upgrade().is_some_and(|d| d.same(&dev)));
+        drop((dev, again));
+        assert_eq!(Arc::strong_count(&first), 1, "the device's copy is gone");
+        assert!(weak.upgrade().is_none());
+        assert!(WeakDevice::new().upgrade().is_none());
+    }
+
+    #[test]
+    fn open_with_takes_the_options_given() {
+        use crate::device::{DeviceOptions, Pinning};
+        let opts = DeviceOptions::default().with_pinning(Pinning::HostAlloc);
+        let d = Device::open_with(BackendKind::Host, 0, &opts).unwrap();
+        assert_eq!(d.kind(), BackendKind::Host);
+        let e = Device::open_with(BackendKind::Host, 1, &opts).unwrap_err();
+        assert!(matches!(e, Error::NoDevice { .. }), "{e}");
     }
 }
