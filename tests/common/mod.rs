@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod conv3d;
+pub mod conv3d_device;
 pub mod device;
 #[cfg(feature = "hip")]
 pub mod hip_standin;
