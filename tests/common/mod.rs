@@ -7,6 +7,7 @@
 pub mod conv3d;
 pub mod conv3d_device;
 pub mod device;
+pub mod dlpack;
 #[cfg(feature = "hip")]
 pub mod hip_standin;
 pub mod rng;
