@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod conv3d;
+pub mod conv3d_backward;
 pub mod conv3d_device;
 pub mod device;
 pub mod dlpack;
