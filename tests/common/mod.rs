@@ -13,6 +13,7 @@ pub mod dlpack;
 pub mod hip_standin;
 pub mod rng;
 pub mod st;
+pub mod st_files;
 pub mod tamper;
 
 #[allow(unused_imports)]
