@@ -1,4 +1,5 @@
-//! The stand-in HIP runtime (`tests/hip-standin/standin.c`): built here
+//! The stand-in HIP runtime (`tests/hip-standin/standin.c` and the parts
+//! it includes, `tests/hip-standin/standin_*.c`): built here
 //! with the C compiler, once per HIP major, and driven through its
 //! `standin_*` exports; and the child processes the HIP runtime tests run
 //! in (the crate picks its HIP runtime once per process, so every scenario
@@ -21,8 +22,23 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
-/// The stand-in's C source.
-pub const SOURCE: &str = include_str!("../hip-standin/standin.c");
+/// The stand-in's C source: `standin.c` (compiled), then the parts it
+/// `#include`s, each as (file name, text).
+pub const SOURCES: [(&str, &str); 4] = [
+    ("standin.c", include_str!("../hip-standin/standin.c")),
+    (
+        "standin_runtime.c",
+        include_str!("../hip-standin/standin_runtime.c"),
+    ),
+    (
+        "standin_modules.c",
+        include_str!("../hip-standin/standin_modules.c"),
+    ),
+    (
+        "standin_control.c",
+        include_str!("../hip-standin/standin_control.c"),
+    ),
+];
 /// The HIP majors a stand-in is built as, newest first.
 pub const MAJORS: [u32; 3] = [7, 6, 5];
 /// Names the scenario a child process runs.
@@ -102,15 +118,17 @@ pub fn library() -> Result<Built, String> {
         return Ok(b.clone());
     }
     let mut h = DefaultHasher::new();
-    SOURCE.hash(&mut h);
+    SOURCES.hash(&mut h);
     compiler().hash(&mut h);
     let root = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("hip-standin")
         .join(format!("{:016x}", h.finish()));
     let built = Built { root };
     std::fs::create_dir_all(built.all()).map_err(|e| format!("{}: {e}", built.all().display()))?;
-    let src = built.root.join("standin.c");
-    write_atomically(&src, SOURCE.as_bytes())?;
+    for (name, text) in SOURCES {
+        write_atomically(&built.root.join(name), text.as_bytes())?;
+    }
+    let src = built.root.join(SOURCES[0].0);
     for major in MAJORS {
         let out = built.file(major);
         if !out.exists() {
