@@ -34,13 +34,16 @@
 //! Progress goes to a callback; each rung taken is a `tracing` span
 //! (`transfer.load`, `transfer.ring`, `transfer.rung`).
 //!
-//! The files: `options.rs` (what is asked), `plan.rs` (items, first rungs,
-//! budget, jobs), `ring.rs` (the pinned ring's job loop), `grow.rs` (its
-//! buffers pinned on a thread of their own), `ladder.rs` (the
-//! rungs below it), `checks.rs` (the checks of each piece), `source.rs`
-//! (positioned reads and host sums), `loaded.rs` and `report.rs` (what a
-//! load returns). One [`Loader`] method per stage, each taking the load's
-//! context (`LoadCtx`: items, their state, progress, timing).
+//! A load is plan -> pass -> ladder -> report, one file each: `plan.rs`
+//! (a pure function: what goes where, decided once), `pass.rs` (the pinned
+//! ring's pass), `ladder.rs` (the rungs below it, functions over the
+//! staging state), `report.rs` (what happened). Around them: `options.rs`
+//! (what is asked), `staging.rs` (what a loader keeps between loads, and
+//! each tensor's state during one), `ring.rs` and `grow.rs` (the ring, and
+//! its buffers pinned on a thread of their own), `checks.rs` (host sums
+//! against the device's, read-back), `source.rs` (positioned reads and host
+//! sums), `loaded.rs` (what a load returns). This file: [`Loader`], the
+//! public calls and the driver that runs a plan.
 //!
 //! # Example
 //!
