@@ -280,16 +280,14 @@ fn figures(path: &str) {
     let fills: Option<usize> = std::env::var("TRANSFER_FILLS")
         .ok()
         .and_then(|v| v.parse().ok());
-    let opts = LoadOptions {
-        dtype: if keep { None } else { Some(DType::F32) },
-        concurrent_fills: fills,
-        policy,
-        ring_buffers: ring,
-        buffer_bytes: mib << 20,
-        readahead,
-        read_bytes: read_kib << 10,
-        ..LoadOptions::to_dtype(DType::F32)
-    };
+    let opts = LoadOptions::to_dtype(DType::F32)
+        .with_dtype(if keep { None } else { Some(DType::F32) })
+        .with_concurrent_fills(fills)
+        .with_policy(policy)
+        .with_ring_buffers(ring)
+        .with_buffer_bytes(mib << 20)
+        .with_readahead(readahead)
+        .with_read_bytes(read_kib << 10);
     let mut loader = Loader::new(&dev, opts).expect("loader");
     for run in 0..repeat {
         let _ = std::fs::write("/proc/self/clear_refs", "5");
@@ -380,10 +378,7 @@ fn host_load(c: &mut Criterion) {
     });
     let mut off = Loader::new(
         &dev,
-        LoadOptions {
-            policy: Policy::Off,
-            ..LoadOptions::to_dtype(DType::F32)
-        },
+        LoadOptions::to_dtype(DType::F32).with_policy(Policy::Off),
     )
     .expect("loader");
     g.bench_function("loader_pinned_ring_unchecked", |b| {

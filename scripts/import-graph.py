@@ -10,8 +10,9 @@ and builds a file-level graph. Prints:
   by component, and the top-level modules each component spans;
 * `--edges A B`: every file of module A that names module B.
 
-Usage: python3 scripts/import-graph.py [--json] [--edges A B]
-Exit status 0 always: this is a report, CI does not gate on it.
+Usage: python3 scripts/import-graph.py [--json] [--edges A B] [--check]
+Exit status 0, or with --check 1 when an edge runs upward through the
+layers (CI runs it so).
 """
 import json
 import os
@@ -132,6 +133,37 @@ def sccs(nodes, edges):
     return [c for c in out if len(c) > 1]
 
 
+# The layers, bottom to top, as lib.rs and ARCHITECTURE.md give them: a
+# module may name modules of its own layer or below.
+LAYERS = [
+    ["error", "dtype", "par", "alloc", "guide"],
+    ["convert", "conv3d"],
+    ["fallback"],
+    ["safetensors"],
+    ["device"],
+    ["verify"],
+    ["transfer", "conv3d_chain"],
+    ["dlpack", "diagnostics"],
+]
+
+
+def layer(m):
+    top = m[0] if m else "crate"
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    return len(LAYERS)  # the crate root
+
+
+def upward_edges(files, edges):
+    out = []
+    for m in sorted(files):
+        for t in sorted(edges.get(m, ())):
+            if m and t and m[0] != t[0] and layer(t) > layer(m):
+                out.append((name(m), name(t)))
+    return out
+
+
 def name(m):
     return "::".join(m) or "crate"
 
@@ -161,6 +193,7 @@ def main():
         "edges": sum(len(v) for v in edges.values()),
         "cycles": [sorted(name(m) for m in c) for c in comps],
         "top_level_edges_in_cycles": {k: sorted(v) for k, v in sorted(top.items())},
+        "upward_edges": upward_edges(files, edges),
     }
     if "--json" in sys.argv:
         print(json.dumps(report, indent=1))
@@ -172,6 +205,12 @@ def main():
     print("top-level module edges inside those cycles (A -> B: a file of A names B):")
     for k, v in report["top_level_edges_in_cycles"].items():
         print(f"  {k} -> {', '.join(v)}")
+    up = upward_edges(files, edges)
+    print(f"{len(up)} edge(s) running upward through the layers (a file naming a module of a higher layer):")
+    for a, b in up:
+        print(f"  {a} -> {b}")
+    if "--check" in sys.argv and up:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -232,12 +232,10 @@ fn checkpoint(dir: &Path) -> PathBuf {
 }
 
 fn opts(to: DType) -> LoadOptions {
-    LoadOptions {
-        buffer_bytes: 64 * 1024,
-        ring_buffers: 2,
-        small_chunk_bytes: 16 * 1024,
-        ..LoadOptions::to_dtype(to)
-    }
+    LoadOptions::to_dtype(to)
+        .with_buffer_bytes(64 * 1024)
+        .with_ring_buffers(2)
+        .with_small_chunk_bytes(16 * 1024)
 }
 
 fn want(d: DType, to: DType) -> Vec<u8> {
@@ -309,10 +307,7 @@ fn a_bad_f8_kernel_is_caught_and_the_load_stays_exact() {
         FaultPlan::one(FaultKind::ConvertWritesZeros, When::Nth(0)),
     );
     let dev = Device::from_backend(Box::new(f));
-    let o = LoadOptions {
-        self_test: false,
-        ..opts(DType::F32)
-    };
+    let o = opts(DType::F32).with_self_test(false);
     let loaded = Loader::new(&dev, o).unwrap().load_all(&ckpt).unwrap();
     assert_eq!(h.injected().len(), 1);
     let bad: Vec<_> = loaded

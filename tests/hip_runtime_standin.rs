@@ -1501,15 +1501,13 @@ fn load_through_the_standin(policy: Policy) -> R {
     let ckpt = Checkpoint::open(&path).map_err(err("open"))?;
     let dev = open_device()?;
     let st = loaded_standin()?;
-    let opts = LoadOptions {
-        dtype: Some(DType::F32),
-        policy,
-        self_test: false,
-        ring_buffers: 2,
-        buffer_bytes: 64 * 1024,
-        small_chunk_bytes: 16 * 1024,
-        ..LoadOptions::default()
-    };
+    let opts = LoadOptions::default()
+        .with_dtype(Some(DType::F32))
+        .with_policy(policy)
+        .with_self_test(false)
+        .with_ring_buffers(2)
+        .with_buffer_bytes(64 * 1024)
+        .with_small_chunk_bytes(16 * 1024);
     let launches = st.launches().len();
     let loaded = Loader::new(&dev, opts)
         .map_err(err("loader"))?

@@ -60,12 +60,10 @@ fn faulty(kind: FaultKind, when: When) -> (Device, FaultHandle) {
 }
 
 fn opts() -> LoadOptions {
-    LoadOptions {
-        buffer_bytes: 64 * 1024,
-        ring_buffers: 2,
-        small_chunk_bytes: 16 * 1024,
-        ..LoadOptions::to_dtype(DType::F32)
-    }
+    LoadOptions::to_dtype(DType::F32)
+        .with_buffer_bytes(64 * 1024)
+        .with_ring_buffers(2)
+        .with_small_chunk_bytes(16 * 1024)
 }
 
 fn load_into_fills_caller_memory(dev: &Device) {
@@ -217,11 +215,7 @@ fn assert_four_exact(ckpt: &Checkpoint, loaded: &rocm_safe::transfer::Loaded) {
 }
 
 fn ring_of_four() -> LoadOptions {
-    LoadOptions {
-        ring_buffers: 4,
-        self_test: false,
-        ..opts()
-    }
+    opts().with_ring_buffers(4).with_self_test(false)
 }
 
 #[test]
@@ -423,12 +417,10 @@ fn the_first_load_makes_the_whole_ring() {
     let want = ckpt.read_converted_bytes("w", DType::F32).unwrap();
     let owned = |ring_buffers: usize, self_test: bool, memory_budget: Option<u64>| {
         let dev = Device::from_backend(Box::new(HostBackend::new()));
-        let o = LoadOptions {
-            ring_buffers,
-            self_test,
-            memory_budget,
-            ..opts()
-        };
+        let o = opts()
+            .with_ring_buffers(ring_buffers)
+            .with_self_test(self_test)
+            .with_memory_budget(memory_budget);
         let mut loader = Loader::new(&dev, o).unwrap();
         let loaded = loader.load(&ckpt, &[Request::whole("w")]).unwrap();
         assert!(loaded.report.all_fast(), "{}", loaded.report);

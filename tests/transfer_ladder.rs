@@ -66,13 +66,11 @@ fn mixed(dir: &Path) -> PathBuf {
 }
 
 fn small(dtype: Option<DType>) -> LoadOptions {
-    LoadOptions {
-        dtype,
-        ring_buffers: 2,
-        buffer_bytes: 64 * 1024,
-        small_chunk_bytes: 16 * 1024,
-        ..LoadOptions::default()
-    }
+    LoadOptions::default()
+        .with_dtype(dtype)
+        .with_ring_buffers(2)
+        .with_buffer_bytes(64 * 1024)
+        .with_small_chunk_bytes(16 * 1024)
 }
 
 fn faulty(plan: FaultPlan) -> (Device, FaultHandle) {
@@ -119,14 +117,7 @@ fn clean_load_is_exact_and_fast() {
             Policy::Off,
         ] {
             let dev = Device::host();
-            let mut l = Loader::new(
-                &dev,
-                LoadOptions {
-                    policy,
-                    ..small(dtype)
-                },
-            )
-            .unwrap();
+            let mut l = Loader::new(&dev, small(dtype).with_policy(policy)).unwrap();
             let loaded = l.load_all(&ckpt).unwrap();
             assert_exact(&ckpt, &loaded);
             // Pairs without a device kernel (f64 -> f32, f16 <-> bf16)
@@ -214,38 +205,14 @@ fn bad_requests_and_options_are_errors() {
         Err(Error::NoRows { .. })
     ));
     for bad in [
-        LoadOptions {
-            ring_buffers: 9,
-            ..small(None)
-        },
-        LoadOptions {
-            ring_buffers: 1,
-            ..small(None)
-        },
-        LoadOptions {
-            concurrent_fills: Some(0),
-            ..small(None)
-        },
-        LoadOptions {
-            concurrent_fills: Some(3),
-            ..small(None)
-        },
-        LoadOptions {
-            buffer_bytes: 65 * 1024 * 1024,
-            ..small(None)
-        },
-        LoadOptions {
-            buffer_bytes: 100_000,
-            ..small(None)
-        },
-        LoadOptions {
-            small_chunk_bytes: 128 * 1024,
-            ..small(None)
-        },
-        LoadOptions {
-            dtype: Some(DType::I32),
-            ..small(None)
-        },
+        small(None).with_ring_buffers(9),
+        small(None).with_ring_buffers(1),
+        small(None).with_concurrent_fills(Some(0)),
+        small(None).with_concurrent_fills(Some(3)),
+        small(None).with_buffer_bytes(65 * 1024 * 1024),
+        small(None).with_buffer_bytes(100_000),
+        small(None).with_small_chunk_bytes(128 * 1024),
+        small(None).with_dtype(Some(DType::I32)),
     ] {
         assert!(matches!(
             Loader::new(&dev, bad),
@@ -342,10 +309,7 @@ fn every_device_rung_failing_ends_on_the_host() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
     let (dev, h) = faulty(FaultPlan::one(FaultKind::CopyLandsZeros, When::Always));
-    let opts = LoadOptions {
-        self_test: false,
-        ..small(Some(DType::F32))
-    };
+    let opts = small(Some(DType::F32)).with_self_test(false);
     let loaded = Loader::new(&dev, opts).unwrap().load_all(&ckpt).unwrap();
     assert!(!h.injected().is_empty());
     assert_exact(&ckpt, &loaded);
@@ -378,10 +342,7 @@ fn out_of_memory_is_retried_once_then_goes_down() {
     // loader released its ring) serves it on the ring. A first load pins
     // its whole ring first: allocations 0-3 are the two slots' staging
     // and sums.
-    let opts = LoadOptions {
-        self_test: false,
-        ..small(Some(DType::F32))
-    };
+    let opts = small(Some(DType::F32)).with_self_test(false);
     let first_output = 2 * opts.ring_buffers as u64;
     let (dev, _h) = faulty(FaultPlan::one(
         FaultKind::OutOfMemoryOnAlloc,
@@ -416,10 +377,7 @@ fn out_of_memory_releases_the_cached_ring_and_the_next_pass_makes_it_again() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
     let (dev, h) = faulty(FaultPlan::one(FaultKind::OutOfMemoryOnAlloc, When::Nth(0)));
-    let opts = LoadOptions {
-        self_test: false,
-        ..small(Some(DType::F32))
-    };
+    let opts = small(Some(DType::F32)).with_self_test(false);
     let mut loader = Loader::new(&dev, opts).unwrap();
     // The first load (no faults) leaves the ring cached in the loader.
     h.set_enabled(false);
@@ -450,10 +408,7 @@ fn one_or_two_fills_at_a_time_load_the_same_bytes() {
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
     let dev = Device::host();
     for k in [1, 2] {
-        let opts = LoadOptions {
-            concurrent_fills: Some(k),
-            ..small(Some(DType::F32))
-        };
+        let opts = small(Some(DType::F32)).with_concurrent_fills(Some(k));
         let mut l = Loader::new(&dev, opts).unwrap();
         for _ in 0..2 {
             let loaded = l.load_all(&ckpt).unwrap();
@@ -474,10 +429,7 @@ fn a_budget_below_the_staging_keeps_everything_on_the_host() {
     assert_eq!(staging, 3 * (64 * 1024 + 2 * 256 * 8));
     let loaded = Loader::new(
         &dev,
-        LoadOptions {
-            memory_budget: Some(staging - 1),
-            ..small(Some(DType::F32))
-        },
+        small(Some(DType::F32)).with_memory_budget(Some(staging - 1)),
     )
     .unwrap()
     .load_all(&ckpt)
@@ -497,10 +449,7 @@ fn a_budget_below_the_staging_keeps_everything_on_the_host() {
     let all: u64 = loaded.report.tensors.iter().map(|t| t.out_bytes).sum();
     let fits = Loader::new(
         &dev,
-        LoadOptions {
-            memory_budget: Some(staging + all),
-            ..small(Some(DType::F32))
-        },
+        small(Some(DType::F32)).with_memory_budget(Some(staging + all)),
     )
     .unwrap()
     .load_all(&ckpt)
@@ -521,10 +470,7 @@ fn forced_rungs_serve_everything_exactly() {
     for rung in Rung::ALL {
         for dtype in [None, Some(DType::F32), Some(DType::BF16)] {
             let dev = Device::host();
-            let opts = LoadOptions {
-                fallback: Fallback::Force(rung),
-                ..small(dtype)
-            };
+            let opts = small(dtype).with_fallback(Fallback::Force(rung));
             let mut l = Loader::new(&dev, opts).unwrap();
             // Forcing a device rung on a pair without a device kernel is
             // a failure (tested in `forbidden_fallback_fails_fast`).
@@ -552,11 +498,9 @@ fn forbidden_fallback_fails_fast() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
     let (dev, _h) = faulty(FaultPlan::one(FaultKind::CopyLandsGarbage, When::Always));
-    let opts = LoadOptions {
-        fallback: Fallback::Forbid,
-        self_test: false,
-        ..small(None)
-    };
+    let opts = small(None)
+        .with_fallback(Fallback::Forbid)
+        .with_self_test(false);
     let e = Loader::new(&dev, opts)
         .unwrap()
         .load_all(&ckpt)
@@ -573,11 +517,9 @@ fn forbidden_fallback_fails_fast() {
     );
     // A forced rung that fails is an error too (with the device error kept).
     let (dev, _h) = faulty(FaultPlan::one(FaultKind::InvalidValueOnCopy, When::Always));
-    let opts = LoadOptions {
-        fallback: Fallback::Force(Rung::Pageable),
-        self_test: false,
-        ..small(None)
-    };
+    let opts = small(None)
+        .with_fallback(Fallback::Force(Rung::Pageable))
+        .with_self_test(false);
     let e = Loader::new(&dev, opts)
         .unwrap()
         .load_all(&ckpt)
@@ -601,10 +543,7 @@ fn forbidden_fallback_fails_fast() {
     }
     // f64 -> f32 with fallback forbidden: no device kernel is a failure.
     let dev = Device::host();
-    let opts = LoadOptions {
-        fallback: Fallback::Forbid,
-        ..small(Some(DType::F32))
-    };
+    let opts = small(Some(DType::F32)).with_fallback(Fallback::Forbid);
     let e = Loader::new(&dev, opts)
         .unwrap()
         .load_names(&ckpt, &["f.f64"])
@@ -620,10 +559,7 @@ fn memory_budget_offloads_the_rest_to_the_host() {
     let probe = Loader::new(&dev, small(Some(DType::F32))).unwrap();
     // The staging, then a.bf16 and b.big_bf16 fit (as f32).
     let budget = probe.staging_device_bytes() + 300 * 333 * 4 + 100;
-    let opts = LoadOptions {
-        memory_budget: Some(budget),
-        ..small(Some(DType::F32))
-    };
+    let opts = small(Some(DType::F32)).with_memory_budget(Some(budget));
     let loaded = Loader::new(&dev, opts).unwrap().load_all(&ckpt).unwrap();
     assert_exact(&ckpt, &loaded);
     let on_dev: u64 = loaded
@@ -654,14 +590,7 @@ fn progress_reaches_the_total() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
     let (dev, _h) = faulty(FaultPlan::one(FaultKind::CopyLandsZeros, When::Nth(2)));
-    let mut l = Loader::new(
-        &dev,
-        LoadOptions {
-            self_test: false,
-            ..small(Some(DType::F32))
-        },
-    )
-    .unwrap();
+    let mut l = Loader::new(&dev, small(Some(DType::F32)).with_self_test(false)).unwrap();
     let reqs: Vec<Request> = ckpt
         .tensors()
         .map(|(_, t)| Request::whole(t.name.clone()))
@@ -696,14 +625,7 @@ fn concurrent_loads_from_several_threads() {
             let (dev, ckpt) = (&dev, &ckpt);
             s.spawn(move || {
                 let dtype = [None, Some(DType::F32)][k % 2];
-                let mut l = Loader::new(
-                    dev,
-                    LoadOptions {
-                        self_test: false,
-                        ..small(dtype)
-                    },
-                )
-                .unwrap();
+                let mut l = Loader::new(dev, small(dtype).with_self_test(false)).unwrap();
                 for _ in 0..3 {
                     let loaded = l.load_all(ckpt).unwrap();
                     assert_exact(ckpt, &loaded);
@@ -732,14 +654,7 @@ fn a_file_truncated_during_the_load_is_an_error() {
         std::fs::write(&path, std::fs::read(&path).unwrap()).ok();
         let ckpt2 = Checkpoint::open(&path).unwrap();
         let dev = Device::host();
-        let mut l = Loader::new(
-            &dev,
-            LoadOptions {
-                fallback,
-                ..small(Some(DType::F32))
-            },
-        )
-        .unwrap();
+        let mut l = Loader::new(&dev, small(Some(DType::F32)).with_fallback(fallback)).unwrap();
         let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         let mut cut = false;
         let r = l.load_with_progress(&ckpt2, &[Request::whole("x")], &mut |p| {
@@ -822,17 +737,19 @@ fn campaign_of_seeded_trials_has_no_undetected_corruption() {
             })
             .collect();
         let (dev, h) = faulty(FaultPlan { seed: trial, rules });
-        let opts = LoadOptions {
-            dtype: [None, Some(DType::F32), Some(DType::BF16), Some(DType::F16)]
-                [rng.below(4) as usize],
-            policy: [
-                Policy::Fingerprint,
-                Policy::FusedFingerprint,
-                Policy::ReadBack,
-            ][rng.below(3) as usize],
-            self_test: false,
-            ..small(None)
-        };
+        let opts = small(None)
+            .with_dtype(
+                [None, Some(DType::F32), Some(DType::BF16), Some(DType::F16)]
+                    [rng.below(4) as usize],
+            )
+            .with_policy(
+                [
+                    Policy::Fingerprint,
+                    Policy::FusedFingerprint,
+                    Policy::ReadBack,
+                ][rng.below(3) as usize],
+            )
+            .with_self_test(false);
         let loaded = Loader::new(&dev, opts).unwrap().load_all(&ckpt).unwrap();
         injected += h.injected().len();
         for t in &loaded.tensors {
@@ -872,14 +789,7 @@ fn clean_load_is_exact(dev: &Device) {
             Policy::FusedFingerprint,
             Policy::ReadBack,
         ] {
-            let mut l = Loader::new(
-                dev,
-                LoadOptions {
-                    policy,
-                    ..small(dtype)
-                },
-            )
-            .unwrap();
+            let mut l = Loader::new(dev, small(dtype).with_policy(policy)).unwrap();
             let loaded = l.load_all(&ckpt).unwrap();
             assert_exact(&ckpt, &loaded);
             assert!(loaded
@@ -937,13 +847,11 @@ fn tiny(dir: &Path, n: usize) -> (PathBuf, Vec<String>) {
 /// each, the piece alignment), so the limit of 256 pieces per slot is what
 /// splits the jobs.
 fn roomy() -> LoadOptions {
-    LoadOptions {
-        dtype: Some(DType::F32),
-        ring_buffers: 2,
-        buffer_bytes: 1 << 20,
-        small_chunk_bytes: 16 * 1024,
-        ..LoadOptions::default()
-    }
+    LoadOptions::default()
+        .with_dtype(Some(DType::F32))
+        .with_ring_buffers(2)
+        .with_buffer_bytes(1 << 20)
+        .with_small_chunk_bytes(16 * 1024)
 }
 
 /// Each loaded tensor is the CPU's widening of its bf16 bits.
@@ -974,7 +882,7 @@ fn tiny_tensors_past_256_per_slot_are_exact_on_the_ring(dev: &Device) {
         Policy::FusedFingerprint,
         Policy::ReadBack,
     ] {
-        let mut l = Loader::new(dev, LoadOptions { policy, ..roomy() }).unwrap();
+        let mut l = Loader::new(dev, roomy().with_policy(policy)).unwrap();
         for (n, jobs) in [(256, 1), (257, 2), (600, 3)] {
             let loaded = l.load_names(&ckpt, &names[..n]).unwrap();
             let what = format!("{n} tensors, {policy:?}");
@@ -1004,14 +912,7 @@ fn zeros_in_a_slot_of_many_pieces_send_each_piece_down(open: Open<'_>) {
     );
     let dev = Device::from_backend(Box::new(f));
     h.set_enabled(false);
-    let mut l = Loader::new(
-        &dev,
-        LoadOptions {
-            self_test: false,
-            ..roomy()
-        },
-    )
-    .unwrap();
+    let mut l = Loader::new(&dev, roomy().with_self_test(false)).unwrap();
     h.set_enabled(true);
     let loaded = l.load_names(&ckpt, &names).unwrap();
     // One slot copy, of one of the three jobs, landed zeros.
@@ -1126,10 +1027,7 @@ fn tracing_check() {
     let (dev, _h) = faulty(FaultPlan::one(FaultKind::CopyLandsZeros, When::Always));
     let rec = Rungs::default();
     let loaded = tracing::subscriber::with_default(rec.clone(), || {
-        let opts = LoadOptions {
-            self_test: false,
-            ..small(Some(DType::F32))
-        };
+        let opts = small(Some(DType::F32)).with_self_test(false);
         Loader::new(&dev, opts)
             .unwrap()
             .load_names(&ckpt, &["a.bf16"])

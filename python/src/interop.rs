@@ -354,11 +354,7 @@ pub fn load(
         match map.get(&key) {
             Some(l) => l.clone(),
             None => {
-                let opts = LoadOptions {
-                    dtype,
-                    policy,
-                    ..LoadOptions::default()
-                };
+                let opts = LoadOptions::default().with_dtype(dtype).with_policy(policy);
                 let l = Arc::new(Mutex::new(Loader::new(&dev, opts).map_err(to_py)?));
                 // One cached loader per device: another dtype or policy
                 // replaces it (its staging is freed at the next sync).

@@ -29,7 +29,7 @@
 //! The GPU tiers ([`VendorTier`], [`TiledTier`], [`NaiveTier`]) belong to
 //! one [`Device`] and run through its backend, so they work on HIP, CUDA,
 //! the host backend (the CPU standing in for a GPU, which runs the whole
-//! GPU path in CI) and under [`Faults`](crate::device::faults::Faults).
+//! GPU path in CI) and under `device::faults::Faults` (feature `testing`).
 //! [`Conv3dChain::for_device`] builds the chain of one device;
 //! [`Conv3dChain::first_gpu`] uses the first GPU this build and machine have
 //! (HIP, then CUDA) and otherwise puts [`UnavailableTier`]s (saying why)

@@ -24,7 +24,7 @@
 //! [`Wrap`], writes what it changes and forwards the rest with
 //! [`crate::forward_driver!`] / [`crate::forward_backend!`], and is opened
 //! with [`Device::from_backend`]:
-//! [`faults::Faults`] injects the documented ROCm failure modes into any
+//! `faults::Faults` (feature `testing`) injects the documented ROCm failure modes into any
 //! backend.
 //!
 //! | file | holds |

@@ -11,6 +11,9 @@
 //! behind fills), while the loader's thread allocates the outputs and runs
 //! the self-test, and the job loop fills the buffers already pinned; each
 //! new buffer joins the ring at the loop's next turn.
+//!
+//! The grower knows slots by number only: the ring (`ring.rs`) owns it and
+//! turns what [`Grower::take`] says into its own state.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,7 +21,6 @@ use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use super::ring::Ring;
 use crate::device::{Device, PinnedBuffer};
 use crate::error::{Error, Result};
 
@@ -153,28 +155,45 @@ fn stopped(bytes: usize) -> Error {
     }
 }
 
-impl Ring {
-    /// Hands each buffer the grower has pinned since the last call to
-    /// `put` with its slot; with `wait` (nothing else to do), first blocks
-    /// until one comes, where one is owed. A pinning that failed ends the
-    /// growth and drops the slots left without a buffer (the ring works
-    /// with those before); the error is returned when no slot is left.
-    pub(super) fn take_grown(
+/// What a [`Grower::take`] found.
+#[derive(Debug)]
+pub(super) enum Grown {
+    /// Buffers are still owed; nothing more has come yet.
+    Pending,
+    /// Every owed buffer was handed out: the grower is done.
+    Done,
+    /// The pinning stopped: the slots from `at` on get no buffer.
+    Stopped {
+        /// The first slot left without a buffer.
+        at: usize,
+        /// Why.
+        error: Error,
+    },
+}
+
+impl Grower {
+    /// Whether a buffer for slot `s` is still owed.
+    pub(super) fn owes(&self, s: usize) -> bool {
+        self.owed.contains(&s)
+    }
+
+    /// Hands each buffer pinned since the last call to `put` with its
+    /// slot; with `wait` (nothing else to do), first blocks until one
+    /// comes, where one is owed.
+    pub(super) fn take(
         &mut self,
         wait: bool,
         put: &mut dyn FnMut(usize, PinnedBuffer<u8>),
-    ) -> Option<Error> {
+    ) -> Grown {
         let mut block = wait;
-        let (end, failure) = loop {
-            let g = self.grower.as_mut()?;
-            if g.owed.is_empty() {
-                self.grower = None;
-                return None;
+        loop {
+            if self.owed.is_empty() {
+                return Grown::Done;
             }
-            if g.orphaned() {
-                break (g.owed.start, stopped(g.bytes));
+            if self.orphaned() {
+                return self.stopped_at(self.owed.start);
             }
-            let rx = g.rx.get_mut().unwrap_or_else(PoisonError::into_inner);
+            let rx = self.rx.get_mut().unwrap_or_else(PoisonError::into_inner);
             let msg = if block {
                 block = false;
                 rx.recv().map_err(|_| TryRecvError::Disconnected)
@@ -184,26 +203,26 @@ impl Ring {
             match msg {
                 // One thread pins in slot order: `s` is `owed.start`.
                 Ok((s, Ok(buf))) => {
-                    g.owed.start = s + 1;
+                    self.owed.start = s + 1;
                     put(s, buf);
                 }
-                Ok((s, Err(e))) => break (s.min(g.owed.start), e),
-                Err(TryRecvError::Empty) => return None,
-                Err(TryRecvError::Disconnected) => break (g.owed.start, stopped(g.bytes)),
+                Ok((s, Err(error))) => {
+                    return Grown::Stopped {
+                        at: s.min(self.owed.start),
+                        error,
+                    }
+                }
+                Err(TryRecvError::Empty) => return Grown::Pending,
+                Err(TryRecvError::Disconnected) => return self.stopped_at(self.owed.start),
             }
-        };
-        tracing::debug!(error = %failure, slots = end, "pinned ring: not grown further");
-        self.grower = None;
-        self.slots.truncate(end);
-        self.pinned.truncate(end);
-        self.slots.is_empty().then_some(failure)
+        }
     }
 
-    /// Every slot has its buffer, or is owed one by a grower still at work.
-    pub(super) fn whole(&self) -> bool {
-        !self.slots.is_empty()
-            && self.pinned.iter().enumerate().all(|(s, p)| {
-                p.is_some() || self.grower.as_ref().is_some_and(|g| g.owed.contains(&s))
-            })
+    /// [`Grown::Stopped`] at `at`, for a thread that ended without saying why.
+    fn stopped_at(&self, at: usize) -> Grown {
+        Grown::Stopped {
+            at,
+            error: stopped(self.bytes),
+        }
     }
 }

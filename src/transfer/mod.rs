@@ -34,13 +34,16 @@
 //! Progress goes to a callback; each rung taken is a `tracing` span
 //! (`transfer.load`, `transfer.ring`, `transfer.rung`).
 //!
-//! The files: `options.rs` (what is asked), `plan.rs` (items, first rungs,
-//! budget, jobs), `ring.rs` (the pinned ring's job loop), `grow.rs` (its
-//! buffers pinned on a thread of their own), `ladder.rs` (the
-//! rungs below it), `checks.rs` (the checks of each piece), `source.rs`
-//! (positioned reads and host sums), `loaded.rs` and `report.rs` (what a
-//! load returns). One [`Loader`] method per stage, each taking the load's
-//! context (`LoadCtx`: items, their state, progress, timing).
+//! A load is plan -> pass -> ladder -> report, one file each: `plan.rs`
+//! (a pure function: what goes where, decided once), `pass.rs` (the pinned
+//! ring's pass), `ladder.rs` (the rungs below it, functions over the
+//! staging state), `report.rs` (what happened). Around them: `options.rs`
+//! (what is asked), `staging.rs` (what a loader keeps between loads, and
+//! each tensor's state during one), `ring.rs` and `grow.rs` (the ring, and
+//! its buffers pinned on a thread of their own), `checks.rs` (host sums
+//! against the device's, read-back), `source.rs` (positioned reads and host
+//! sums), `loaded.rs` (what a load returns). This file: [`Loader`], the
+//! public calls and the driver that runs a plan.
 //!
 //! # Example
 //!
@@ -77,15 +80,17 @@ mod grow;
 mod ladder;
 mod loaded;
 mod options;
+mod pass;
 mod plan;
 mod report;
 mod ring;
 mod source;
+mod staging;
 
 use std::time::Instant;
 
-use crate::device::{Device, DeviceBuffer, DeviceViewMut, PinnedBuffer, Stream};
-use crate::error::{Error, ErrorKind, Result};
+use crate::device::{Device, DeviceBuffer, DeviceViewMut};
+use crate::error::{Error, Result};
 use crate::safetensors::Checkpoint;
 
 use crate::fallback::{Attempt, Check, Failure};
@@ -93,57 +98,22 @@ pub use loaded::{LoadProgress, Loaded, LoadedTensor, TensorData};
 pub use options::{Fallback, LoadOptions, Request};
 pub use report::{LoadReport, LoadTiming, Rung, TensorReport};
 
-use plan::State;
-use ring::{Ring, Slot};
+use plan::Plan;
 use source::{Item, Source};
-
-/// One load in progress: what is loaded from where, each item's state,
-/// the progress reported, and the time split. Every stage of the pipeline
-/// (the ring pass, its job loop, the checks, the ladder) takes it.
-struct LoadCtx<'a> {
-    /// The shard files, opened for positioned reads.
-    sources: &'a [Source],
-    /// What is loaded, in request order.
-    items: &'a [Item],
-    /// Per item state (parallel to `items`).
-    states: Vec<State>,
-    /// Progress so far.
-    prog: LoadProgress,
-    /// The caller's progress callback.
-    progress: &'a mut dyn FnMut(&LoadProgress),
-    /// Where the time goes.
-    timing: LoadTiming,
-}
-
-impl LoadCtx<'_> {
-    /// Reports the progress so far.
-    fn report_progress(&mut self) {
-        (self.progress)(&self.prog);
-    }
-}
+use staging::{LoadCtx, Staging, State};
 
 /// Loads checkpoint tensors onto a device (see the module docs).
 pub struct Loader {
-    device: Device,
-    copy: Stream,
-    compute: Stream,
-    opts: LoadOptions,
-    ring: Option<Ring>,
-    /// Staging of the small-chunks and pageable rungs (cached; released on
-    /// out of memory).
-    scratch: Option<Slot>,
-    scratch_pinned: Option<PinnedBuffer<u8>>,
-    /// Outputs lent by the caller for the next load, by request index
-    /// ([`Loader::load_into`]); empty otherwise.
-    lent: Vec<Option<DeviceBuffer<u8>>>,
+    /// The options, the device, its streams and the cached staging.
+    stg: Staging,
 }
 
 impl std::fmt::Debug for Loader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loader")
-            .field("device", &self.device)
-            .field("opts", &self.opts)
-            .field("ring", &self.ring.is_some())
+            .field("device", &self.stg.device)
+            .field("opts", &self.stg.opts)
+            .field("ring", &self.stg.ring.is_some())
             .finish()
     }
 }
@@ -159,10 +129,6 @@ fn label(d: &Device) -> String {
     format!("{}:{} {}", i.kind, i.ordinal, i.arch)
 }
 
-fn is_oom(e: &Error) -> bool {
-    e.kind() == ErrorKind::OutOfMemory
-}
-
 impl Loader {
     /// A loader for `device` (no memory is allocated until the first load).
     ///
@@ -174,20 +140,13 @@ impl Loader {
             ..opts
         };
         Ok(Loader {
-            device: device.clone(),
-            copy: device.stream()?,
-            compute: device.stream()?,
-            opts,
-            ring: None,
-            scratch: None,
-            scratch_pinned: None,
-            lent: Vec::new(),
+            stg: Staging::new(device, opts)?,
         })
     }
 
     /// The options.
     pub fn options(&self) -> &LoadOptions {
-        &self.opts
+        &self.stg.opts
     }
 
     /// Loads every tensor of `ckpt`.
@@ -229,11 +188,24 @@ impl Loader {
         req: &Request,
         dst: &mut DeviceViewMut<'_, u8>,
     ) -> Result<TensorReport> {
-        if !dst.device().same(&self.device) {
+        let t0 = Instant::now();
+        if !dst.device().same(&self.stg.device) {
             return Err(Error::DeviceMismatch { op: "load_into" });
         }
-        let (_, items) = self.plan(ckpt, std::slice::from_ref(req))?;
-        let want = items.first().map_or(0, |i| i.out_bytes);
+        let compute = self.stg.compute.clone();
+        // SAFETY: the stand-in lives in this call's plan and then in its
+        // load's states, all dropped before this call returns; the compute
+        // stream is on `dst`'s device (checked above).
+        let stand_in = unsafe { DeviceBuffer::lent(dst, compute.clone()) };
+        let reqs = std::slice::from_ref(req);
+        let plan = Plan::new(
+            ckpt,
+            reqs,
+            &self.stg.opts,
+            self.staging_device_bytes(),
+            vec![Some(stand_in)],
+        )?;
+        let want = plan.items.first().map_or(0, |i| i.out_bytes);
         if want != dst.len() as u64 {
             return Err(Error::LengthMismatch {
                 op: "load_into",
@@ -242,15 +214,7 @@ impl Loader {
                 tensor: None,
             });
         }
-        // SAFETY: the stand-in lives in `self.lent` and then in this load's
-        // states, all dropped before this call returns (the load takes them
-        // out at its start; `self.lent` is cleared below on every path); the
-        // compute stream is on `dst`'s device (checked above).
-        let stand_in = unsafe { DeviceBuffer::lent(dst, self.compute.clone()) };
-        self.lent = vec![Some(stand_in)];
-        let r = self.load(ckpt, std::slice::from_ref(req));
-        self.lent.clear();
-        let mut loaded = r?;
+        let mut loaded = self.run(t0, ckpt, plan, &mut |_| {})?;
         let (Some(t), Some(rep)) = (loaded.tensors.pop(), loaded.report.tensors.pop()) else {
             return Err(Error::TensorNotFound {
                 path: ckpt.path().to_owned(),
@@ -260,17 +224,17 @@ impl Loader {
         match t.data {
             TensorData::Buffer(b) if b.device_ptr() == dst.device_ptr() => {}
             TensorData::Buffer(b) => {
-                dst.copy_dtod(&self.compute, &b.view())?;
-                self.compute.synchronize()?;
+                dst.copy_dtod(&compute, &b.view())?;
+                compute.synchronize()?;
             }
             TensorData::KeptOnHost(v) => {
-                dst.copy_htod(&self.compute, &v)?;
+                dst.copy_htod(&compute, &v)?;
                 let expected = crate::convert::fingerprint::fingerprint_bytes(&v);
-                let actual = self.compute.fingerprint(&dst.as_view())?;
+                let actual = compute.fingerprint(&dst.as_view())?;
                 if expected != actual {
                     return Err(Error::VerificationFailed {
                         op: format!("load_into {} (host copy)", req.name),
-                        device: label(&self.device),
+                        device: label(&self.stg.device),
                         expected,
                         actual,
                     });
@@ -297,27 +261,50 @@ impl Loader {
         progress: &mut dyn FnMut(&LoadProgress),
     ) -> Result<Loaded> {
         let t0 = Instant::now();
-        let (sources, items) = self.plan(ckpt, reqs)?;
-        let total_bytes: u64 = items.iter().map(|i| i.src_bytes).sum();
+        let plan = Plan::new(
+            ckpt,
+            reqs,
+            &self.stg.opts,
+            self.staging_device_bytes(),
+            Vec::new(),
+        )?;
+        self.run(t0, ckpt, plan, progress)
+    }
+
+    /// Device bytes of the loader's own staging, which
+    /// [`LoadOptions::memory_budget`] counts: the pinned ring's device
+    /// buffers and the one the lower rungs use, each `buffer_bytes` plus
+    /// its fingerprint accumulators.
+    pub fn staging_device_bytes(&self) -> u64 {
+        self.stg.device_bytes()
+    }
+
+    /// Carries out `plan` (started at `t0`): the tensors prepared, served
+    /// (the ring's pass, the ladder for the rest), the check that no shard
+    /// changed, the results.
+    fn run(
+        &mut self,
+        t0: Instant,
+        ckpt: &Checkpoint,
+        plan: Plan,
+        progress: &mut dyn FnMut(&LoadProgress),
+    ) -> Result<Loaded> {
+        let sources = ckpt
+            .shards()
+            .iter()
+            .map(Source::of)
+            .collect::<Result<Vec<_>>>()?;
+        let total_bytes = plan.file_bytes();
         let span = tracing::info_span!(
             "transfer.load",
-            tensors = items.len(),
+            tensors = plan.items.len(),
             bytes = total_bytes,
-            device = %label(&self.device)
+            device = %label(&self.stg.device)
         );
         let _g = span.enter();
-        self.start_ring(&items);
-        let lent = std::mem::take(&mut self.lent);
-        let mut states = self.initial_states(&items, lent)?;
-        // Budget and allocations, while the device's self-test runs (once
-        // per device), then its verdict.
         let ta = Instant::now();
-        let (allocated, st) = self.during_self_test(&items, |l| l.allocate(&items, &mut states))?;
-        allocated?;
+        let (items, states, ring) = self.prepare(plan)?;
         let alloc_ms = ta.elapsed().as_secs_f32() * 1e3;
-        if let Some(st) = st {
-            self.apply_self_test(&items, &mut states, &st);
-        }
         let mut cx = LoadCtx {
             sources: &sources,
             items: &items,
@@ -329,131 +316,124 @@ impl Loader {
                 total_tensors: items.len(),
             },
             progress,
-            timing: LoadTiming::default(),
+            timing: LoadTiming {
+                alloc_ms,
+                ..LoadTiming::default()
+            },
         };
         cx.report_progress();
         let mut report = LoadReport {
-            device: label(&self.device),
+            device: label(&self.stg.device),
             ..LoadReport::default()
         };
-        cx.timing.alloc_ms = alloc_ms;
-
-        // The fast path.
-        // Empty tensors need no copy: served as soon as allocated.
-        for (item, st) in items.iter().zip(cx.states.iter_mut()) {
-            if item.src_bytes == 0 && st.start == Rung::PinnedRing && st.failed.is_none() {
-                st.served = Some(Rung::PinnedRing);
-                cx.prog.done_tensors += 1;
-            }
-        }
-        let ring_items: Vec<usize> = (0..items.len())
-            .filter(|&i| {
-                cx.states.get(i).is_some_and(|s| {
-                    s.start == Rung::PinnedRing && s.served.is_none() && s.failed.is_none()
-                })
-            })
-            .collect();
-        if !ring_items.is_empty() {
-            let tr = Instant::now();
-            report.ring_jobs = self.ring_pass(&mut cx, &ring_items)?;
-            report.ring_ms = tr.elapsed().as_secs_f32() * 1e3;
-        }
-
-        // The ladder for everything else.
-        for i in 0..items.len() {
-            let (Some(item), Some(st)) = (items.get(i), cx.states.get_mut(i)) else {
-                continue;
-            };
-            if st.served.is_none() {
-                self.ladder(&sources, item, st)?;
-                let rest = item.src_bytes.saturating_sub(st.counted);
-                st.counted = item.src_bytes;
-                cx.prog.done_bytes += rest;
-                cx.prog.done_tensors += 1;
-                cx.report_progress();
-            }
-        }
+        self.serve(&mut cx, &ring, &mut report)?;
         report.timing = cx.timing;
         let states = cx.states;
         // Every byte was read: a shard changed meanwhile (same size, other
         // bytes; truncated and regrown) fails the load, naming the file.
         ckpt.check_unchanged()?;
-
-        // Results.
-        let mut tensors = Vec::with_capacity(items.len());
-        for (item, st) in items.into_iter().zip(states) {
-            let data = match (st.host, st.out) {
-                (Some(h), _) => TensorData::KeptOnHost(h),
-                (None, Some(b)) => TensorData::Buffer(b),
-                (None, None) => TensorData::KeptOnHost(Vec::new()),
-            };
-            report.file_bytes += item.src_bytes;
-            report.out_bytes += item.out_bytes;
-            let ms = match (st.t0, st.t1) {
-                (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f32() * 1e3,
-                _ => 0.0,
-            };
-            report.tensors.push(TensorReport {
-                name: item.name.clone(),
-                dtype: item.dtype,
-                out_dtype: item.out_dtype,
-                shape: item.shape.clone(),
-                file_bytes: item.src_bytes,
-                out_bytes: item.out_bytes,
-                rung: st.served.unwrap_or(Rung::KeepOnHost),
-                attempts: st.attempts,
-                oom_retried: st.oom_retried,
-                offloaded: st.offloaded,
-                routed: st.routed,
-                ms,
-            });
-            tensors.push(LoadedTensor {
-                name: item.name,
-                dtype: item.out_dtype,
-                shape: item.shape,
-                data,
-            });
-        }
-        report.ms = t0.elapsed().as_secs_f32() * 1e3;
+        let loaded = results(items, states, report, t0);
         tracing::info!(
-            ms = report.ms,
-            gb_per_s = report.bytes_per_s() / 1e9,
+            ms = loaded.report.ms,
+            gb_per_s = loaded.report.bytes_per_s() / 1e9,
             "transfer.load done"
         );
-        Ok(Loaded { tensors, report })
+        Ok(loaded)
     }
 
-    /// Device bytes of the loader's own staging, which
-    /// [`LoadOptions::memory_budget`] counts: the pinned ring's device
-    /// buffers and the one the lower rungs use, each `buffer_bytes` plus
-    /// its fingerprint accumulators.
-    pub fn staging_device_bytes(&self) -> u64 {
-        let slot = self.opts.buffer_bytes as u64 + (2 * plan::MAX_PIECES * 8) as u64;
-        (self.opts.ring_buffers as u64 + 1).saturating_mul(slot)
-    }
-
-    /// Releases the loader's cached device memory (the pinned ring, when no
-    /// pass is using it, and the lower rungs' staging: both are made again
-    /// when needed) and waits for the device, so frees of dropped buffers
-    /// are done.
-    fn release_cached(&mut self) {
-        self.scratch = None;
-        self.ring = None;
-        if let Err(e) = self.device.synchronize() {
-            self.device.record_err(e);
+    /// The plan's tensors in their first states: the ring started (its
+    /// pinning, 128 MiB in about 10 ms, overlaps the rest; its errors are
+    /// left for the pass to meet and report), the outputs allocated while
+    /// the device's self-test runs (once per device), its verdict applied.
+    /// Returns the items, their states and the ring's tensors.
+    fn prepare(&mut self, mut plan: Plan) -> Result<(Vec<Item>, Vec<State>, Vec<usize>)> {
+        if plan.ring_early {
+            let _ = self.stg.ensure_ring();
         }
+        let (outputs, st) = self
+            .stg
+            .during_self_test(plan.self_test, |s| s.allocate(&plan))?;
+        if let Some(st) = st {
+            plan.trust(|op| st.trusted(op));
+        }
+        let ring = plan.ring_items();
+        let (items, states) = staging::states(plan, outputs);
+        Ok((items, states, ring))
     }
 
-    /// Allocates `bytes` on the compute stream; out of memory releases the
-    /// cached memory and retries once. The bool says whether it retried.
-    fn alloc_retry<T: bytemuck::Pod>(&mut self, len: usize) -> (Result<DeviceBuffer<T>>, bool) {
-        match self.compute.alloc::<T>(len) {
-            Err(e) if is_oom(&e) => {
-                tracing::warn!(error = %e, "out of memory: releasing cached memory and retrying once");
-                self.release_cached();
-                (self.compute.alloc::<T>(len), true)
+    /// Serves every tensor: empty ones at once, the ring's pass over
+    /// `ring` (those still pending), the ladder for the rest.
+    fn serve(
+        &mut self,
+        cx: &mut LoadCtx<'_>,
+        ring: &[usize],
+        report: &mut LoadReport,
+    ) -> Result<()> {
+        // Empty tensors need no copy: served as soon as allocated.
+        for (item, st) in cx.items.iter().zip(cx.states.iter_mut()) {
+            if item.src_bytes == 0 && st.ring_pending() {
+                st.served = Some(Rung::PinnedRing);
+                cx.prog.done_tensors += 1;
             }
-            r => (r, false),
         }
+        let ring: Vec<usize> = (ring.iter().copied())
+            .filter(|&i| cx.states.get(i).is_some_and(State::ring_pending))
+            .collect();
+        if !ring.is_empty() {
+            let tr = Instant::now();
+            report.ring_jobs = pass::run(&mut self.stg, cx, &ring)?;
+            report.ring_ms = tr.elapsed().as_secs_f32() * 1e3;
+        }
+        for (item, st) in cx.items.iter().zip(cx.states.iter_mut()) {
+            if st.served.is_none() {
+                ladder::serve(&mut self.stg, cx.sources, item, st)?;
+                let rest = item.src_bytes.saturating_sub(st.counted);
+                st.counted = item.src_bytes;
+                cx.prog.done_bytes += rest;
+                cx.prog.done_tensors += 1;
+                (cx.progress)(&cx.prog);
+            }
+        }
+        Ok(())
     }
+}
+
+/// What a load returns: each tensor's data and report, in request order.
+fn results(items: Vec<Item>, states: Vec<State>, mut report: LoadReport, t0: Instant) -> Loaded {
+    let mut tensors = Vec::with_capacity(items.len());
+    for (item, st) in items.into_iter().zip(states) {
+        let data = match (st.host, st.out) {
+            (Some(h), _) => TensorData::KeptOnHost(h),
+            (None, Some(b)) => TensorData::Buffer(b),
+            (None, None) => TensorData::KeptOnHost(Vec::new()),
+        };
+        report.file_bytes += item.src_bytes;
+        report.out_bytes += item.out_bytes;
+        let ms = match (st.t0, st.t1) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a).as_secs_f32() * 1e3,
+            _ => 0.0,
+        };
+        report.tensors.push(TensorReport {
+            name: item.name.clone(),
+            dtype: item.dtype,
+            out_dtype: item.out_dtype,
+            shape: item.shape.clone(),
+            file_bytes: item.src_bytes,
+            out_bytes: item.out_bytes,
+            rung: st.served.unwrap_or(Rung::KeepOnHost),
+            attempts: st.attempts,
+            oom_retried: st.oom_retried,
+            offloaded: st.offloaded,
+            routed: st.routed,
+            ms,
+        });
+        tensors.push(LoadedTensor {
+            name: item.name,
+            dtype: item.out_dtype,
+            shape: item.shape,
+            data,
+        });
+    }
+    report.ms = t0.elapsed().as_secs_f32() * 1e3;
+    Loaded { tensors, report }
 }

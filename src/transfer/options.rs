@@ -26,7 +26,24 @@ pub enum Fallback {
 }
 
 /// Options of a [`Loader`](super::Loader).
+///
+/// Start from [`LoadOptions::default`] or [`LoadOptions::to_dtype`] and
+/// change what you need with the `with_*` setters (the struct is
+/// `#[non_exhaustive]`: options may be added; its fields stay readable and
+/// assignable):
+///
+/// ```
+/// use rocm_safe::transfer::{Fallback, LoadOptions};
+/// use rocm_safe::DType;
+///
+/// let opts = LoadOptions::to_dtype(DType::F32)
+///     .with_ring_buffers(4)
+///     .with_buffer_bytes(32 << 20)
+///     .with_fallback(Fallback::Forbid);
+/// assert_eq!((opts.ring_buffers, opts.dtype), (4, Some(DType::F32)));
+/// ```
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
 pub struct LoadOptions {
     /// Convert float tensors (F64, F32, F16, BF16, F8_E4M3, F8_E5M2: the
     /// sources of `convert::table`) to this dtype (F32, F16
@@ -99,6 +116,88 @@ impl LoadOptions {
         }
     }
 
+    /// With [`LoadOptions::dtype`]: the dtype floats are converted to (`None`: as stored).
+    #[must_use]
+    pub fn with_dtype(self, dtype: Option<DType>) -> LoadOptions {
+        LoadOptions { dtype, ..self }
+    }
+
+    /// With [`LoadOptions::policy`]: the per-piece check.
+    #[must_use]
+    pub fn with_policy(self, policy: Policy) -> LoadOptions {
+        LoadOptions { policy, ..self }
+    }
+
+    /// With [`LoadOptions::self_test`]: run the device's conversion self-test first.
+    #[must_use]
+    pub fn with_self_test(self, self_test: bool) -> LoadOptions {
+        LoadOptions { self_test, ..self }
+    }
+
+    /// With [`LoadOptions::ring_buffers`]: pinned buffers in the ring, 2..=8.
+    #[must_use]
+    pub fn with_ring_buffers(self, ring_buffers: usize) -> LoadOptions {
+        LoadOptions {
+            ring_buffers,
+            ..self
+        }
+    }
+
+    /// With [`LoadOptions::buffer_bytes`]: bytes of each pinned buffer.
+    #[must_use]
+    pub fn with_buffer_bytes(self, buffer_bytes: usize) -> LoadOptions {
+        LoadOptions {
+            buffer_bytes,
+            ..self
+        }
+    }
+
+    /// With [`LoadOptions::small_chunk_bytes`]: the small-chunks rung's chunk.
+    #[must_use]
+    pub fn with_small_chunk_bytes(self, small_chunk_bytes: usize) -> LoadOptions {
+        LoadOptions {
+            small_chunk_bytes,
+            ..self
+        }
+    }
+
+    /// With [`LoadOptions::fallback`]: how far down the ladder a tensor may go.
+    #[must_use]
+    pub fn with_fallback(self, fallback: Fallback) -> LoadOptions {
+        LoadOptions { fallback, ..self }
+    }
+
+    /// With [`LoadOptions::read_bytes`]: bytes of each positioned read.
+    #[must_use]
+    pub fn with_read_bytes(self, read_bytes: usize) -> LoadOptions {
+        LoadOptions { read_bytes, ..self }
+    }
+
+    /// With [`LoadOptions::readahead`]: ask the kernel to read ahead.
+    #[must_use]
+    pub fn with_readahead(self, readahead: bool) -> LoadOptions {
+        LoadOptions { readahead, ..self }
+    }
+
+    /// With [`LoadOptions::concurrent_fills`]: pinned buffers filled at once (`None`: all).
+    #[must_use]
+    pub fn with_concurrent_fills(self, concurrent_fills: Option<usize>) -> LoadOptions {
+        LoadOptions {
+            concurrent_fills,
+            ..self
+        }
+    }
+
+    /// With [`LoadOptions::memory_budget`]: device bytes the loader may use (`None`: no limit).
+    #[must_use]
+    pub fn with_memory_budget(self, memory_budget: Option<u64>) -> LoadOptions {
+        LoadOptions {
+            memory_budget,
+            ..self
+        }
+    }
+
+    /// Checked by [`Loader::new`](super::Loader::new): each field's range.
     pub(super) fn validate(&self) -> Result<()> {
         let bad = |field, reason| Err(Error::InvalidLoadOptions { field, reason });
         if !(2..=8).contains(&self.ring_buffers) {

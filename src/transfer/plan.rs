@@ -1,18 +1,24 @@
-//! The plan of a load: items from requests, first rungs, budget, jobs.
+//! The plan of a load: what goes where, decided once, before any device work.
 //!
-//! Each request becomes an item (file range, dtypes, shape); each item gets
-//! its first rung; the memory budget decides what stays on the host; the
-//! device outputs are allocated; the ring items are packed into jobs (one
-//! fill of a ring slot each).
+//! A pure function of the checkpoint's header (where each tensor is, its
+//! dtype and shape), the requests, the [`LoadOptions`], the memory budget's
+//! figures (passed in as data) and the outputs a caller lends
+//! ([`Loader::load_into`](super::Loader::load_into)): for each tensor its
+//! file range, output dtype and bytes, its conversion, and its route (the
+//! pinned ring pass, a rung of the ladder to start at, or kept on the host
+//! by the budget). The self-test's verdict, which comes while the outputs
+//! are allocated, narrows the plan ([`Plan::trust`]); the ring's tensors
+//! are packed into jobs ([`pack`]). Nothing here touches a file or a
+//! device.
+
+use std::path::Path;
 
 use super::options::SPLIT_ALIGN;
-use super::source::{Item, Source};
-use super::{Attempt, Failure, Fallback, Loader, Request, Rung};
+use super::source::Item;
+use super::{Attempt, Failure, Fallback, LoadOptions, Request, Rung};
 use crate::device::{ConvertOp, DeviceBuffer};
 use crate::error::{Error, Result};
-use crate::safetensors::Checkpoint;
-use crate::verify;
-use std::time::Instant;
+use crate::safetensors::{Checkpoint, TensorInfo};
 
 /// Most pieces (tensors or parts of one) in one ring slot.
 pub(super) const MAX_PIECES: usize = 256;
@@ -20,9 +26,288 @@ pub(super) const MAX_PIECES: usize = 256;
 /// sources; 256 keeps every piece on its own cache lines).
 pub(super) const PIECE_ALIGN: usize = 256;
 
+/// Where a checkpoint keeps one tensor: what the plan reads of it.
+pub(super) struct Stored<'a> {
+    /// The shard's index in the checkpoint.
+    pub shard: usize,
+    /// The shard's file.
+    pub path: &'a Path,
+    /// File offset of the shard's data section.
+    pub data_start: u64,
+    /// The tensor's header entry.
+    pub info: &'a TensorInfo,
+}
+
+/// A checkpoint as the plan sees it: its path and its tensors' entries
+/// (a [`Checkpoint`]; a table in the tests).
+pub(super) trait Catalog {
+    /// The checkpoint's path (named by [`Error::TensorNotFound`]).
+    fn path(&self) -> &Path;
+    /// Where `name` is stored.
+    fn find(&self, name: &str) -> Option<Stored<'_>>;
+}
+
+impl Catalog for Checkpoint {
+    fn path(&self) -> &Path {
+        Checkpoint::path(self)
+    }
+
+    fn find(&self, name: &str) -> Option<Stored<'_>> {
+        let (shard, info) = self.get(name)?;
+        let index = self.shards().iter().position(|s| std::ptr::eq(s, shard));
+        Some(Stored {
+            shard: index.unwrap_or(0),
+            path: shard.path(),
+            data_start: shard.data_start(),
+            info,
+        })
+    }
+}
+
+/// The way a tensor takes through the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    /// The pinned ring's pass (then the ladder, if it fails there).
+    Ring,
+    /// The ladder, from this rung (forced, or no trusted device kernel).
+    Ladder(Rung),
+    /// Kept on the host: the memory budget has no room for it.
+    Offloaded,
+}
+
+/// The plan's decision for one tensor.
+#[derive(Debug)]
+pub(super) struct Step {
+    /// The first rung tried.
+    pub start: Rung,
+    /// The rungs ruled out before anything ran (no trusted kernel), in
+    /// order: the report's first attempts.
+    pub attempts: Vec<Attempt<Rung>>,
+    /// Why it starts below the pinned ring with nothing failed.
+    pub routed: Option<String>,
+    /// Whether the budget kept it on the host.
+    pub offloaded: bool,
+    /// The output the caller lent ([`Loader::load_into`](super::Loader::load_into)).
+    pub lent: Option<DeviceBuffer<u8>>,
+}
+
+impl Step {
+    /// The way this tensor takes.
+    pub fn route(&self) -> Route {
+        match (self.offloaded, self.start) {
+            (true, _) => Route::Offloaded,
+            (false, Rung::PinnedRing) => Route::Ring,
+            (false, r) => Route::Ladder(r),
+        }
+    }
+}
+
+/// What goes where in one load (see the module docs).
+#[derive(Debug)]
+pub(super) struct Plan {
+    /// What is loaded, in request order.
+    pub items: Vec<Item>,
+    /// Each item's decision (parallel to `items`).
+    pub steps: Vec<Step>,
+    /// Whether the device's self-test runs first: asked for, and some item
+    /// converts with a device kernel.
+    pub self_test: bool,
+    /// Whether the ring is started as the load begins (its pinning
+    /// overlaps the allocations and the self-test): not when another rung
+    /// is forced, nor under a memory budget (a budget below the staging
+    /// keeps every tensor on the host, and the pass that makes the ring
+    /// does not run), nor for empty tensors only.
+    pub ring_early: bool,
+}
+
+impl Plan {
+    /// Plans `reqs` of `ckpt` under `opts`. `staging` is the loader's own
+    /// device bytes, which [`LoadOptions::memory_budget`] counts first;
+    /// `lent` the caller's outputs by request index (filled, never
+    /// allocated nor offloaded).
+    ///
+    /// Errors: [`Error::TensorNotFound`], [`Error::NoRows`],
+    /// [`Error::RowRange`].
+    pub fn new(
+        ckpt: &impl Catalog,
+        reqs: &[Request],
+        opts: &LoadOptions,
+        staging: u64,
+        lent: Vec<Option<DeviceBuffer<u8>>>,
+    ) -> Result<Plan> {
+        let items = reqs
+            .iter()
+            .map(|r| item(ckpt, r, opts))
+            .collect::<Result<Vec<_>>>()?;
+        let mut lent = lent.into_iter();
+        let mut steps: Vec<Step> = items
+            .iter()
+            .map(|i| first_step(i, opts.fallback, lent.next().flatten()))
+            .collect();
+        budget(&items, &mut steps, opts.memory_budget, staging);
+        let ring_first = !matches!(opts.fallback, Fallback::Force(r) if r != Rung::PinnedRing);
+        Ok(Plan {
+            self_test: opts.self_test && items.iter().any(|i| i.op.is_some_and(|o| o.on_device())),
+            ring_early: ring_first
+                && opts.memory_budget.is_none()
+                && items.iter().any(|i| i.src_bytes > 0),
+            items,
+            steps,
+        })
+    }
+
+    /// The self-test's verdict: a tensor whose device kernel is not
+    /// `trusted` starts on the CPU conversion rung, the kernel's absence
+    /// recorded as the failure of the rung it would have started on.
+    pub fn trust(&mut self, trusted: impl Fn(ConvertOp) -> bool) {
+        for (item, step) in self.items.iter().zip(self.steps.iter_mut()) {
+            if let Some(op) = item.op {
+                if op.on_device() && !trusted(op) && step.start.converts_on_device() {
+                    untrusted(step, op);
+                }
+            }
+        }
+    }
+
+    /// The tensors of the ring's pass: routed to it, with bytes to copy
+    /// (an empty tensor is served as soon as its output exists).
+    pub fn ring_items(&self) -> Vec<usize> {
+        (self.items.iter().zip(&self.steps).enumerate())
+            .filter(|(_, (i, s))| s.route() == Route::Ring && i.src_bytes > 0)
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    /// File bytes of the whole load.
+    pub fn file_bytes(&self) -> u64 {
+        self.items.iter().map(|i| i.src_bytes).sum()
+    }
+}
+
+/// The item of one request: its file range, dtypes, shape, output bytes.
+fn item(ckpt: &impl Catalog, r: &Request, opts: &LoadOptions) -> Result<Item> {
+    let found = ckpt.find(&r.name).ok_or_else(|| Error::TensorNotFound {
+        path: ckpt.path().to_owned(),
+        tensor: r.name.clone(),
+    })?;
+    let info = found.info;
+    let mut shape = info.shape.clone();
+    let mut start = found.data_start + info.data_offsets.0;
+    let mut bytes = info.num_bytes();
+    let mut elems = info.num_elements();
+    if let Some(rows) = &r.rows {
+        let (Some(nrows), Some(rb)) = (info.rows(), info.row_bytes()) else {
+            return Err(Error::NoRows {
+                path: found.path.to_owned(),
+                tensor: info.name.clone(),
+                shape: info.shape.clone(),
+            });
+        };
+        if rows.start > rows.end || rows.end > nrows {
+            return Err(Error::RowRange {
+                path: found.path.to_owned(),
+                tensor: info.name.clone(),
+                start: rows.start,
+                end: rows.end,
+                rows: nrows,
+            });
+        }
+        let n = rows.end - rows.start;
+        start += rows.start * rb;
+        bytes = n * rb;
+        elems = elems.checked_div(nrows).map_or(0, |per| per * n);
+        if let Some(d) = shape.first_mut() {
+            *d = n;
+        }
+    }
+    let out_dtype = match opts.dtype {
+        Some(t) if crate::convert::table::converts_from(info.dtype) => t,
+        _ => info.dtype,
+    };
+    let op = (out_dtype != info.dtype).then_some(ConvertOp {
+        from: info.dtype,
+        to: out_dtype,
+    });
+    Ok(Item {
+        name: r.name.clone(),
+        source: found.shard,
+        file_off: start,
+        src_bytes: bytes,
+        dtype: info.dtype,
+        out_dtype,
+        shape,
+        out_bytes: out_dtype.bytes_for(elems).unwrap_or(bytes),
+        op,
+    })
+}
+
+/// The first rung of an item: the forced one, or the pinned ring unless
+/// its conversion has no device kernel (the self-test's verdict on the
+/// kernels that exist comes later: [`Plan::trust`]).
+fn first_step(item: &Item, fallback: Fallback, lent: Option<DeviceBuffer<u8>>) -> Step {
+    let (start, routed) = match fallback {
+        Fallback::Force(r) if r != Rung::PinnedRing => (r, Some(format!("forced: {r}"))),
+        Fallback::Force(r) => (r, None),
+        _ => (Rung::PinnedRing, None),
+    };
+    let mut step = Step {
+        start,
+        attempts: Vec::new(),
+        routed,
+        offloaded: false,
+        lent,
+    };
+    if let Some(op) = item.op {
+        if !op.on_device() && step.start.converts_on_device() {
+            if fallback != Fallback::Forbid {
+                // No kernel exists: nothing to try, nothing failed.
+                step.routed = Some(format!("no device kernel for {op}: converted on the CPU"));
+                step.start = Rung::CpuConvert;
+            } else {
+                untrusted(&mut step, op);
+            }
+        }
+    }
+    step
+}
+
+/// The memory budget: counting `staging` first, then the outputs in
+/// request order, those that do not fit are kept on the host (nothing
+/// tried, nothing failed). Tensors kept on the host by choice and outputs
+/// the caller lent take no device memory of the loader's.
+fn budget(items: &[Item], steps: &mut [Step], budget: Option<u64>, staging: u64) {
+    let Some(b) = budget else { return };
+    let mut used = staging;
+    for (item, step) in items.iter().zip(steps.iter_mut()) {
+        if step.start == Rung::KeepOnHost || step.lent.is_some() {
+            continue;
+        }
+        if used.saturating_add(item.out_bytes) > b {
+            step.offloaded = true;
+            step.start = Rung::KeepOnHost;
+            step.attempts.clear();
+            continue;
+        }
+        used = used.saturating_add(item.out_bytes);
+    }
+}
+
+/// Moves a rung that converts on the device to the CPU conversion, with the
+/// missing trusted kernel recorded as its failure.
+fn untrusted(step: &mut Step, op: ConvertOp) {
+    step.attempts.push(Attempt {
+        step: step.start,
+        failure: Failure::NoTrustedKernel {
+            from: op.from,
+            to: op.to,
+        },
+    });
+    step.start = Rung::CpuConvert;
+}
+
 /// One piece of a job: bytes `src_off..src_off + len` of an item, staged
 /// at `slot_off`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Piece {
     pub item: usize,
     pub src_off: u64,
@@ -37,282 +322,47 @@ pub(super) struct Job {
     pub used: usize,
 }
 
-/// Per item state during a load.
-pub(super) struct State {
-    /// The first rung tried.
-    pub start: Rung,
-    /// The pinned ring's failure, not yet moved to `attempts`.
-    pub failed: Option<Attempt<Rung>>,
-    /// The rungs that failed, in order.
-    pub attempts: Vec<Attempt<Rung>>,
-    /// The device output.
-    pub out: Option<DeviceBuffer<u8>>,
-    /// The host output (keep-on-host rung).
-    pub host: Option<Vec<u8>>,
-    /// The rung that served.
-    pub served: Option<Rung>,
-    /// Whether an allocation ran out of memory and was retried.
-    pub oom_retried: bool,
-    /// Whether the budget kept it on the host.
-    pub offloaded: bool,
-    /// Why it starts below the pinned ring with nothing failed.
-    pub routed: Option<String>,
-    /// First operation.
-    pub t0: Option<Instant>,
-    /// Last check.
-    pub t1: Option<Instant>,
-    /// File bytes checked so far.
-    pub counted: u64,
-}
-
 fn round_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
 
-impl Loader {
-    pub(super) fn plan(
-        &self,
-        ckpt: &Checkpoint,
-        reqs: &[Request],
-    ) -> Result<(Vec<Source>, Vec<Item>)> {
-        let shards = ckpt.shards();
-        let mut sources: Vec<Option<Source>> = (0..shards.len()).map(|_| None).collect();
-        let mut items = Vec::with_capacity(reqs.len());
-        for r in reqs {
-            let (shard, info) = ckpt.get(&r.name).ok_or_else(|| Error::TensorNotFound {
-                path: ckpt.path().to_owned(),
-                tensor: r.name.clone(),
-            })?;
-            let si = shards
-                .iter()
-                .position(|s| std::ptr::eq(s, shard))
-                .unwrap_or(0);
-            if let Some(slot @ None) = sources.get_mut(si) {
-                *slot = Some(Source::of(shard)?);
-            }
-            let mut shape = info.shape.clone();
-            let mut start = shard.data_start() + info.data_offsets.0;
-            let mut bytes = info.num_bytes();
-            let mut elems = info.num_elements();
-            if let Some(rows) = &r.rows {
-                let (Some(nrows), Some(rb)) = (info.rows(), info.row_bytes()) else {
-                    return Err(Error::NoRows {
-                        path: shard.path().to_owned(),
-                        tensor: info.name.clone(),
-                        shape: info.shape.clone(),
-                    });
-                };
-                if rows.start > rows.end || rows.end > nrows {
-                    return Err(Error::RowRange {
-                        path: shard.path().to_owned(),
-                        tensor: info.name.clone(),
-                        start: rows.start,
-                        end: rows.end,
-                        rows: nrows,
-                    });
-                }
-                let n = rows.end - rows.start;
-                start += rows.start * rb;
-                bytes = n * rb;
-                elems = elems.checked_div(nrows).map_or(0, |per| per * n);
-                if let Some(d) = shape.first_mut() {
-                    *d = n;
-                }
-            }
-            let out_dtype = match self.opts.dtype {
-                Some(t) if crate::convert::table::converts_from(info.dtype) => t,
-                _ => info.dtype,
+/// Packs the pieces of `ring_items` densely into jobs of at most `cap`
+/// bytes (pieces aligned to [`PIECE_ALIGN`], at most [`MAX_PIECES`] a job;
+/// a tensor split between jobs at multiples of 64 KiB).
+pub(super) fn pack(items: &[Item], ring_items: &[usize], cap: usize) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let mut job = Job::default();
+    for &i in ring_items {
+        let Some(item) = items.get(i) else { continue };
+        let mut off = 0u64;
+        while off < item.src_bytes {
+            let at = round_up(job.used, PIECE_ALIGN);
+            let room = cap.saturating_sub(at);
+            let left = item.src_bytes - off;
+            let take = if left as usize <= room {
+                left as usize
+            } else {
+                room / SPLIT_ALIGN * SPLIT_ALIGN
             };
-            let op = (out_dtype != info.dtype).then_some(ConvertOp {
-                from: info.dtype,
-                to: out_dtype,
-            });
-            let out_bytes = out_dtype.bytes_for(elems).unwrap_or(bytes);
-            items.push(Item {
-                name: r.name.clone(),
-                source: si,
-                file_off: start,
-                src_bytes: bytes,
-                dtype: info.dtype,
-                out_dtype,
-                shape,
-                out_bytes,
-                op,
-            });
-        }
-        let sources = sources
-            .into_iter()
-            .zip(shards)
-            .map(|(s, shard)| match s {
-                Some(s) => Ok(s),
-                // Never read: a placeholder keeping indices aligned (a
-                // duplicate descriptor, no new open).
-                None => Source::of(shard),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok((sources, items))
-    }
-
-    /// Whether loading `items` runs the device's self-test first: it is
-    /// asked for and some item converts with a device kernel.
-    pub(super) fn self_test_due(&self, items: &[Item]) -> bool {
-        self.opts.self_test && items.iter().any(|i| i.op.is_some_and(|o| o.on_device()))
-    }
-
-    /// The first rung of each item: the forced one, or the pinned ring
-    /// unless its conversion has no device kernel (the self-test's verdict
-    /// on the kernels that exist comes after: [`Loader::apply_self_test`]).
-    pub(super) fn initial_states(
-        &self,
-        items: &[Item],
-        lent: Vec<Option<DeviceBuffer<u8>>>,
-    ) -> Result<Vec<State>> {
-        let mut lent = lent.into_iter();
-        Ok(items
-            .iter()
-            .map(|item| {
-                let mut attempts = Vec::new();
-                let (mut start, mut routed) = match self.opts.fallback {
-                    Fallback::Force(r) if r != Rung::PinnedRing => {
-                        (r, Some(format!("forced: {r}")))
-                    }
-                    Fallback::Force(r) => (r, None),
-                    _ => (Rung::PinnedRing, None),
-                };
-                if let Some(op) = item.op {
-                    let forbid = matches!(self.opts.fallback, Fallback::Forbid);
-                    if !op.on_device() && start.converts_on_device() && !forbid {
-                        // No kernel exists: nothing to try, nothing failed.
-                        routed = Some(format!("no device kernel for {op}: converted on the CPU"));
-                        start = Rung::CpuConvert;
-                    }
-                    if !op.on_device() && start.converts_on_device() {
-                        untrusted(&mut start, &mut attempts, op);
-                    }
-                }
-                State {
-                    start,
-                    failed: None,
-                    attempts,
-                    out: lent.next().flatten(),
-                    host: None,
-                    served: None,
-                    oom_retried: false,
-                    offloaded: false,
-                    routed,
-                    t0: None,
-                    t1: None,
-                    counted: 0,
-                }
-            })
-            .collect())
-    }
-
-    /// The self-test's verdict: an item whose device kernel it does not
-    /// trust starts on the CPU conversion rung (its output, if allocated
-    /// already, is what that rung fills).
-    pub(super) fn apply_self_test(
-        &self,
-        items: &[Item],
-        states: &mut [State],
-        st: &verify::SelfTestReport,
-    ) {
-        for (item, state) in items.iter().zip(states.iter_mut()) {
-            if let Some(op) = item.op {
-                if op.on_device() && !st.trusted(op) && state.start.converts_on_device() {
-                    untrusted(&mut state.start, &mut state.attempts, op);
-                }
-            }
-        }
-    }
-
-    /// Applies the memory budget and allocates the device outputs of the
-    /// items that start on a device rung.
-    pub(super) fn allocate(&mut self, items: &[Item], states: &mut [State]) -> Result<()> {
-        let mut used = self.staging_device_bytes();
-        for (item, st) in items.iter().zip(states.iter_mut()) {
-            // Kept on the host by choice, or filling memory the caller lent
-            // (never offloaded, nothing to allocate).
-            if st.start == Rung::KeepOnHost || st.out.is_some() {
+            if take == 0 || job.pieces.len() >= MAX_PIECES {
+                jobs.push(std::mem::take(&mut job));
                 continue;
             }
-            if let Some(b) = self.opts.memory_budget {
-                if used.saturating_add(item.out_bytes) > b {
-                    st.offloaded = true;
-                    st.start = Rung::KeepOnHost;
-                    // No device rung is tried: nothing failed.
-                    st.attempts.clear();
-                    continue;
-                }
-            }
-            used = used.saturating_add(item.out_bytes);
-            if st.start != Rung::PinnedRing {
-                continue; // the rung allocates when it runs
-            }
-            let (r, retried) = self.alloc_retry::<u8>(item.out_bytes as usize);
-            st.oom_retried |= retried;
-            match r {
-                Ok(b) => st.out = Some(b),
-                Err(e) => {
-                    tracing::warn!(tensor = %item.name, error = %e, "pinned ring: allocation failed");
-                    st.failed = Some(Attempt {
-                        step: Rung::PinnedRing,
-                        failure: Failure::Error(e),
-                    });
-                }
-            }
+            job.pieces.push(Piece {
+                item: i,
+                src_off: off,
+                len: take,
+                slot_off: at,
+            });
+            job.used = at + take;
+            off += take as u64;
         }
-        Ok(())
     }
-
-    /// Packs the pieces of `ring_items` densely into jobs of at most
-    /// `buffer_bytes` (pieces aligned to [`PIECE_ALIGN`]).
-    pub(super) fn pack(&self, items: &[Item], ring_items: &[usize]) -> Vec<Job> {
-        let cap = self.opts.buffer_bytes;
-        let mut jobs = Vec::new();
-        let mut job = Job::default();
-        for &i in ring_items {
-            let Some(item) = items.get(i) else { continue };
-            let mut off = 0u64;
-            while off < item.src_bytes {
-                let at = round_up(job.used, PIECE_ALIGN);
-                let room = cap.saturating_sub(at);
-                let left = item.src_bytes - off;
-                let take = if left as usize <= room {
-                    left as usize
-                } else {
-                    room / SPLIT_ALIGN * SPLIT_ALIGN
-                };
-                if take == 0 || job.pieces.len() >= MAX_PIECES {
-                    jobs.push(std::mem::take(&mut job));
-                    continue;
-                }
-                job.pieces.push(Piece {
-                    item: i,
-                    src_off: off,
-                    len: take,
-                    slot_off: at,
-                });
-                job.used = at + take;
-                off += take as u64;
-            }
-        }
-        if !job.pieces.is_empty() {
-            jobs.push(job);
-        }
-        jobs
+    if !job.pieces.is_empty() {
+        jobs.push(job);
     }
+    jobs
 }
 
-/// Moves a rung that converts on the device to the CPU conversion, with the
-/// missing trusted kernel recorded as its failure.
-fn untrusted(start: &mut Rung, attempts: &mut Vec<Attempt<Rung>>, op: ConvertOp) {
-    attempts.push(Attempt {
-        step: *start,
-        failure: Failure::NoTrustedKernel {
-            from: op.from,
-            to: op.to,
-        },
-    });
-    *start = Rung::CpuConvert;
-}
+#[cfg(test)]
+mod tests;
