@@ -15,6 +15,7 @@ pub mod rng;
 pub mod st;
 pub mod st_files;
 pub mod tamper;
+pub mod transfer;
 
 #[allow(unused_imports)]
 pub use device::Open;
