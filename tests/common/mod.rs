@@ -10,6 +10,8 @@ pub mod conv3d_device;
 pub mod device;
 pub mod dlpack;
 #[cfg(feature = "hip")]
+pub mod hip_scenarios;
+#[cfg(feature = "hip")]
 pub mod hip_standin;
 pub mod rng;
 pub mod st;
