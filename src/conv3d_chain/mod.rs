@@ -42,11 +42,12 @@
 //!   them ([`Conv3dTier::support_backward`]: the naive GPU kernels and the
 //!   CPU), with the same checks and reports.
 //!
-//! Files: `tier.rs` (what a tier is, the CPU and unavailable tiers),
-//! `device_tiers.rs` (the tiers of a device), `chain.rs` (the chain and its
-//! checks), `device_run.rs` (the chain over device memory), `backward.rs`
-//! (gradients and the transposed convolution), `report.rs` (reports and
-//! statistics).
+// Files (for readers of the source, not of the rustdoc):
+// Files: `tier.rs` (what a tier is, the CPU and unavailable tiers),
+// `device_tiers.rs` (the tiers of a device), `chain.rs` (the chain and its
+// checks), `device_run.rs` (the chain over device memory), `backward.rs`
+// (gradients and the transposed convolution), `report.rs` (reports and
+// statistics).
 
 mod backward;
 mod chain;

@@ -34,16 +34,17 @@
 //! Progress goes to a callback; each rung taken is a `tracing` span
 //! (`transfer.load`, `transfer.ring`, `transfer.rung`).
 //!
-//! A load is plan -> pass -> ladder -> report, one file each: `plan.rs`
-//! (a pure function: what goes where, decided once), `pass.rs` (the pinned
-//! ring's pass), `ladder.rs` (the rungs below it, functions over the
-//! staging state), `report.rs` (what happened). Around them: `options.rs`
-//! (what is asked), `staging.rs` (what a loader keeps between loads, and
-//! each tensor's state during one), `ring.rs` and `grow.rs` (the ring, and
-//! its buffers pinned on a thread of their own), `checks.rs` (host sums
-//! against the device's, read-back), `source.rs` (positioned reads and host
-//! sums), `loaded.rs` (what a load returns). This file: [`Loader`], the
-//! public calls and the driver that runs a plan.
+// Files (for readers of the source, not of the rustdoc):
+// A load is plan -> pass -> ladder -> report, one file each: `plan.rs`
+// (a pure function: what goes where, decided once), `pass.rs` (the pinned
+// ring's pass), `ladder.rs` (the rungs below it, functions over the
+// staging state), `report.rs` (what happened). Around them: `options.rs`
+// (what is asked), `staging.rs` (what a loader keeps between loads, and
+// each tensor's state during one), `ring.rs` and `grow.rs` (the ring, and
+// its buffers pinned on a thread of their own), `checks.rs` (host sums
+// against the device's, read-back), `source.rs` (positioned reads and host
+// sums), `loaded.rs` (what a load returns). This file: [`Loader`], the
+// public calls and the driver that runs a plan.
 //!
 //! # Example
 //!
