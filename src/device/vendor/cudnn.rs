@@ -64,7 +64,9 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
-use super::libs::{bind_fn, cudnn_spec, Loaded};
+#[cfg(feature = "doctor")]
+use super::libs::Loaded;
+use super::libs::{bind_fn, cudnn_spec};
 use super::VendorBuffers;
 #[cfg(feature = "cuda")]
 use super::VendorConv;
@@ -117,8 +119,11 @@ const _: () = assert!(std::mem::size_of::<FwdAlgoPerf>() == 48);
 /// The bound functions.
 #[derive(Debug)]
 pub(crate) struct Lib {
+    /// Holds the library open (read only by the doctor otherwise).
+    #[cfg_attr(not(feature = "doctor"), allow(dead_code))]
     lib: dynlib::Lib,
     /// `cudnnGetVersion` (`91900` for 9.19.0).
+    #[cfg_attr(not(feature = "doctor"), allow(dead_code))]
     version: usize,
     create: unsafe extern "C" fn(*mut Handle) -> Status,
     destroy: unsafe extern "C" fn(Handle) -> Status,
@@ -185,6 +190,7 @@ pub(crate) struct Lib {
 
 impl Lib {
     /// What the doctor shows of this copy (`9.19.0`).
+    #[cfg(feature = "doctor")]
     pub(crate) fn loaded(&self) -> Loaded {
         Loaded::of(&self.lib, Some(version_text(self.version)))
     }
@@ -291,6 +297,7 @@ pub(crate) fn available() -> Result<()> {
 
 /// The cuDNN in use (opening it if need be), or why there is none: for
 /// the doctor.
+#[cfg(feature = "doctor")]
 pub(crate) fn loaded() -> std::result::Result<Loaded, String> {
     library_result()
         .as_ref()

@@ -9,9 +9,12 @@
 use std::ffi::{c_void, CStr};
 use std::path::{Path, PathBuf};
 
-use crate::device::dynlib::{self, FoundBy, Spec};
+#[cfg(feature = "doctor")]
+use crate::device::dynlib::FoundBy;
+use crate::device::dynlib::{self, Spec};
 
 /// A vendor library as loaded in this process: what the doctor shows.
+#[cfg(feature = "doctor")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Loaded {
     /// The file the loader mapped, if it says.
@@ -23,6 +26,7 @@ pub(crate) struct Loaded {
     pub version: Option<String>,
 }
 
+#[cfg(feature = "doctor")]
 impl Loaded {
     /// The record of `lib` with `version`.
     pub(crate) fn of(lib: &dynlib::Lib, version: Option<String>) -> Loaded {

@@ -63,7 +63,9 @@ use std::path::Path;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use super::libs::{bind_fn, miopen_spec, Loaded};
+#[cfg(feature = "doctor")]
+use super::libs::Loaded;
+use super::libs::{bind_fn, miopen_spec};
 use super::VendorBuffers;
 #[cfg(feature = "hip")]
 use super::VendorConv;
@@ -105,8 +107,11 @@ const _: () = assert!(std::mem::size_of::<ConvAlgoPerf>() == 16);
 /// The bound functions.
 #[derive(Debug)]
 pub(crate) struct Lib {
+    /// Holds the library open (read only by the doctor otherwise).
+    #[cfg_attr(not(feature = "doctor"), allow(dead_code))]
     lib: dynlib::Lib,
     /// `miopenGetVersion` (`"3.4.0"`), when the library has it.
+    #[cfg_attr(not(feature = "doctor"), allow(dead_code))]
     version: Option<String>,
     create: unsafe extern "C" fn(*mut Handle) -> Status,
     destroy: unsafe extern "C" fn(Handle) -> Status,
@@ -188,6 +193,7 @@ pub(crate) fn library() -> Result<&'static Lib> {
 
 /// The MIOpen in use (opening it if need be), or why there is none: for
 /// the doctor.
+#[cfg(feature = "doctor")]
 pub(crate) fn loaded() -> std::result::Result<Loaded, String> {
     library_result()
         .as_ref()
@@ -283,6 +289,7 @@ unsafe fn bind(lib: dynlib::Lib) -> std::result::Result<Lib, &'static str> {
 
 impl Lib {
     /// What the doctor shows of this copy.
+    #[cfg(feature = "doctor")]
     pub(crate) fn loaded(&self) -> Loaded {
         Loaded::of(&self.lib, self.version.clone())
     }

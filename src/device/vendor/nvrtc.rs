@@ -26,7 +26,9 @@
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::OnceLock;
 
-use super::libs::{bind_fn, nvrtc_spec, Loaded};
+#[cfg(feature = "doctor")]
+use super::libs::Loaded;
+use super::libs::{bind_fn, nvrtc_spec};
 use crate::device::dynlib::{self, NotFound, Spec};
 use crate::error::{Error, Result};
 
@@ -40,8 +42,11 @@ pub(crate) const INTERIOR_NUL: c_int = -1;
 /// The bound library.
 #[derive(Debug)]
 pub(crate) struct Nvrtc {
+    /// Holds the library open (read only by the doctor otherwise).
+    #[cfg_attr(not(feature = "doctor"), allow(dead_code))]
     lib: dynlib::Lib,
     /// `nvrtcVersion`.
+    #[cfg_attr(not(feature = "doctor"), allow(dead_code))]
     version: (c_int, c_int),
     create: unsafe extern "C" fn(
         *mut Program,
@@ -166,6 +171,7 @@ pub(crate) fn library() -> Result<&'static Nvrtc> {
 
 /// The NVRTC in use (opening it if need be), or why there is none: for
 /// the doctor.
+#[cfg(feature = "doctor")]
 pub(crate) fn loaded() -> std::result::Result<Loaded, String> {
     library_result()
         .as_ref()
@@ -192,6 +198,7 @@ impl Drop for Prog<'_> {
 
 impl Nvrtc {
     /// What the doctor shows of this copy.
+    #[cfg(feature = "doctor")]
     pub(crate) fn loaded(&self) -> Loaded {
         let (major, minor) = self.version;
         Loaded::of(&self.lib, Some(format!("{major}.{minor}")))
