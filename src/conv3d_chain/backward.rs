@@ -355,16 +355,7 @@ impl Conv3dChain {
             check,
             ..
         } = scratch;
-        let bias_f32 = match bias {
-            None => None,
-            Some(DeviceConv3dData::F32(v)) => Some(v),
-            Some(DeviceConv3dData::BF16(v)) if c == 0 => Some(v.cast::<f32>()?),
-            Some(DeviceConv3dData::BF16(v)) => {
-                let b = DeviceScratch::ensure(alloc_on, bias_buf, c)?;
-                stream.convert(&v, &mut b.slice_mut(..c)?)?;
-                Some(b.slice(..c)?)
-            }
-        };
+        let bias_f32 = DeviceScratch::bias_f32(stream, alloc_on, bias_buf, bias, c)?;
         let ops = DeviceBackwardOperands {
             stream,
             op,

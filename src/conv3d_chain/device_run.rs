@@ -259,6 +259,28 @@ impl DeviceScratch {
         *slot = None;
         Ok(slot.insert(alloc_on.alloc::<T>(len)?))
     }
+
+    /// The bias of `channels` channels as f32 on the device: an f32 bias
+    /// as it is, a bf16 one widened on `stream` into `slot` (grown by
+    /// [`DeviceScratch::ensure`]); `None` without a bias.
+    pub(super) fn bias_f32<'v>(
+        stream: &Stream,
+        alloc_on: &Stream,
+        slot: &'v mut Option<DeviceBuffer<f32>>,
+        bias: Option<DeviceConv3dData<'v>>,
+        channels: usize,
+    ) -> Result<Option<DeviceView<'v, f32>>> {
+        Ok(match bias {
+            None => None,
+            Some(DeviceConv3dData::F32(v)) => Some(v),
+            Some(DeviceConv3dData::BF16(v)) if channels == 0 => Some(v.cast::<f32>()?),
+            Some(DeviceConv3dData::BF16(v)) => {
+                let b = DeviceScratch::ensure(alloc_on, slot, channels)?;
+                stream.convert(&v, &mut b.slice_mut(..channels)?)?;
+                Some(b.slice(..channels)?)
+            }
+        })
+    }
 }
 
 /// The chain's scratch for one call: the shared one (locked), or a
@@ -353,16 +375,7 @@ impl Conv3dChain {
             check,
             ..
         } = scratch;
-        let bias_f32 = match bias {
-            None => None,
-            Some(DeviceConv3dData::F32(v)) => Some(v),
-            Some(DeviceConv3dData::BF16(v)) if k == 0 => Some(v.cast::<f32>()?),
-            Some(DeviceConv3dData::BF16(v)) => {
-                let b = DeviceScratch::ensure(alloc_on, bias_buf, k)?;
-                stream.convert(&v, &mut b.slice_mut(..k)?)?;
-                Some(b.slice(..k)?)
-            }
-        };
+        let bias_f32 = DeviceScratch::bias_f32(stream, alloc_on, bias_buf, bias, k)?;
         let ops = DeviceOperands {
             stream,
             geometry: g,
