@@ -6,7 +6,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
-/// A 64-bit buffer fingerprint (see [`crate::convert::fingerprint`]).
+/// A 64-bit buffer fingerprint (defined in `convert::fingerprint`, which
+/// re-exports it).
 /// Equal buffers have equal fingerprints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Fingerprint(pub u64);
@@ -71,7 +72,7 @@ impl fmt::Display for NotFound {
 impl std::error::Error for NotFound {}
 
 /// A failure mode to inject (the fault-injection backend,
-/// `crate::device::faults` (feature `testing`), re-exported there).
+/// `device::faults` (feature `testing`), re-exported there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[non_exhaustive]
 pub enum FaultKind {
@@ -103,9 +104,9 @@ pub enum FaultKind {
     Conv3dWritesNonFinite,
     /// The vendor library finds no algorithm for a conv3d.
     VendorNoAlgorithm,
-    /// The conv3d chain's device check ([`KernelOp::Conv3dCheck`](crate::device::KernelOp::Conv3dCheck)) fails.
+    /// The conv3d chain's device check (`device::KernelOp::Conv3dCheck`) fails.
     Conv3dCheckFailure,
-    /// A conv3d backward kernel ([`KernelOp::Conv3dBackward`](crate::device::KernelOp::Conv3dBackward)) fails.
+    /// A conv3d backward kernel (`device::KernelOp::Conv3dBackward`) fails.
     Conv3dBackwardLaunchFailure,
     /// A conv3d backward kernel writes garbage (finite values).
     Conv3dBackwardWritesGarbage,
@@ -170,7 +171,7 @@ impl fmt::Display for FaultKind {
 /// The device-visibility variable in effect for a backend, and what one
 /// ordinal maps to under it (`HIP_VISIBLE_DEVICES`, `CUDA_VISIBLE_DEVICES`:
 /// the runtimes apply them; this only reports which physical device an
-/// ordinal maps to). Re-exported as [`crate::device::VisibleDevices`].
+/// ordinal maps to). Re-exported as `device::VisibleDevices`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct VisibleDevices {
     /// The variable the runtime reads (`HIP_VISIBLE_DEVICES`,

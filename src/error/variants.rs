@@ -435,7 +435,7 @@ pub enum Error {
         visible: VisibleDevices,
     },
     /// An operation this backend does not implement (for example
-    /// [`crate::device::Driver::mem_info`] on a platform where the host
+    /// `device::Driver::mem_info` on a platform where the host
     /// backend cannot read the memory figures, or a kernel operation a
     /// backend has no kernel for).
     BackendUnsupported {
@@ -536,7 +536,7 @@ pub enum Error {
         log: String,
     },
     /// A failure injected by the fault-injection backend
-    /// (`crate::device::faults`).
+    /// (`device::faults`).
     InjectedFault {
         /// The failure mode.
         fault: FaultKind,
