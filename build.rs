@@ -37,6 +37,7 @@ use std::sync::Mutex;
 /// The kernel files, each watched with `rerun-if-changed`.
 const KERNEL_FILES: &[&str] = &[
     "hip-kernels/prelude.h",
+    "hip-kernels/bf16.h",
     "hip-kernels/hip_standin.h",
     "hip-kernels/kernels.hip",
     "hip-kernels/core.hip",

@@ -21,6 +21,7 @@
 //   conv3d_backward.hip  conv3d_bwd_*
 #pragma once
 #include "prelude.h"
+#include "bf16.h"
 
 // Sizes of one convolution (mirrors the Rust `KernelArgs`, repr(C)).
 struct rs_conv3d_args {
@@ -41,6 +42,16 @@ RS_DEVICE float rs_ld(const rs_u16* p, rs_u64 i) {
 // The raw bits of a bf16 element (the f32 overload is never called).
 RS_DEVICE rs_u32 rs_bits16(const rs_u16* p, rs_u64 i) { return p[i]; }
 RS_DEVICE rs_u32 rs_bits16(const float*, rs_u64) { return 0; }
+
+// Stores output element i: f32, or rounded to bf16 (nearest even) when
+// y_bf16 != 0 (the guarded fallback writes over a bf16 tensor in place).
+RS_DEVICE void rs_conv3d_store(float* y, rs_u64 i, float v, rs_u64 y_bf16) {
+    if (y_bf16) {
+        ((rs_u16*)y)[i] = rs_f32_to_bf16(__float_as_uint(v));
+    } else {
+        y[i] = v;
+    }
+}
 
 // First and one-past-last tap k with 0 <= o + k * dil < size (o may be
 // negative): the taps of a kernel axis that land inside the input.
@@ -171,7 +182,7 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
                                                        const float* __restrict__ bias,
                                                        float* __restrict__ y,
                                                        const rs_conv3d_args a,
-                                                       rs_tiled_smem& sm) {
+                                                       rs_tiled_smem& sm, rs_u64 y_bf16) {
     // Rows of the tile per thread: ty * 4 + {0..3} and 64 + ty * (MI - 4) +
     // {0..MI - 5}.
     constexpr int MI = BM == 128 ? 8 : 6;
@@ -337,7 +348,7 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
             if (mi >= kg) continue;
             const rs_u64 k = g * kg + mi;
             const float b = a.has_bias ? bias[k] : 0.0f;
-            y[(n * a.k + k) * osp + s] = acc[i][j] + b;
+            rs_conv3d_store(y, (n * a.k + k) * osp + s, acc[i][j] + b, y_bf16);
         }
     }
 }
@@ -351,36 +362,38 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
 #endif
 KERNEL void RS_HIP_BLOCK(256) RS_TILED_CUDA_BOUNDS
     conv3d_tiled_f32(const float* x, const float* w_t, const float* bias, float* y,
-                     rs_conv3d_args a) {
+                     rs_conv3d_args a, const rs_u64* gate, rs_u64 y_bf16) {
     __shared__ rs_tiled_smem sm;
+    if (rs_gate_closed(gate)) return;
     const bool bm96 = rs_conv3d_tiled_bm96(a.k / a.groups);
     if (rs_conv3d_fast_gather(a)) {
         if (bm96) {
-            rs_conv3d_tiled<float, 96, true>(x, w_t, bias, y, a, sm);
+            rs_conv3d_tiled<float, 96, true>(x, w_t, bias, y, a, sm, y_bf16);
         } else {
-            rs_conv3d_tiled<float, 128, true>(x, w_t, bias, y, a, sm);
+            rs_conv3d_tiled<float, 128, true>(x, w_t, bias, y, a, sm, y_bf16);
         }
     } else if (bm96) {
-        rs_conv3d_tiled<float, 96, false>(x, w_t, bias, y, a, sm);
+        rs_conv3d_tiled<float, 96, false>(x, w_t, bias, y, a, sm, y_bf16);
     } else {
-        rs_conv3d_tiled<float, 128, false>(x, w_t, bias, y, a, sm);
+        rs_conv3d_tiled<float, 128, false>(x, w_t, bias, y, a, sm, y_bf16);
     }
 }
 KERNEL void RS_HIP_BLOCK(256) RS_TILED_CUDA_BOUNDS
     conv3d_tiled_bf16(const rs_u16* x, const rs_u16* w_t, const float* bias, float* y,
-                      rs_conv3d_args a) {
+                      rs_conv3d_args a, const rs_u64* gate, rs_u64 y_bf16) {
     __shared__ rs_tiled_smem sm;
+    if (rs_gate_closed(gate)) return;
     const bool bm96 = rs_conv3d_tiled_bm96(a.k / a.groups);
     if (rs_conv3d_fast_gather(a)) {
         if (bm96) {
-            rs_conv3d_tiled<rs_u16, 96, true>(x, w_t, bias, y, a, sm);
+            rs_conv3d_tiled<rs_u16, 96, true>(x, w_t, bias, y, a, sm, y_bf16);
         } else {
-            rs_conv3d_tiled<rs_u16, 128, true>(x, w_t, bias, y, a, sm);
+            rs_conv3d_tiled<rs_u16, 128, true>(x, w_t, bias, y, a, sm, y_bf16);
         }
     } else if (bm96) {
-        rs_conv3d_tiled<rs_u16, 96, false>(x, w_t, bias, y, a, sm);
+        rs_conv3d_tiled<rs_u16, 96, false>(x, w_t, bias, y, a, sm, y_bf16);
     } else {
-        rs_conv3d_tiled<rs_u16, 128, false>(x, w_t, bias, y, a, sm);
+        rs_conv3d_tiled<rs_u16, 128, false>(x, w_t, bias, y, a, sm, y_bf16);
     }
 }
 
@@ -445,7 +458,8 @@ static __device__ __forceinline__ void rs_conv3d_tiled_mma(const rs_u16* __restr
                                                            const float* __restrict__ bias,
                                                            float* __restrict__ y,
                                                            const rs_conv3d_args& a, rs_u64 rp,
-                                                           rs_u64 mp, rs_mma_smem& sm) {
+                                                           rs_u64 mp, rs_mma_smem& sm,
+                                                           rs_u64 y_bf16) {
     constexpr int MI = BM / 32;  // m16 tiles per warp
     auto& As = sm.As;
     auto& Bs = sm.Bs;
@@ -611,7 +625,8 @@ static __device__ __forceinline__ void rs_conv3d_tiled_mma(const rs_u16* __restr
                     if (mi_row >= kg) continue;
                     const rs_u64 k = g * kg + mi_row;
                     const float b = a.has_bias ? bias[k] : 0.0f;
-                    y[(n * a.k + k) * osp + s] = acc[mi][ni][h * 2 + e] + b;
+                    rs_conv3d_store(y, (n * a.k + k) * osp + s, acc[mi][ni][h * 2 + e] + b,
+                                    y_bf16);
                 }
             }
         }
@@ -621,19 +636,21 @@ static __device__ __forceinline__ void rs_conv3d_tiled_mma(const rs_u16* __restr
 KERNEL void __launch_bounds__(256, 2)
     conv3d_tiled_bf16_mma(const rs_u16* __restrict__ x, const rs_u16* __restrict__ wp,
                           const float* __restrict__ bias, float* __restrict__ y,
-                          rs_conv3d_args a, rs_u64 rp, rs_u64 mp) {
+                          rs_conv3d_args a, rs_u64 rp, rs_u64 mp, const rs_u64* gate,
+                          rs_u64 y_bf16) {
     __shared__ rs_mma_smem sm;
+    if (rs_gate_closed(gate)) return;
     const bool bm96 = rs_conv3d_mma_bm96(a.k / a.groups);
     if (rs_conv3d_fast_gather(a)) {
         if (bm96) {
-            rs_conv3d_tiled_mma<96, true>(x, wp, bias, y, a, rp, mp, sm);
+            rs_conv3d_tiled_mma<96, true>(x, wp, bias, y, a, rp, mp, sm, y_bf16);
         } else {
-            rs_conv3d_tiled_mma<128, true>(x, wp, bias, y, a, rp, mp, sm);
+            rs_conv3d_tiled_mma<128, true>(x, wp, bias, y, a, rp, mp, sm, y_bf16);
         }
     } else if (bm96) {
-        rs_conv3d_tiled_mma<96, false>(x, wp, bias, y, a, rp, mp, sm);
+        rs_conv3d_tiled_mma<96, false>(x, wp, bias, y, a, rp, mp, sm, y_bf16);
     } else {
-        rs_conv3d_tiled_mma<128, false>(x, wp, bias, y, a, rp, mp, sm);
+        rs_conv3d_tiled_mma<128, false>(x, wp, bias, y, a, rp, mp, sm, y_bf16);
     }
 }
 #endif

@@ -132,13 +132,16 @@ static __device__ __forceinline__ void rs_conv3d_check(const T* __restrict__ x,
 KERNEL void RS_HIP_BLOCK(256)
     conv3d_check_f32(const float* x, const float* w, const void* bias, rs_u64 bias_kind,
                      const void* y, rs_u64 y_kind, rs_u64* res, rs_conv3d_args a,
-                     rs_u64 nsamples, rs_u64 seed, const rs_u64* located) {
+                     rs_u64 nsamples, rs_u64 seed, const rs_u64* located, const rs_u64* gate) {
+    if (rs_gate_closed(gate)) return;
     rs_conv3d_check<float>(x, w, bias, bias_kind, y, y_kind, res, a, nsamples, seed, located);
 }
 KERNEL void RS_HIP_BLOCK(256)
     conv3d_check_bf16(const rs_u16* x, const rs_u16* w, const void* bias, rs_u64 bias_kind,
                       const void* y, rs_u64 y_kind, rs_u64* res, rs_conv3d_args a,
-                      rs_u64 nsamples, rs_u64 seed, const rs_u64* located) {
+                      rs_u64 nsamples, rs_u64 seed, const rs_u64* located,
+                      const rs_u64* gate) {
+    if (rs_gate_closed(gate)) return;
     rs_conv3d_check<rs_u16>(x, w, bias, bias_kind, y, y_kind, res, a, nsamples, seed, located);
 }
 
@@ -153,4 +156,68 @@ KERNEL void conv3d_locate_nonfinite_f32(const rs_u32* y, rs_u64 n, rs_u64* slot)
         }
     }
     if (best != 0) rs_atomic_max_u64(slot, best);
+}
+
+// ---------------------------------------------------------------- the guard's verdict
+//
+// conv3d_guard_decide: the guarded fallback's verdict (src/conv3d_chain/guard.rs)
+// over the counts and sampled points queued before it, decided on the device
+// so that no host waits for it. One 256-thread block; with a gate it runs only
+// when the gate is open.
+//   out_counts: the checked output's NaN and Inf counts (2 words);
+//   in_counts:  the operands' (input, weight, bias: 6 words), or null (not
+//               scanned: the output alone decides);
+//   res:        nsamples points as conv3d_check writes them. A point is judged
+//               as the host's `compare` judges it: not when its reference or
+//               its value is not finite (the counts judge those), else off
+//               when |value - reference| > rel * magnitude + FLT_MIN.
+// verdict (6 words, all written): [0] bits: 1 = a non-finite output from
+// finite operands (any non-finite output without in_counts), 2 = a sampled
+// point off; [1] = bits != 0 (the gate of the work that follows);
+// [2..6] the first off point (lowest j): index, value, reference, tolerance
+// (the last three doubles' bits), or ~0 and zeros.
+KERNEL void RS_HIP_BLOCK(256)
+    conv3d_guard_decide(const rs_u64* gate, const rs_u64* out_counts, const rs_u64* in_counts,
+                        const rs_u64* res, rs_u64 nsamples, double rel, rs_u64* verdict) {
+    if (rs_gate_closed(gate)) return;
+    __shared__ rs_u64 lowest[256];
+    rs_u64 mine = ~0ull;
+    for (rs_u64 j = threadIdx.x; j < nsamples; j += blockDim.x) {
+        const rs_u64* r = res + 4 * j;
+        if (r[0] == ~0ull) continue;
+        const double* d = (const double*)r;
+        const double v = d[1], ref = d[2], mag = d[3];
+        // x - x is 0 exactly when x is finite.
+        if (!(ref - ref == 0.0) || !(v - v == 0.0)) continue;
+        const double tol = rel * mag + 1.1754943508222875e-38;
+        if (!(rs_abs_d(v - ref) <= tol) && j < mine) mine = j;
+    }
+    lowest[threadIdx.x] = mine;
+    __syncthreads();
+    for (unsigned int s = 128; s > 0; s >>= 1) {
+        if (threadIdx.x < s && lowest[threadIdx.x + s] < lowest[threadIdx.x])
+            lowest[threadIdx.x] = lowest[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    rs_u64 bits = 0;
+    const bool nonfinite = (out_counts[0] | out_counts[1]) != 0;
+    bool operands_finite = true;
+    if (in_counts != 0)
+        for (int i = 0; i < 6; ++i) operands_finite = operands_finite && in_counts[i] == 0;
+    if (nonfinite && operands_finite) bits |= 1;
+    const rs_u64 j = lowest[0];
+    verdict[2] = ~0ull;
+    verdict[3] = verdict[4] = verdict[5] = 0;
+    if (j != ~0ull) {
+        bits |= 2;
+        const rs_u64* r = res + 4 * j;
+        const double tol = rel * ((const double*)r)[3] + 1.1754943508222875e-38;
+        verdict[2] = r[0];
+        verdict[3] = r[1];
+        verdict[4] = r[2];
+        ((double*)verdict)[5] = tol;
+    }
+    verdict[0] = bits;
+    verdict[1] = bits != 0 ? 1 : 0;
 }

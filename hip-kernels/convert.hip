@@ -9,6 +9,7 @@
 // 64-bit (grid-stride loops over size_t counts).
 #pragma once
 #include "prelude.h"
+#include "bf16.h"
 
 RS_DEVICE rs_u32 rs_bf16_to_f32(rs_u16 h) { return ((rs_u32)h) << 16; }
 
@@ -23,11 +24,6 @@ RS_DEVICE rs_u32 rs_f16_to_f32(rs_u16 h) {
     return sign | ((p + 103u) << 23) | ((man << (23u - p)) & 0x7fffffu);
 }
 
-RS_DEVICE rs_u16 rs_f32_to_bf16(rs_u32 x) {
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (rs_u16)((x >> 16) | 0x0040u);
-    rs_u32 lsb = (x >> 16) & 1u;
-    return (rs_u16)((x + 0x7fffu + lsb) >> 16);
-}
 
 RS_DEVICE rs_u16 rs_f32_to_f16(rs_u32 x) {
     rs_u32 sign = (x >> 16) & 0x8000u;

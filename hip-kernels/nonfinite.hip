@@ -1,6 +1,7 @@
 // Counts NaN and Inf in f32 / bf16 / f16 buffers; with clamp != 0 it also
 // rewrites them in place: NaN -> +0, +-Inf -> +-largest finite. Integer bit
 // tests only. counts[0] += NaNs, counts[1] += Infs (one atomic each per block).
+// With a gate (prelude.h: rs_gate_closed) the scan runs only when it is open.
 #pragma once
 #include "prelude.h"
 
@@ -26,7 +27,9 @@ RS_DEVICE void rs_count_reduce_add(rs_u64 nan, rs_u64 inf, rs_u64* counts) {
 // T: storage type; EXPMASK: exponent bits; MANMASK: mantissa bits;
 // MAXFIN: largest finite magnitude pattern.
 #define RS_NONFINITE_KERNEL(NAME, T, EXPMASK, MANMASK, MAXFIN, SIGN)                   \
-    KERNEL void RS_HIP_BLOCK(256) NAME(T* p, rs_u64 n, rs_u32 clamp, rs_u64* counts) { \
+    KERNEL void RS_HIP_BLOCK(256)                                                      \
+        NAME(T* p, rs_u64 n, rs_u32 clamp, rs_u64* counts, const rs_u64* gate) {       \
+        if (rs_gate_closed(gate)) return;                                              \
         const rs_u64 tid = rs_tid();                                                   \
         const rs_u64 stride = rs_nthreads();                                           \
         rs_u64 nan = 0, inf = 0;                                                       \

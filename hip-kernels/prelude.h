@@ -58,3 +58,9 @@ RS_DEVICE rs_u64 rs_nthreads() { return (rs_u64)gridDim.x * (rs_u64)blockDim.x; 
 
 // A 16-byte load of read-only data.
 RS_DEVICE rs_v4 rs_load4(const rs_v4* __restrict__ p) { return *p; }
+
+// The guarded fallback's gate (src/conv3d_chain/guard.rs): a kernel given a
+// gate runs only when *gate != 0 (the device decided torch's output is
+// wrong); a null gate runs always. Uniform over the grid: whole blocks
+// return before any barrier.
+RS_DEVICE bool rs_gate_closed(const rs_u64* gate) { return gate != 0 && *gate == 0; }

@@ -26,8 +26,8 @@
 //! ```
 
 use super::conv3d::{
-    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dKernel, Conv3dLaunch,
-    Conv3dLayoutLaunch, Conv3dWeightLayout,
+    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dGuardDecide,
+    Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
 };
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
@@ -289,6 +289,8 @@ pub enum KernelOp<'a> {
     },
     /// Counts NaN (added to `counts[0]`) and Inf (`counts[1]`) among `n`
     /// elements of `dtype` (F32, BF16, F16) at `ptr`, without changing them.
+    /// With a `gate` (one `u64`), only when the gate is non-zero as the
+    /// kernel starts.
     CountNonFinite {
         /// The elements' dtype.
         dtype: DType,
@@ -298,6 +300,8 @@ pub enum KernelOp<'a> {
         n: u64,
         /// Two `u64`s.
         counts: DevicePtr,
+        /// The gate, if any.
+        gate: Option<DevicePtr>,
     },
     /// As [`KernelOp::CountNonFinite`], and rewrites NaN to 0 and +-Inf to
     /// +-max finite in place.
@@ -351,6 +355,13 @@ pub enum KernelOp<'a> {
         /// The call.
         args: &'a Conv3dBackwardLaunch,
     },
+    /// The guarded fallback's verdict on the device
+    /// (`conv3d_guard_decide`; see [`Conv3dGuardDecide`]): reads counts
+    /// and sampled points, writes six verdict words.
+    Conv3dGuardDecide {
+        /// The decision.
+        args: &'a Conv3dGuardDecide,
+    },
     /// The conv3d chain's check of a backward result on the device
     /// (`conv3d_bwd_check_*`, and with a locate slot first
     /// `conv3d_locate_nonfinite_f32`), as [`KernelOp::Conv3dCheck`].
@@ -368,6 +379,7 @@ impl KernelOp<'_> {
             KernelOp::FingerprintSum { .. } => "fingerprint_sum",
             KernelOp::ConvertFingerprint { .. } => "convert_fingerprint",
             KernelOp::CountNonFinite { .. } => "count_nonfinite",
+            KernelOp::Conv3dGuardDecide { .. } => "conv3d_guard_decide",
             KernelOp::ClampNonFinite { .. } => "clamp_nonfinite",
             KernelOp::Conv3d { .. } => "conv3d",
             KernelOp::Conv3dVendor { .. } => "conv3d_vendor",

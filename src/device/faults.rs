@@ -302,21 +302,48 @@ impl<B: Backend> Faults<B> {
             garbage: FaultKind::Conv3dWritesGarbage,
             nan: FaultKind::Conv3dWritesNonFinite,
         };
+        let out = OutputRange {
+            ptr: a.output,
+            n: a.geometry.output_len(),
+            bf16: a.output_dtype == crate::dtype::DType::BF16,
+            gate: a.gate,
+        };
         // SAFETY: the caller's guarantees: `a.output` holds the output.
-        unsafe { self.output_faults(op, kinds, (a.output, a.geometry.output_len()), s, run) }
+        unsafe { self.output_faults(op, kinds, out, s, run) }
+    }
+
+    /// Whether a gated op ran: its gate (read back, waiting for `s`) is
+    /// non-zero; `true` without a gate.
+    ///
+    /// # Safety
+    /// `gate` is one live `u64` of this device.
+    unsafe fn gate_open(&self, gate: Option<DevicePtr>, s: RawStream) -> Result<bool> {
+        let Some(g) = gate else { return Ok(true) };
+        let mut v = 0u64;
+        // SAFETY: `g` holds one u64 (caller); `v` lives until the
+        // synchronize.
+        unsafe {
+            let op = CopyOp::DtoH {
+                dst: (&mut v as *mut u64).cast::<u8>(),
+                src: g,
+            };
+            self.inner.copy(op, 8, s)?;
+            self.inner.stream_synchronize(s)?;
+        }
+        Ok(v != 0)
     }
 
     /// The faults `kinds` around `run` (the real call on `inner`), over
-    /// the f32 output of `n` elements at `output`.
+    /// the output `out` (f32, or bf16 where it says so).
     ///
     /// # Safety
-    /// As [`Backend::run`] of the op for `s`; `output` holds `n` f32 the op
+    /// As [`Backend::run`] of the op for `s`; `out` is the range the op
     /// writes.
     unsafe fn output_faults(
         &self,
         op: &'static str,
         kinds: OutputFaults,
-        (output, n): (DevicePtr, usize),
+        out: OutputRange,
         s: RawStream,
         run: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
@@ -325,7 +352,19 @@ impl<B: Backend> Faults<B> {
             return Err(Self::injected(kinds.launch, op));
         }
         run()?;
-        let bytes = n * 4;
+        // SAFETY: the gate, if any, is one live u64 of the device (caller).
+        if !unsafe { self.gate_open(out.gate, s) }? {
+            // A gated kernel that did not run wrote nothing to corrupt.
+            return Ok(());
+        }
+        let OutputRange {
+            ptr: output,
+            n,
+            bf16,
+            ..
+        } = out;
+        let elem = if bf16 { 2 } else { 4 };
+        let bytes = n * elem;
         if kinds.zeros.is_some_and(|k| self.fires(k, op)) {
             // SAFETY: the output range is valid for `bytes` (caller).
             return unsafe { self.inner.memset_zero(output, bytes, s) };
@@ -347,17 +386,38 @@ impl<B: Backend> Faults<B> {
         } else {
             return Ok(());
         };
-        // SAFETY: `at + data.len() <= n` output elements, inside the
-        // caller's output range; `data` lives until the synchronize below.
+        let narrowed: Vec<half::bf16> = if bf16 {
+            data.iter().map(|&v| half::bf16::from_f32(v)).collect()
+        } else {
+            Vec::new()
+        };
+        let src: *const u8 = if bf16 {
+            narrowed.as_ptr().cast()
+        } else {
+            data.as_ptr().cast()
+        };
+        // SAFETY: `at + data.len() <= n` output elements of `elem` bytes,
+        // inside the caller's output range; `data` and `narrowed` live
+        // until the synchronize below.
         unsafe {
             let op = CopyOp::HtoD {
-                dst: output.offset((at * 4) as u64),
-                src: data.as_ptr().cast(),
+                dst: output.offset((at * elem) as u64),
+                src,
             };
-            self.inner.copy(op, data.len() * 4, s)?;
+            self.inner.copy(op, data.len() * elem, s)?;
             self.inner.stream_synchronize(s)
         }
     }
+}
+
+/// The output a faulted op writes: `n` elements at `ptr`, f32 or bf16,
+/// and the op's gate (a gated op writes only when it is open).
+#[derive(Debug, Clone, Copy)]
+struct OutputRange {
+    ptr: DevicePtr,
+    n: usize,
+    bf16: bool,
+    gate: Option<DevicePtr>,
 }
 
 /// The fault kinds of one kind of kernel that writes an f32 output.
@@ -492,13 +552,20 @@ unsafe impl<B: Backend> Backend for Faults<B> {
                     garbage: FaultKind::Conv3dBackwardWritesGarbage,
                     nan: FaultKind::Conv3dBackwardWritesNonFinite,
                 };
-                let out = (args.output, args.output_len());
+                let out = OutputRange {
+                    ptr: args.output,
+                    n: args.output_len(),
+                    bf16: false,
+                    gate: None,
+                };
                 // SAFETY: as above: the result range is the caller's.
                 return unsafe {
                     self.output_faults(name, kinds, out, s, || self.inner.run(op, s))
                 };
             }
-            KernelOp::Conv3dCheck { .. } | KernelOp::Conv3dBackwardCheck { .. } => {
+            KernelOp::Conv3dCheck { .. }
+            | KernelOp::Conv3dBackwardCheck { .. }
+            | KernelOp::Conv3dGuardDecide { .. } => {
                 self.launch(name)?;
                 if self.fires(FaultKind::Conv3dCheckFailure, name) {
                     return Err(Self::injected(FaultKind::Conv3dCheckFailure, name));

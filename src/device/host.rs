@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
 use super::conv3d::{
     host_conv3d, host_conv3d_backward, host_conv3d_backward_check, host_conv3d_check,
-    host_conv3d_layout, Conv3dKernel, Conv3dWeightLayout,
+    host_conv3d_layout, host_gate_closed, host_guard_decide, Conv3dKernel, Conv3dWeightLayout,
 };
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
@@ -314,9 +314,16 @@ unsafe impl Backend for HostBackend {
                 ptr,
                 n,
                 counts,
+                gate,
             } => {
-                // SAFETY: the caller's guarantees are `scan_nonfinite`'s.
-                unsafe { scan_nonfinite(dtype, ptr, n, false, counts) }
+                // SAFETY: the caller's guarantees are `scan_nonfinite`'s
+                // and a gate that is one live u64.
+                unsafe {
+                    if host_gate_closed(gate) {
+                        return Ok(());
+                    }
+                    scan_nonfinite(dtype, ptr, n, false, counts)
+                }
             }
             KernelOp::ClampNonFinite {
                 dtype,
@@ -336,6 +343,8 @@ unsafe impl Backend for HostBackend {
             KernelOp::Conv3dLayout { args } => unsafe { host_conv3d_layout(args) },
             // SAFETY: the caller's guarantees are host_conv3d_backward's.
             KernelOp::Conv3dBackward { args } => unsafe { host_conv3d_backward(args) },
+            // SAFETY: the caller's guarantees are host_guard_decide's.
+            KernelOp::Conv3dGuardDecide { args } => unsafe { host_guard_decide(args) },
             // SAFETY: the caller's guarantees are host_conv3d_backward_check's.
             KernelOp::Conv3dBackwardCheck { args } => unsafe { host_conv3d_backward_check(args) },
         }

@@ -83,6 +83,7 @@ pub(crate) enum Kernel {
     Conv3dBwdBiasBf16,
     Conv3dBwdCheckF32,
     Conv3dBwdCheckBf16,
+    Conv3dGuardDecide,
     /// Optional (CUDA sm_80+ only): not in [`Kernel::all`].
     Conv3dTiledBf16Mma,
 }
@@ -91,7 +92,7 @@ pub(crate) enum Kernel {
 impl Kernel {
     /// The kernels that are not conversions, in the order they are loaded
     /// after the conversion table's ([`Kernel::all`]).
-    const FIXED: [Kernel; 23] = [
+    const FIXED: [Kernel; 24] = [
         Kernel::FingerprintSum,
         Kernel::NonfiniteF32,
         Kernel::NonfiniteBf16,
@@ -115,6 +116,7 @@ impl Kernel {
         Kernel::Conv3dBwdBiasBf16,
         Kernel::Conv3dBwdCheckF32,
         Kernel::Conv3dBwdCheckBf16,
+        Kernel::Conv3dGuardDecide,
     ];
 
     /// Every kernel a backend loads (and every code object must hold): the
@@ -163,6 +165,7 @@ impl Kernel {
             | Kernel::Conv3dBwdBiasBf16
             | Kernel::Conv3dBwdCheckF32
             | Kernel::Conv3dBwdCheckBf16
+            | Kernel::Conv3dGuardDecide
             | Kernel::Conv3dTiledBf16Mma => KernelModule::Conv3d,
         }
     }
@@ -204,6 +207,7 @@ impl Kernel {
             Kernel::Conv3dBwdBiasBf16 => "conv3d_bwd_bias_bf16",
             Kernel::Conv3dBwdCheckF32 => "conv3d_bwd_check_f32",
             Kernel::Conv3dBwdCheckBf16 => "conv3d_bwd_check_bf16",
+            Kernel::Conv3dGuardDecide => "conv3d_guard_decide",
             Kernel::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
@@ -369,24 +373,33 @@ impl KernelCall {
                 ptr,
                 n,
                 counts,
-            }
-            | KernelOp::ClampNonFinite {
+                gate,
+            } => (
+                Kernel::nonfinite(dtype)?,
+                n,
+                vec![
+                    U64(ptr.0),
+                    U64(n),
+                    U32(0),
+                    U64(counts.0),
+                    U64(gate.map_or(0, |g| g.0)),
+                ],
+            ),
+            KernelOp::ClampNonFinite {
                 dtype,
                 ptr,
                 n,
                 counts,
-            } => {
-                let clamp = matches!(op, KernelOp::ClampNonFinite { .. });
-                (
-                    Kernel::nonfinite(dtype)?,
-                    n,
-                    vec![U64(ptr.0), U64(n), U32(u32::from(clamp)), U64(counts.0)],
-                )
-            }
+            } => (
+                Kernel::nonfinite(dtype)?,
+                n,
+                vec![U64(ptr.0), U64(n), U32(1), U64(counts.0), U64(0)],
+            ),
             KernelOp::Conv3d { .. }
             | KernelOp::Conv3dVendor { .. }
             | KernelOp::Conv3dCheck { .. }
             | KernelOp::Conv3dLayout { .. }
+            | KernelOp::Conv3dGuardDecide { .. }
             | KernelOp::Conv3dBackward { .. }
             | KernelOp::Conv3dBackwardCheck { .. } => {
                 return Err(Error::BackendUnsupported {
@@ -499,6 +512,7 @@ mod tests {
                     ptr,
                     n,
                     counts,
+                    gate: None,
                 }
             };
             KernelCall::for_op(&op, 4)

@@ -287,9 +287,35 @@ impl Stream {
         buf: &DeviceView<'_, T>,
         counts: &mut DeviceViewMut<'_, u64>,
     ) -> Result<()> {
+        self.count_nonfinite_gated_into(buf, counts, None)
+    }
+
+    /// As [`Stream::count_nonfinite_into`], and with a `gate` (one `u64`
+    /// of this device) the scan runs only when the gate is non-zero as it
+    /// starts (the guarded conv3d fallback's scans of work it may skip).
+    ///
+    /// Errors: as [`Stream::count_nonfinite_into`], and
+    /// [`Error::LengthMismatch`] for a gate that is not one element.
+    pub fn count_nonfinite_gated_into<T: Element>(
+        &self,
+        buf: &DeviceView<'_, T>,
+        counts: &mut DeviceViewMut<'_, u64>,
+        gate: Option<&DeviceView<'_, u64>>,
+    ) -> Result<()> {
         const OP: &str = "count_nonfinite";
         self.check_device(OP, buf.device())?;
         self.check_device(OP, counts.device())?;
+        if let Some(g) = gate {
+            self.check_device(OP, g.device())?;
+            if g.len() != 1 {
+                return Err(Error::LengthMismatch {
+                    op: "nonfinite gate",
+                    expected: 1,
+                    actual: g.len(),
+                    tensor: None,
+                });
+            }
+        }
         if !matches!(T::DTYPE, DType::F32 | DType::BF16 | DType::F16) {
             return Err(Error::UnsupportedConversion {
                 op: OP,
@@ -314,10 +340,11 @@ impl Stream {
             ptr: buf.device_ptr(),
             n: buf.len() as u64,
             counts: counts.device_ptr(),
+            gate: gate.map(|g| g.device_ptr()),
         };
         // SAFETY: `buf` is a live range of `len` elements on this device,
         // only read; `counts` two aligned u64s of this device, borrowed
-        // mutably.
+        // mutably; the gate one u64 of this device, only read.
         unsafe { self.backend().run(&op, self.raw()) }
     }
 
@@ -369,6 +396,7 @@ impl Stream {
                 ptr,
                 n,
                 counts: counts_ptr,
+                gate: None,
             }
         };
         // SAFETY: `ptr` is a live range of `len` elements on this device

@@ -137,11 +137,42 @@ impl Stream {
         weight: &DeviceView<'_, T>,
         bias: CheckBias<'_, '_, B>,
         output: &DeviceView<'_, Y>,
-        (samples, seed): (usize, u64),
+        sampling: (usize, u64),
         locate: Option<&mut DeviceViewMut<'_, u64>>,
         results: &mut DeviceViewMut<'_, u64>,
     ) -> Result<()> {
+        let operands = (input, weight, bias, output);
+        self.conv3d_check_gated(g, operands, sampling, locate, results, None)
+    }
+
+    /// [`Stream::conv3d_check`] with a `gate` (one `u64` of this device):
+    /// the check runs only when the gate is non-zero as it starts (the
+    /// guarded fallback's check of work it may skip; `None` runs always).
+    /// Operands: input, weight, bias, output.
+    ///
+    /// Errors: as [`Stream::conv3d_check`], and [`Error::LengthMismatch`]
+    /// for a gate that is not one element.
+    #[allow(clippy::type_complexity)]
+    pub fn conv3d_check_gated<T: Element, B: Element, Y: Element>(
+        &self,
+        g: &Conv3dGeometry,
+        (input, weight, bias, output): (
+            &DeviceView<'_, T>,
+            &DeviceView<'_, T>,
+            CheckBias<'_, '_, B>,
+            &DeviceView<'_, Y>,
+        ),
+        (samples, seed): (usize, u64),
+        locate: Option<&mut DeviceViewMut<'_, u64>>,
+        results: &mut DeviceViewMut<'_, u64>,
+        gate: Option<&DeviceView<'_, u64>>,
+    ) -> Result<()> {
         const OP: &str = "conv3d_check";
+        if let Some(gv) = gate {
+            self.check_device(OP, gv.device())?;
+            check_len("conv3d check gate", 1, gv.len())?;
+        }
+        let gate = gate.map(|gv| gv.device_ptr());
         let checked = [
             ("input", T::DTYPE),
             ("bias", B::DTYPE),
@@ -220,6 +251,8 @@ impl Stream {
                 weight: weight.device_ptr(),
                 bias: bias.map(|b| b.device_ptr()),
                 output: output.device_ptr(),
+                output_dtype: Y::DTYPE,
+                gate,
             },
             bias_dtype: B::DTYPE,
             output_dtype: Y::DTYPE,
@@ -348,6 +381,10 @@ unsafe fn host_data<'a>(p: DevicePtr, dtype: DType, len: usize) -> Result<Conv3d
 /// exclusive.
 pub(crate) unsafe fn host_conv3d_check(a: &Conv3dCheckLaunch) -> Result<()> {
     let c = &a.conv;
+    // SAFETY: a gate is one live u64 (the caller's guarantee).
+    if unsafe { super::gate::host_gate_closed(c.gate) } {
+        return Ok(());
+    }
     let g = &c.geometry;
     let total = g.output_len();
     // SAFETY: the caller guarantees the lengths and exclusivity.

@@ -32,6 +32,54 @@ unsafe fn host_slice<'a, T>(p: DevicePtr, len: usize) -> &'a [T] {
 pub(crate) unsafe fn host_conv3d(kernel: Conv3dKernel, a: &Conv3dLaunch) -> Result<()> {
     let g = &a.geometry;
     kernel.grid(g)?;
+    if kernel == Conv3dKernel::Naive {
+        a.plain("naive")?;
+    }
+    // SAFETY: a gate is one live u64 (the caller's guarantee).
+    if unsafe { super::gate::host_gate_closed(a.gate) } {
+        return Ok(());
+    }
+    match a.output_dtype {
+        DType::F32 => {}
+        DType::BF16 => {
+            // The tiled kernels' bf16 output: computed in f32, rounded to
+            // nearest even.
+            let mut f = Vec::new();
+            f.try_reserve_exact(g.output_len())
+                .map_err(|_| Error::OutOfMemory {
+                    backend: "host",
+                    op: "conv3d bf16 output",
+                    bytes: (g.output_len() as u64).saturating_mul(4),
+                })?;
+            f.resize(g.output_len(), 0f32);
+            let widened = Conv3dLaunch {
+                output: DevicePtr(f.as_mut_ptr() as usize as u64),
+                output_dtype: DType::F32,
+                gate: None,
+                ..*a
+            };
+            // SAFETY: as the caller's, with the output now `f`, owned here.
+            unsafe { host_conv3d(kernel, &widened) }?;
+            // SAFETY: the caller guarantees `output_len` exclusive bf16s.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(
+                    a.output.0 as usize as *mut half::bf16,
+                    g.output_len(),
+                )
+            };
+            for (o, v) in out.iter_mut().zip(&f) {
+                *o = half::bf16::from_f32(*v);
+            }
+            return Ok(());
+        }
+        other => {
+            return Err(Error::Conv3dDType {
+                tensor: "output",
+                dtype: other,
+                expected: DType::F32,
+            })
+        }
+    }
     let in_len: usize = g.input_shape().iter().product();
     let w_len: usize = g.weight_shape().iter().product();
     // SAFETY: the caller guarantees the lengths, alignment and exclusivity.

@@ -83,12 +83,37 @@ impl Conv3dArgs {
     }
 }
 
+/// The tiled kernels' trailing `const u64* gate, u64 y_bf16`.
+fn gate_args(a: &Conv3dLaunch) -> Result<[KernelArg; 2]> {
+    let y_bf16 = match a.output_dtype {
+        DType::F32 => 0,
+        DType::BF16 => 1,
+        other => {
+            return Err(Error::Conv3dDType {
+                tensor: "output",
+                dtype: other,
+                expected: DType::F32,
+            })
+        }
+    };
+    Ok([
+        KernelArg::U64(a.gate.map_or(0, |g| g.0)),
+        KernelArg::U64(y_bf16),
+    ])
+}
+
 #[allow(dead_code)]
 impl KernelCall {
-    /// `conv3d_{naive,tiled}_{f32,bf16}(const T* x, const T* w, const
-    /// float* bias, float* y, rs_conv3d_args a)`. Without a bias the bias
-    /// address is 0 and `a.has_bias` is 0 (the kernels never read it then).
+    /// `conv3d_naive_{f32,bf16}(const T* x, const T* w, const float*
+    /// bias, float* y, rs_conv3d_args a)`, and the tiled kernels with two
+    /// more, `const u64* gate, u64 y_bf16` (0 / 0: no gate, f32 output).
+    /// Without a bias the bias address is 0 and `a.has_bias` is 0 (the
+    /// kernels never read it then). A gate or a bf16 output on the naive
+    /// kernel is refused.
     pub(crate) fn conv3d(kernel: Conv3dKernel, a: &Conv3dLaunch) -> Result<KernelCall> {
+        if kernel == Conv3dKernel::Naive {
+            a.plain("naive")?;
+        }
         let k = match (kernel, a.dtype) {
             (Conv3dKernel::Naive, DType::F32) => Kernel::Conv3dNaiveF32,
             (Conv3dKernel::Naive, DType::BF16) => Kernel::Conv3dNaiveBf16,
@@ -107,13 +132,19 @@ impl KernelCall {
             grid: kernel.grid(&a.geometry)?,
             block: BLOCK,
             shared_bytes: 0,
-            args: vec![
-                KernelArg::U64(a.input.0),
-                KernelArg::U64(a.weight.0),
-                KernelArg::U64(a.bias.map_or(0, |b| b.0)),
-                KernelArg::U64(a.output.0),
-                KernelArg::Conv3d(Conv3dArgs::new(a)),
-            ],
+            args: {
+                let mut v = vec![
+                    KernelArg::U64(a.input.0),
+                    KernelArg::U64(a.weight.0),
+                    KernelArg::U64(a.bias.map_or(0, |b| b.0)),
+                    KernelArg::U64(a.output.0),
+                    KernelArg::Conv3d(Conv3dArgs::new(a)),
+                ];
+                if kernel == Conv3dKernel::Tiled {
+                    v.extend(gate_args(a)?);
+                }
+                v
+            },
         })
     }
 
@@ -138,6 +169,7 @@ impl KernelCall {
             });
         }
         let [gx, _, gz] = Conv3dKernel::Tiled.grid(g)?;
+        let gate = gate_args(a)?;
         Ok(KernelCall {
             kernel: Kernel::Conv3dTiledBf16Mma,
             // At most 65535 channel tiles: checked by `packed_for`.
@@ -156,6 +188,8 @@ impl KernelCall {
                 KernelArg::Conv3d(Conv3dArgs::new(a)),
                 KernelArg::U64(cols as u64),
                 KernelArg::U64(rows as u64),
+                gate[0],
+                gate[1],
             ],
         })
     }
@@ -283,9 +317,38 @@ impl KernelCall {
                 KernelArg::U64(u64::from(samples)),
                 KernelArg::U64(a.seed),
                 KernelArg::U64(a.locate.map_or(0, |s| s.0)),
+                KernelArg::U64(c.gate.map_or(0, |g| g.0)),
             ],
         });
         Ok(calls)
+    }
+
+    /// `conv3d_guard_decide(const u64* gate, const u64* out_counts, const
+    /// u64* in_counts, const u64* res, u64 nsamples, double rel, u64*
+    /// verdict)`: one block. `rel` travels as its bits in a `U64` (the
+    /// same eight bytes the kernel's `double` parameter reads).
+    pub(crate) fn conv3d_guard_decide(a: &super::Conv3dGuardDecide) -> Result<KernelCall> {
+        if a.samples > super::CHECK_MAX_SAMPLES {
+            return Err(Error::Conv3dTier {
+                tier: "check",
+                reason: "the sampled points must number at most CHECK_MAX_SAMPLES",
+            });
+        }
+        Ok(KernelCall {
+            kernel: Kernel::Conv3dGuardDecide,
+            grid: [1, 1, 1],
+            block: BLOCK,
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::U64(a.gate.map_or(0, |g| g.0)),
+                KernelArg::U64(a.out_counts.0),
+                KernelArg::U64(a.in_counts.map_or(0, |c| c.0)),
+                KernelArg::U64(a.results.0),
+                KernelArg::U64(a.samples as u64),
+                KernelArg::U64(a.rel_tol.to_bits()),
+                KernelArg::U64(a.verdict.0),
+            ],
+        })
     }
 
     /// `conv3d_layout_{u32,u16}(const T* w, T* out, u64 total, u64 kg, u64
@@ -534,13 +597,34 @@ mod tests {
             weight: DevicePtr(512),
             bias: None,
             output: DevicePtr(1024),
+            output_dtype: DType::F32,
+            gate: None,
         };
         let mut c = KernelCall::conv3d(Conv3dKernel::Tiled, &a).unwrap();
         assert_eq!(c.kernel, Kernel::Conv3dTiledBf16);
         let points = 2 * g.output.iter().product::<usize>();
         assert_eq!(c.grid, [points.div_ceil(128) as u32, 1, 1]);
+        assert_eq!(&c.args[5..], &[KernelArg::U64(0), KernelArg::U64(0)]);
+        // A gated launch over a bf16 output: the tiled kernels take both,
+        // the naive kernel neither.
+        let gated = Conv3dLaunch {
+            output_dtype: DType::BF16,
+            gate: Some(DevicePtr(2048)),
+            ..a
+        };
+        let gc = KernelCall::conv3d(Conv3dKernel::Tiled, &gated).unwrap();
+        assert_eq!(&gc.args[5..], &[KernelArg::U64(2048), KernelArg::U64(1)]);
+        assert!(KernelCall::conv3d(Conv3dKernel::Naive, &gated).is_err());
+        assert!(KernelCall::conv3d(
+            Conv3dKernel::Tiled,
+            &Conv3dLaunch {
+                output_dtype: DType::F16,
+                ..a
+            }
+        )
+        .is_err());
         let ptrs = c.arg_ptrs();
-        assert_eq!(ptrs.len(), 5);
+        assert_eq!(ptrs.len(), 7);
         assert_eq!(
             ptrs[..4].iter().map(|&q| read_u64(q)).collect::<Vec<_>>(),
             [256, 512, 0, 1024]
@@ -587,10 +671,15 @@ mod tests {
         let m = KernelCall::conv3d_tiled_mma(&a, rows, cols).unwrap();
         assert_eq!(m.kernel, Kernel::Conv3dTiledBf16Mma);
         assert_eq!(m.grid, [points.div_ceil(128) as u32, 1, 1]);
-        assert_eq!(m.args.len(), 7);
+        assert_eq!(m.args.len(), 9);
         assert_eq!(
             &m.args[5..],
-            &[KernelArg::U64(cols as u64), KernelArg::U64(128)]
+            &[
+                KernelArg::U64(cols as u64),
+                KernelArg::U64(128),
+                KernelArg::U64(0),
+                KernelArg::U64(0)
+            ]
         );
         assert!(KernelCall::conv3d_tiled_mma(&a, rows, cols + 32).is_err());
         assert!(KernelCall::conv3d_tiled_mma(

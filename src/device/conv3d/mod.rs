@@ -12,6 +12,7 @@
 
 mod backward;
 mod check;
+mod gate;
 mod host;
 mod launch;
 mod layout;
@@ -21,6 +22,11 @@ pub use backward::{Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch};
 pub(crate) use check::{host_conv3d_check, host_conv3d_layout};
 pub use check::{
     CheckBias, CheckedPoint, Conv3dCheckLaunch, Conv3dLayoutLaunch, CHECK_MAX_SAMPLES, CHECK_WORDS,
+};
+pub(crate) use gate::{host_gate_closed, host_guard_decide};
+pub use gate::{
+    Conv3dGuardDecide, GuardVerdict, GuardWords, VERDICT_MISMATCH, VERDICT_NON_FINITE,
+    VERDICT_WORDS,
 };
 pub(crate) use host::host_conv3d;
 pub(crate) use launch::Conv3dArgs;
@@ -200,14 +206,34 @@ pub struct Conv3dLaunch {
     pub weight: DevicePtr,
     /// The bias (f32), if any.
     pub bias: Option<DevicePtr>,
-    /// The output (f32).
+    /// The output: f32, or BF16 (rounded to nearest even) where
+    /// `output_dtype` says so (the tiled kernels only).
     pub output: DevicePtr,
+    /// The output's dtype: F32 (every kernel), or BF16 (the tiled kernels,
+    /// writing over another library's bf16 output: the guarded fallback).
+    pub output_dtype: DType,
+    /// A gate (one `u64` on the device): the kernel runs only when it is
+    /// non-zero when the kernel starts (the tiled kernels and the check;
+    /// see `conv3d_chain::guard`). `None` runs always.
+    pub gate: Option<DevicePtr>,
 }
 
 impl Conv3dLaunch {
-    /// Bytes of the f32 output.
+    /// Bytes of the output.
     pub fn output_bytes(&self) -> usize {
-        self.geometry.output_len() * 4
+        self.geometry.output_len() * self.output_dtype.size().unwrap_or(4)
+    }
+
+    /// Refuses a gate or a non-f32 output on a launch that takes neither
+    /// (the naive kernel, the vendor library, their epilogues).
+    pub(crate) fn plain(&self, what: &'static str) -> Result<()> {
+        if self.gate.is_some() || self.output_dtype != DType::F32 {
+            return Err(Error::Conv3dTier {
+                tier: what,
+                reason: "only the tiled kernels take a gate or a bf16 output",
+            });
+        }
+        Ok(())
     }
 }
 
@@ -233,13 +259,13 @@ impl Stream {
 
     /// Checks a conv3d call's operands (input, weight, bias) and output and
     /// builds its launch description.
-    fn conv3d_launch<T: Element>(
+    fn conv3d_launch<T: Element, Y: Element>(
         &self,
         op: &'static str,
         layout: Conv3dWeightLayout,
         g: &Conv3dGeometry,
         (input, weight, bias): Operands<'_, '_, T>,
-        out: &mut DeviceViewMut<'_, f32>,
+        out: &mut DeviceViewMut<'_, Y>,
     ) -> Result<Conv3dLaunch> {
         if !matches!(T::DTYPE, DType::F32 | DType::BF16) {
             return Err(Error::Conv3dDType {
@@ -268,6 +294,8 @@ impl Stream {
             weight: weight.device_ptr(),
             bias: bias.map(|b| b.device_ptr()),
             output: out.device_ptr(),
+            output_dtype: Y::DTYPE,
+            gate: None,
         })
     }
 
@@ -298,6 +326,52 @@ impl Stream {
         // exactly its shape's length (checked above), typed views are
         // aligned to their element, `out` is borrowed mutably (nothing else
         // writes it) and the call is not zero-sized.
+        unsafe {
+            self.backend().run(
+                &KernelOp::Conv3d {
+                    kernel,
+                    args: &launch,
+                },
+                self.raw(),
+            )
+        }
+    }
+
+    /// [`Stream::conv3d`] of the tiled kernel behind a `gate` (one `u64` of
+    /// this device: the kernel runs only when it is non-zero as the kernel
+    /// starts; see [`Stream::conv3d_guard_decide`]), writing an output of
+    /// `Y`: f32, or bf16 rounded to nearest even (the guarded fallback
+    /// writes over another library's bf16 output in place).
+    ///
+    /// Errors: as [`Stream::conv3d`]; [`Error::Conv3dDType`] for an output
+    /// other than f32 and bf16; [`Error::LengthMismatch`] for a gate that
+    /// is not one element.
+    pub fn conv3d_tiled_gated<T: Element, Y: Element>(
+        &self,
+        g: &Conv3dGeometry,
+        (input, weight, bias): Operands<'_, '_, T>,
+        out: &mut DeviceViewMut<'_, Y>,
+        gate: Option<&DeviceView<'_, u64>>,
+    ) -> Result<()> {
+        const OP: &str = "conv3d";
+        let kernel = Conv3dKernel::Tiled;
+        if !matches!(Y::DTYPE, DType::F32 | DType::BF16) {
+            return Err(Error::Conv3dDType {
+                tensor: "output",
+                dtype: Y::DTYPE,
+                expected: DType::F32,
+            });
+        }
+        if let Some(gv) = gate {
+            self.check_device(OP, gv.device())?;
+            check_len("conv3d gate", 1, gv.len())?;
+        }
+        let layout = self.backend().conv3d_weight_layout(kernel, T::DTYPE, g);
+        let mut launch = self.conv3d_launch(OP, layout, g, (input, weight, bias), out)?;
+        launch.gate = gate.map(|gv| gv.device_ptr());
+        kernel.grid(g)?;
+        // SAFETY: as in `conv3d`; the gate, if any, is one live u64 of this
+        // device, only read.
         unsafe {
             self.backend().run(
                 &KernelOp::Conv3d {

@@ -334,6 +334,8 @@ fn geometry(dtype_bf16: bool) -> Conv3dLaunch {
         weight: DevicePtr(512),
         bias: Some(DevicePtr(768)),
         output: DevicePtr(1024),
+        output_dtype: DType::F32,
+        gate: None,
     }
 }
 
@@ -361,6 +363,7 @@ fn scan(dtype: DType, clamp: bool) -> KernelOp<'static> {
             ptr,
             n,
             counts,
+            gate: None,
         }
     }
 }
