@@ -74,7 +74,7 @@ impl DeviceConv3dData<'_> {
         self.len() == 0
     }
 
-    fn device(&self) -> &Device {
+    pub(super) fn device(&self) -> &Device {
         match self {
             DeviceConv3dData::F32(v) => v.device(),
             DeviceConv3dData::BF16(v) => v.device(),
@@ -102,9 +102,20 @@ impl DeviceConv3dData<'_> {
         stream: &Stream,
         counts: &mut DeviceViewMut<'_, u64>,
     ) -> Result<()> {
+        self.count_nonfinite_gated_into(stream, counts, None)
+    }
+
+    /// [`DeviceConv3dData::count_nonfinite_into`] behind a gate (see
+    /// [`Stream::count_nonfinite_gated_into`]).
+    pub(super) fn count_nonfinite_gated_into(
+        &self,
+        stream: &Stream,
+        counts: &mut DeviceViewMut<'_, u64>,
+        gate: Option<&DeviceView<'_, u64>>,
+    ) -> Result<()> {
         match self {
-            DeviceConv3dData::F32(v) => stream.count_nonfinite_into(v, counts),
-            DeviceConv3dData::BF16(v) => stream.count_nonfinite_into(v, counts),
+            DeviceConv3dData::F32(v) => stream.count_nonfinite_gated_into(v, counts, gate),
+            DeviceConv3dData::BF16(v) => stream.count_nonfinite_gated_into(v, counts, gate),
         }
     }
 }
@@ -661,7 +672,7 @@ impl Conv3dChain {
 
 /// The checks every device call starts with: devices, shapes, dtypes and
 /// lengths (the output's given as its device and length).
-fn validate<D: ShapeDim>(
+pub(super) fn validate<D: ShapeDim>(
     stream: &Stream,
     params: Conv3dParams,
     (input, input_shape): (DeviceConv3dData<'_>, &[D]),

@@ -41,18 +41,23 @@
 //!   [`Conv3dChain::conv_transpose3d_device`]) through the tiers that take
 //!   them ([`Conv3dTier::support_backward`]: the naive GPU kernels and the
 //!   CPU), with the same checks and reports.
+//! - A guard over another library's output ([`Conv3dGuard`]): checked on
+//!   the device and, where wrong, rewritten by the tiled kernel behind a
+//!   device-side gate, with no host wait; the verdicts come back later.
 //!
 // Files (for readers of the source, not of the rustdoc):
 // Files: `tier.rs` (what a tier is, the CPU and unavailable tiers),
 // `device_tiers.rs` (the tiers of a device), `chain.rs` (the chain and its
 // checks), `device_run.rs` (the chain over device memory), `backward.rs`
-// (gradients and the transposed convolution), `report.rs` (reports and
+// (gradients and the transposed convolution), `guard.rs` (the guarded
+// output of another library), `report.rs` (reports and
 // statistics).
 
 mod backward;
 mod chain;
 mod device_run;
 mod device_tiers;
+mod guard;
 mod report;
 mod tier;
 
@@ -60,6 +65,7 @@ pub use backward::{BackwardInputs, DeviceBackwardOperands};
 pub use chain::{Conv3dChain, Conv3dOptions};
 pub use device_run::{DeviceConv3dData, DeviceOperands};
 pub use device_tiers::{device_tiers, NaiveTier, TiledTier, VendorTier};
+pub use guard::{Conv3dGuard, GuardOperand, GuardRecord, Guarded, GuardedOutput, GUARD_SLOTS};
 pub use report::{Conv3dReport, TierAttempt, TierStats};
 pub use tier::{Conv3dTier, CpuTier, Support, TierKind, UnavailableTier};
 

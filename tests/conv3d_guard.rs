@@ -1,0 +1,353 @@
+//! Issue 21: the guarded conv3d (`Conv3dGuard`): another library's output
+//! checked on the device and, where wrong, rewritten by the tiled kernel
+//! behind a device-side gate, with the verdicts read back later.
+//!
+//! Every outcome is made to happen: a right output left alone (bit for
+//! bit), NaN and wrong finite outputs repaired (f32 and bf16), a NaN input
+//! that is no failure, wrong values the count alone cannot see, a repair
+//! that fails its own check, a check that cannot launch, calls the tiled
+//! kernel cannot take, and more calls than the verdict ring holds. Each
+//! runs on the host backend here and, with `--include-ignored`, on a CUDA
+//! or HIP device.
+
+mod common;
+
+use common::conv3d::assert_close;
+use common::conv3d_device::{chain, tiled_case, upload, DeviceData};
+use common::Open;
+use half::bf16;
+use rocm_safe::conv3d::{reference_point, Conv3dParams, Conv3dProblem};
+use rocm_safe::conv3d_chain::{Conv3dGuard, GuardRecord, Guarded, GuardedOutput, GUARD_SLOTS};
+use rocm_safe::device::faults::{FaultKind, FaultPlan, FaultRule, Faults, When};
+use rocm_safe::device::{Device, DeviceBuffer, Stream};
+use rocm_safe::Error;
+
+/// The f64 reference of every output point, as f32.
+fn reference(p: &Conv3dProblem<'_>) -> Vec<f32> {
+    (0..p.geometry.output_len())
+        .map(|i| reference_point(p, i).unwrap().value as f32)
+        .collect()
+}
+
+/// What the "other library" wrote.
+enum Written {
+    Right,
+    Nan,
+    Zeros,
+}
+
+fn written(p: &Conv3dProblem<'_>, how: &Written) -> Vec<f32> {
+    let mut v = reference(p);
+    match how {
+        Written::Right => {}
+        Written::Nan => {
+            let at = v.len() / 3;
+            v[at] = f32::NAN;
+        }
+        Written::Zeros => v.iter_mut().for_each(|x| *x = 0.0),
+    }
+    v
+}
+
+enum Out {
+    F32(DeviceBuffer<f32>),
+    BF16(DeviceBuffer<bf16>),
+}
+
+impl Out {
+    fn new(s: &Stream, v: &[f32], as_bf16: bool) -> Out {
+        if as_bf16 {
+            let h: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+            Out::BF16(s.clone_htod(&h).unwrap())
+        } else {
+            Out::F32(s.clone_htod(v).unwrap())
+        }
+    }
+    fn guarded(&mut self) -> GuardedOutput<'_> {
+        match self {
+            Out::F32(b) => GuardedOutput::F32(b.view_mut()),
+            Out::BF16(b) => GuardedOutput::BF16(b.view_mut()),
+        }
+    }
+    fn read(&self) -> Vec<f32> {
+        match self {
+            Out::F32(b) => b.to_vec().unwrap(),
+            Out::BF16(b) => b.to_vec().unwrap().iter().map(|v| v.to_f32()).collect(),
+        }
+    }
+}
+
+/// One guarded call of `p` over an output holding `v` (f32, or bf16 when
+/// the problem is), `samples` points checked; the ticket, the record
+/// (harvested) and the output read back.
+fn guard_once(
+    dev: &Device,
+    p: &Conv3dProblem<'_>,
+    v: &[f32],
+    samples: usize,
+) -> (Guarded, Vec<GuardRecord>, Vec<f32>) {
+    let s = dev.stream().unwrap();
+    let bf16_in = p.input.dtype() == rocm_safe::DType::BF16;
+    let u = upload(&s, p, false);
+    let mut out = Out::new(&s, v, bf16_in);
+    let g = p.geometry;
+    let guard = Conv3dGuard::new(dev);
+    let c = chain(dev);
+    let r = guard
+        .guard(
+            &c,
+            &s,
+            g.params,
+            (u.x.data(), &g.input_shape()),
+            (u.w.data(), &g.weight_shape()),
+            u.b.as_ref().map(DeviceData::data),
+            out.guarded(),
+            // The chain's tolerances: a bf16 output is rounded once.
+            (samples, if bf16_in { 1e-2 } else { 1e-4 }),
+        )
+        .unwrap();
+    let records = guard.harvest().unwrap();
+    (r, records, out.read())
+}
+
+fn only(records: &[GuardRecord]) -> GuardRecord {
+    assert_eq!(records.len(), 1, "{records:?}");
+    records[0]
+}
+
+/// A right output is left as it was, bit for bit, and judged right.
+fn a_right_output_is_left_alone(dev: &Device) {
+    let (case, data) = tiled_case();
+    for bf16_in in [false, true] {
+        let p = data.problem(&case, bf16_in);
+        let v = written(&p, &Written::Right);
+        let (r, records, out) = guard_once(dev, &p, &v, 16);
+        assert!(matches!(r, Guarded::Queued { ticket: 0, .. }), "{r:?}");
+        let rec = only(&records);
+        assert!(!rec.output.failed() && !rec.repaired && !rec.repair_failed(), "{rec:?}");
+        let expect: Vec<f32> = if bf16_in {
+            v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()
+        } else {
+            v
+        };
+        assert_eq!(
+            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            expect.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// A NaN from finite operands, or finite wrong values at the sampled
+/// points, are repaired in place by the tiled kernel (f32 and bf16), and
+/// the record says why and that the repair passed its own check.
+fn wrong_outputs_are_repaired(dev: &Device) {
+    let (case, data) = tiled_case();
+    for bf16_in in [false, true] {
+        let p = data.problem(&case, bf16_in);
+        for how in [Written::Nan, Written::Zeros] {
+            let v = written(&p, &how);
+            let (_, records, out) = guard_once(dev, &p, &v, 16);
+            let rec = only(&records);
+            assert!(rec.output_failed() && rec.repaired, "{rec:?}");
+            assert!(!rec.repair_failed(), "{rec:?}");
+            match how {
+                Written::Nan => assert!(rec.output.non_finite && rec.operands_finite),
+                _ => {
+                    let (i, got, reference, tol) = rec.output.off.unwrap();
+                    assert!(i < p.geometry.output_len() && got == 0.0, "{rec:?}");
+                    assert!((got - reference).abs() > tol, "{rec:?}");
+                }
+            }
+            // bf16: each point rounded once from the f32 accumulation.
+            let rel = if bf16_in { 1.0 / 128.0 } else { 1e-5 };
+            assert_close("repaired", &p, &out, rel);
+        }
+    }
+}
+
+/// Without sampled points the count alone decides: wrong finite values
+/// pass (what `samples = 0` gives up), a NaN does not.
+fn the_count_alone_sees_only_non_finite(dev: &Device) {
+    let (case, data) = tiled_case();
+    let p = data.problem(&case, false);
+    let (_, records, out) = guard_once(dev, &p, &written(&p, &Written::Zeros), 0);
+    assert!(!only(&records).output_failed());
+    assert!(out.iter().all(|&x| x == 0.0));
+    let (_, records, out) = guard_once(dev, &p, &written(&p, &Written::Nan), 0);
+    assert!(only(&records).repaired);
+    assert_close("repaired", &p, &out, 1e-5);
+}
+
+/// A NaN in the input gives a NaN out: the record says the operands were
+/// not finite, so no failure is counted against the library.
+fn a_nan_input_is_no_failure(dev: &Device) {
+    let (case, mut data) = tiled_case();
+    data.x[5] = f32::NAN;
+    let p = data.problem(&case, false);
+    let v: Vec<f32> = (0..p.geometry.output_len())
+        .map(|i| reference_point(&p, i).unwrap().value as f32)
+        .collect();
+    assert!(v.iter().any(|x| x.is_nan()));
+    let (_, records, _) = guard_once(dev, &p, &v, 16);
+    let rec = only(&records);
+    assert!(rec.output.non_finite && !rec.operands_finite, "{rec:?}");
+    assert!(!rec.output_failed() && !rec.repair_failed(), "{rec:?}");
+}
+
+/// More calls than the ring holds: the oldest records come back from the
+/// calls that reuse their slots, in ticket order, and `harvest` returns
+/// the rest; none is lost or repeated.
+fn the_ring_returns_every_record_once(dev: &Device) {
+    let (case, data) = tiled_case();
+    let p = data.problem(&case, false);
+    let s = dev.stream().unwrap();
+    let u = upload(&s, &p, false);
+    let g = p.geometry;
+    let guard = Conv3dGuard::new(dev);
+    let c = chain(dev);
+    let right = written(&p, &Written::Right);
+    let wrong = written(&p, &Written::Nan);
+    let calls = GUARD_SLOTS + 5;
+    let mut outs = Vec::new();
+    let mut seen = Vec::new();
+    for i in 0..calls {
+        // Every seventh call is wrong.
+        let v = if i % 7 == 3 { &wrong } else { &right };
+        outs.push(Out::new(&s, v, false));
+        let out = outs.last_mut().unwrap();
+        let r = guard
+            .guard(
+                &c,
+                &s,
+                g.params,
+                (u.x.data(), &g.input_shape()),
+                (u.w.data(), &g.weight_shape()),
+                u.b.as_ref().map(DeviceData::data),
+                out.guarded(),
+                (4, 1e-4),
+            )
+            .unwrap();
+        let Guarded::Queued { ticket, records } = r else {
+            panic!("not queued: {r:?}")
+        };
+        assert_eq!(ticket, i as u64);
+        if i < GUARD_SLOTS {
+            assert!(records.is_empty());
+        } else {
+            assert_eq!(records.len(), 1);
+            assert_eq!(records[0].ticket, (i - GUARD_SLOTS) as u64);
+        }
+        seen.extend(records);
+    }
+    seen.extend(guard.harvest().unwrap());
+    assert!(guard.harvest().unwrap().is_empty(), "harvested twice");
+    assert_eq!(
+        seen.iter().map(|r| r.ticket).collect::<Vec<_>>(),
+        (0..calls as u64).collect::<Vec<_>>()
+    );
+    for r in &seen {
+        assert_eq!(r.repaired, r.ticket % 7 == 3, "{r:?}");
+    }
+    for o in &outs {
+        assert_close("ring", &p, &o.read(), 1e-5);
+    }
+}
+
+/// Calls the tiled kernel cannot take queue nothing; an output of another
+/// dtype than the input is refused.
+fn what_the_guard_refuses(dev: &Device) {
+    let s = dev.stream().unwrap();
+    // 11^3 = 1331 taps: more than the tiled kernel's 1024.
+    let x = s.clone_htod(&vec![0.5f32; 11 * 11 * 11]).unwrap();
+    let w = s.clone_htod(&vec![0.5f32; 2 * 11 * 11 * 11]).unwrap();
+    let mut y = s.alloc_zeros::<f32>(2).unwrap();
+    let mut yb = s.alloc_zeros::<bf16>(2).unwrap();
+    let guard = Conv3dGuard::new(dev);
+    let c = chain(dev);
+    let call = |out: GuardedOutput<'_>| {
+        guard.guard(
+            &c,
+            &s,
+            Conv3dParams::default(),
+            (
+                rocm_safe::conv3d_chain::DeviceConv3dData::F32(x.view()),
+                &[1usize, 1, 11, 11, 11][..],
+            ),
+            (
+                rocm_safe::conv3d_chain::DeviceConv3dData::F32(w.view()),
+                &[2usize, 1, 11, 11, 11][..],
+            ),
+            None,
+            out,
+            (4, 1e-4),
+        )
+    };
+    match call(GuardedOutput::F32(y.view_mut())).unwrap() {
+        Guarded::Unguardable(why) => assert!(why.contains("taps"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let e = call(GuardedOutput::BF16(yb.view_mut())).unwrap_err();
+    assert!(matches!(e, Error::Conv3dDType { .. }), "{e}");
+    assert!(guard.harvest().unwrap().is_empty());
+}
+
+fn faulty(open: Open<'_>, kind: FaultKind, when: When) -> Device {
+    let plan = FaultPlan {
+        seed: 11,
+        rules: vec![FaultRule { kind, when }],
+    };
+    let (f, _h) = Faults::new(open(), plan);
+    Device::from_backend(Box::new(f))
+}
+
+/// A repair that writes garbage fails its own check: the record says so
+/// (the caller reports it and computes later calls through the chain).
+fn a_failed_repair_is_reported(open: Open<'_>) {
+    let (case, data) = tiled_case();
+    let p = data.problem(&case, false);
+    let dev = faulty(open, FaultKind::Conv3dWritesGarbage, When::Always);
+    let (_, records, _) = guard_once(&dev, &p, &written(&p, &Written::Nan), 16);
+    let rec = only(&records);
+    assert!(rec.repaired && rec.repair_failed(), "{rec:?}");
+    // A right output never opens the gate: the faulty kernel never runs.
+    let (_, records, out) = guard_once(&dev, &p, &written(&p, &Written::Right), 16);
+    assert!(!only(&records).repaired);
+    assert_close("untouched", &p, &out, 1e-5);
+}
+
+/// A check that cannot launch is an error of the call (nothing reliable
+/// was queued).
+fn a_check_that_cannot_run_is_an_error(open: Open<'_>) {
+    let (case, data) = tiled_case();
+    let p = data.problem(&case, false);
+    let dev = faulty(open, FaultKind::Conv3dCheckFailure, When::Always);
+    let s = dev.stream().unwrap();
+    let u = upload(&s, &p, false);
+    let mut out = Out::new(&s, &written(&p, &Written::Right), false);
+    let g = p.geometry;
+    let guard = Conv3dGuard::new(&dev);
+    let e = guard
+        .guard(
+            &chain(&dev),
+            &s,
+            g.params,
+            (u.x.data(), &g.input_shape()),
+            (u.w.data(), &g.weight_shape()),
+            None,
+            out.guarded(),
+            (16, 1e-4),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::InjectedFault { .. }), "{e}");
+}
+
+per_device!(
+    a_right_output_is_left_alone,
+    wrong_outputs_are_repaired,
+    the_count_alone_sees_only_non_finite,
+    a_nan_input_is_no_failure,
+    the_ring_returns_every_record_once,
+    what_the_guard_refuses,
+    a_failed_repair_is_reported,
+    a_check_that_cannot_run_is_an_error,
+);
