@@ -124,7 +124,10 @@ fn a_right_output_is_left_alone(dev: &Device) {
         let (r, records, out) = guard_once(dev, &p, &v, 16);
         assert!(matches!(r, Guarded::Queued { ticket: 0, .. }), "{r:?}");
         let rec = only(&records);
-        assert!(!rec.output.failed() && !rec.repaired && !rec.repair_failed(), "{rec:?}");
+        assert!(
+            !rec.output.failed() && !rec.repaired && !rec.repair_failed(),
+            "{rec:?}"
+        );
         let expect: Vec<f32> = if bf16_in {
             v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect()
         } else {

@@ -157,7 +157,10 @@ def main() -> int:
             if "stats" in info:
                 st = info["stats"]
                 served = {k: v["served"] for k, v in st["tiers"].items() if v["served"]}
-                extra += f" served={served} calls={st.get('calls')} fell_back={st.get('fell_back')}"
+                extra += (
+                    f" served={served} calls={st.get('calls')} fell_back={st.get('fell_back')}"
+                    f" guarded={st.get('guarded')} repaired={st.get('repaired')} verified={st.get('verified')}"
+                )
             print(
                 f"{dt:9} {path:13} median {info['median_s']:.3f}s first {info['first_s']:.3f}s"
                 f" diff {info.get('max_rel_diff_vs_cudnn', float('nan')):.2e}"

@@ -19,6 +19,7 @@ from ._conv3d import (
     _CHAIN_DTYPES,
     _backend,
     _device_and_stream,
+    _needs_grad,
     _padding,
     _triple,
     conv3d,
@@ -50,6 +51,15 @@ _last_mismatch: List[Optional[str]] = [None]
 _VERIFY_FIRST = 2
 _VERIFY_EVERY = 16
 _verify_seen: Dict[Tuple, int] = {}
+# Guarded calls (torch's output checked on the GPU with no wait, repaired
+# there behind a device-side gate): (device, ticket) -> (signature, kind),
+# until their records come back; the devices that have a guard.
+_pending: Dict[Tuple[str, int], Tuple[Tuple, str]] = {}
+_guard_devices: Set[str] = set()
+# Sampled points a guarded call checks in "verify" mode (the chain's own
+# number), and the chain's tolerances per dtype.
+_GUARD_SAMPLES = 16
+_CHAIN_REL_TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 
 _MODES = ("fallback", "verify", "replace")
 _WRAPPED = ("conv3d", "conv_transpose3d")
@@ -68,6 +78,9 @@ def _zero_counts() -> None:
         direct=0,
         chain_failed=0,
         transpose_calls=0,
+        guarded=0,
+        repaired=0,
+        repair_failed=0,
     )
     _last_mismatch[0] = None
 
@@ -220,6 +233,111 @@ def _verify_transpose_output(
         return None
 
 
+def _guardable(out, input, weight, bias) -> bool:
+    """Whether torch's conv3d output can be guarded on the device (checked
+    and repaired there with no wait): a GPU output of the input's dtype, no
+    gradients to keep (a repaired output would keep torch's backward), and
+    compact tensors (the guard reads them where they are; nothing is
+    copied)."""
+    if out.device.type != "cuda" or out.device != input.device or out.dtype != input.dtype:
+        return False
+    if _needs_grad(input, weight, bias):
+        return False
+    return all(t.is_contiguous() for t in (input, weight, bias, out) if t is not None)
+
+
+def _guard(out, args, sig, verify: bool) -> bool:
+    """Queues the guard of torch's conv3d output ``out`` on torch's stream
+    (the NaN/Inf count, with ``verify`` the sampled f64 points, and the
+    tiled kernel's repair behind the device's verdict); ``False`` where it
+    could not be queued (the caller checks synchronously then)."""
+    input, weight, bias, stride, padding, dilation, groups = args
+    try:
+        stride_t = _triple(stride, "stride")
+        dilation_t = _triple(dilation, "dilation")
+        padding_t = _padding(padding, weight, stride_t, dilation_t)
+    except (TypeError, ValueError):
+        return False
+    x, y = input, out
+    if x.dim() == 4:
+        x, y = x.unsqueeze(0), y.unsqueeze(0)
+    dev, stream = _device_and_stream(x.device)
+    rel = _tf32_tolerance(x) or _CHAIN_REL_TOL[x.dtype]
+    pack = torch.utils.dlpack.to_dlpack
+    try:
+        ticket, records = _native.conv3d_guard(
+            dev,
+            stream,
+            pack(x.detach()),
+            pack(weight.detach()),
+            None if bias is None else pack(bias.detach()),
+            pack(y.detach()),
+            list(stride_t),
+            list(padding_t),
+            list(dilation_t),
+            groups,
+            _backend(),
+            _GUARD_SAMPLES if verify else 0,
+            rel,
+        )
+    except (TypeError, ValueError, RuntimeError):
+        # Not taken, or not queued whole: the synchronous checks decide.
+        return False
+    _guard_devices.add(dev)
+    _take_records(dev, records)
+    if ticket is None:
+        return False
+    _pending[(dev, ticket)] = (sig, "conv3d")
+    _counts["guarded"] += 1
+    if verify:
+        _counts["verified"] += 1
+    return True
+
+
+def _take_records(dev: str, records) -> None:
+    """Counts and reports the verdicts of guarded calls that came back."""
+    for ticket, failed, non_finite, operands_finite, problem, repaired, repair_failed, repair_problem in records:
+        info = _pending.pop((dev, ticket), None)
+        if info is None:
+            continue
+        sig, kind = info
+        if repaired:
+            _counts["repaired"] += 1
+        if failed:
+            _failed_signatures.add(sig)
+            _counts["fell_back"] += 1
+            if non_finite and operands_finite:
+                _counts["fell_back_on_non_finite"] += 1
+            else:
+                _counts["fell_back_on_mismatch"] += 1
+                _counts["mismatches"] += 1
+                _last_mismatch[0] = problem
+                warnings.warn(
+                    f"rocm_safe: torch's {kind} returned wrong values ({problem}); the"
+                    " output was rewritten by rocm-safe's tiled kernel on the GPU, and"
+                    " later calls of its signature go to the chain",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        if repair_failed:
+            _counts["repair_failed"] += 1
+            _failed_signatures.add(sig)
+            warnings.warn(
+                f"rocm_safe: the GPU repair of a wrong {kind} output failed its own check"
+                f" ({repair_problem}): that output is wrong; later calls of its signature"
+                " go through the whole chain",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def _harvest() -> None:
+    """Collects every guarded call's verdict (waits for the GPU work queued
+    before them)."""
+    for dev in sorted(_guard_devices):
+        _take_records(dev, _native.conv3d_guard_harvest(dev, _backend()))
+
+
 def _dispatch(kind: str, orig, chain_fn, verify_fn, args: Tuple):
     """One call of a wrapped function (``args`` in its positional order:
     input, weight, bias, then its parameters) under the installed mode."""
@@ -264,6 +382,9 @@ def _dispatch(kind: str, orig, chain_fn, verify_fn, args: Tuple):
         return to_chain(e, "fell_back_on_error")
     if not takes or not isinstance(out, torch.Tensor) or not out.is_floating_point():
         return out
+    if kind == "conv3d" and _guardable(out, input, weight, bias):
+        if _guard(out, args, sig, current == "verify"):
+            return out
     if not _all_finite(out):
         if not _finite(input, weight, bias):
             return out  # NaN/Inf in, NaN/Inf out: no failure
@@ -310,8 +431,9 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
       chain's (its backward ops, checked).
     - ``"verify"``: as ``"fallback"``, and torch's finite output is also
       spot-checked on the device at the chain's sampled points against an
-      f64 recomputation (one small read-back per check): the first two
-      calls of each call signature (shapes, dtype, parameters, device),
+      f64 recomputation: on a GPU every guarded call (below, no wait);
+      elsewhere, where each check waits for one small read-back, the first
+      two calls of each call signature (shapes, dtype, parameters, device),
       then one in sixteen, so the checks cost a few percent of the conv
       once a model's signatures are known. A float32 output on a GPU where
       torch allows TF32 is held to TF32's precision (``2e-3`` of each
@@ -326,6 +448,25 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
       where torch's path is broken or slow (a MIOpen search that hangs or
       takes minutes, a generic ConvTranspose3d path that takes hours, a
       backward pass that fails).
+
+    On a GPU, ``"fallback"`` and ``"verify"`` guard torch's conv3d
+    output without waiting for it: the NaN/Inf count (and in ``"verify"``
+    the sampled points, every call) run on the device after torch's
+    kernel, the device decides, and rocm-safe's tiled kernel rewrites a
+    wrong output in place behind that decision (a kernel that reads a flag
+    and returns at once when it is clear). The host learns the verdicts
+    later, at the latest 64 guarded calls on, or at :func:`conv3d_stats`
+    (which waits for them): the counts, the ``RuntimeWarning`` and the
+    memory of failed signatures come then. This is how the checks cost a
+    few percent of the conv instead of a stall per call. Calls it cannot
+    guard take the synchronous path described above: CPU tensors, inputs
+    that need gradients (torch's backward must stay consistent with the
+    output, so a failure there is served by the chain, gradients
+    included), non-contiguous tensors, mixed dtypes (autocast), calls the
+    tiled kernel cannot take (more than 1024 kernel taps), and
+    ``conv_transpose3d``. A repair that fails its own check is counted
+    (``repair_failed``) and warned about: that output is wrong, and the
+    signature goes to the whole chain from then on.
 
     In every mode a call signature (function, shapes, dtype, device,
     parameters) whose torch call failed (raised, non-finite, or mismatched)
@@ -395,6 +536,7 @@ def uninstall_conv3d_fallback() -> None:
     with _lock:
         if _installed["conv3d"] is None:
             return
+        _harvest()
         for name in _WRAPPED:
             _orig, wrapper = _installed[name]
             if getattr(F, name) is not wrapper:
@@ -410,7 +552,9 @@ def uninstall_conv3d_fallback() -> None:
 
 
 def conv3d_stats() -> Dict[str, Any]:
-    """Statistics since the start (or :func:`reset_conv3d_stats`):
+    """Statistics since the start (or :func:`reset_conv3d_stats`), after
+    collecting the verdicts of guarded calls still in flight (a wait for
+    the GPU work queued before them):
 
     - ``"tiers"``: per tier name (``cudnn``/``miopen``/``vendor``, ``tiled``,
       ``naive``, ``cpu``): ``served``, ``failed`` (``errors`` +
@@ -431,9 +575,14 @@ def conv3d_stats() -> Dict[str, Any]:
       ``direct`` (calls sent to the chain without calling torch: every
       call in ``"replace"``, remembered signatures in the others),
       ``remembered`` (signatures whose torch call failed),
+      ``guarded`` (GPU calls checked on the device with no wait; each is
+      also in ``verified`` in ``"verify"``), ``repaired`` (of those,
+      rewritten by the tiled kernel), ``repair_failed`` (a repair that
+      failed its own check: that output was wrong),
       ``chain_failed`` (the chain failed too: its or torch's error was
       raised).
     """
+    _harvest()
     tiers = {}
     for row in _native.conv3d_stats():
         name, nums = row[0], list(row[1:])
@@ -459,7 +608,9 @@ def conv3d_stats() -> Dict[str, Any]:
 
 
 def reset_conv3d_stats() -> None:
-    """Starts :func:`conv3d_stats` from zero."""
+    """Starts :func:`conv3d_stats` from zero (after collecting the verdicts
+    of guarded calls still in flight, which count before it)."""
+    _harvest()
     _baseline.clear()
     for row in _native.conv3d_stats():
         _baseline[row[0]] = tuple(row[1:])

@@ -33,7 +33,7 @@ fn chains() -> &'static Chains {
     C.get_or_init(Default::default)
 }
 
-fn chain_of(dev: &Device) -> Arc<Conv3dChain> {
+pub(crate) fn chain_of(dev: &Device) -> Arc<Conv3dChain> {
     let mut v = lock(chains());
     if let Some((_, c)) = v.iter().find(|(d, _)| d.same(dev)) {
         return c.clone();
@@ -47,7 +47,7 @@ fn chain_of(dev: &Device) -> Arc<Conv3dChain> {
     c
 }
 
-fn import_data<'a>(imp: &'a Imported, what: &str) -> PyResult<DeviceConv3dData<'a>> {
+pub(crate) fn import_data<'a>(imp: &'a Imported, what: &str) -> PyResult<DeviceConv3dData<'a>> {
     let map = |e: rocm_safe::Error| PyValueError::new_err(format!("{what}: {e}"));
     match imp.dtype() {
         DType::F32 => Ok(DeviceConv3dData::F32(imp.view().map_err(map)?)),

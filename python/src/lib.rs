@@ -24,6 +24,7 @@
 mod conv3d;
 mod device;
 mod errors;
+mod guard;
 #[cfg(feature = "testing")]
 mod inject;
 mod interop;
@@ -573,6 +574,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(conv3d::conv3d, m)?)?;
     m.add_function(wrap_pyfunction!(conv3d::conv3d_stats, m)?)?;
     m.add_function(wrap_pyfunction!(conv3d::conv3d_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(guard::conv3d_guard, m)?)?;
+    m.add_function(wrap_pyfunction!(guard::conv3d_guard_harvest, m)?)?;
     m.add_function(wrap_pyfunction!(conv3d::conv3d_backward, m)?)?;
     m.add_function(wrap_pyfunction!(conv3d::conv_transpose3d, m)?)?;
     m.add_function(wrap_pyfunction!(conv3d::conv_transpose3d_verify, m)?)?;

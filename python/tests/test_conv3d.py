@@ -3,6 +3,7 @@ conv3d: on the CPU (rocm-safe's host backend; runs in CI) and, where
 torch.cuda is available, on the GPU (torch's current stream)."""
 
 import math
+import warnings
 
 import pytest
 
@@ -168,7 +169,10 @@ def test_fallback_serves_failing_torch_conv3d(device, failure, monkeypatch):
     assert s["calls"] == 1 and s["fell_back"] == 1
     key = "fell_back_on_error" if failure == "raises" else "fell_back_on_non_finite"
     assert s[key] == 1
-    assert sum(t["served"] for t in s["tiers"].values()) == 1
+    # Served by the chain, or (a NaN on the GPU) repaired by its tiled
+    # kernel behind the device's verdict.
+    assert sum(t["served"] for t in s["tiers"].values()) + s["repaired"] == 1
+    assert s["repaired"] == (1 if (device == "cuda" and failure == "nan") else 0)
     # Calls the chain cannot take keep torch's behaviour (its error).
     if failure == "raises":
         with pytest.raises(RuntimeError, match="simulated"):
@@ -228,11 +232,12 @@ def test_verify_catches_slightly_wrong_torch_output(device, dtype, monkeypatch):
     rt.reset_conv3d_stats()
     x, w, b = operands(device, dtype)
     ref = real(x.float(), w.float(), b.float(), padding=1)
+    # On the GPU the verdict comes back with the stats (no wait per call).
     with pytest.warns(RuntimeWarning, match="wrong values"):
         out = F.conv3d(x, w, b, padding=1)
+        s = rt.conv3d_stats()
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
-    s = rt.conv3d_stats()
     assert (s["calls"], s["verified"], s["mismatches"], s["fell_back_on_mismatch"]) == (1, 1, 1, 1)
     assert "differs from the f64 reference" in s["last_mismatch"], s["last_mismatch"]
     assert s["remembered"] == 1 and calls[0] == 1
@@ -296,6 +301,7 @@ def test_a_failed_signature_goes_straight_to_the_chain(device, failure, monkeypa
     ref = real(x, w, b, padding=1)
     for _ in range(3):
         torch.testing.assert_close(F.conv3d(x, w, b, padding=1), ref, rtol=1e-4, atol=1e-4)
+        rt.conv3d_stats()  # a guarded call's verdict comes back here
     s = rt.conv3d_stats()
     key = "fell_back_on_error" if failure == "raises" else "fell_back_on_non_finite"
     assert (s["calls"], s[key], s["direct"], s["remembered"], calls[0]) == (3, 1, 2, 1, 1)
@@ -368,4 +374,104 @@ def test_verify_accepts_torch_tf32_output_when_torch_allows_tf32():
     for _ in range(3):
         F.conv3d(x, w, None, padding=1)
     s = rt.conv3d_stats()
-    assert (s["verified"], s["mismatches"], s["fell_back"]) == (2, 0, 0), s
+    # Guarded on the GPU: every call checked.
+    assert (s["verified"], s["guarded"], s["mismatches"], s["fell_back"]) == (3, 3, 0, 0), s
+
+
+# --------------------------------------------------------------------------
+# The guard: on a GPU, torch's output is checked on the device and repaired
+# there behind the device's verdict, with no wait per call.
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch.cuda")
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["fallback", "verify"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_guard_leaves_a_right_output_alone(mode, dtype):
+    x, w, b = operands("cuda", dtype)
+    ref = F.conv3d(x, w, b, padding=1)
+    rt.install_conv3d_fallback(mode=mode)
+    rt.reset_conv3d_stats()
+    out = F.conv3d(x, w, b, padding=1)
+    s = rt.conv3d_stats()
+    assert torch.equal(out, ref)
+    assert (s["guarded"], s["repaired"], s["fell_back"], s["verified"]) == (1, 0, 0, int(mode == "verify")), s
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["fallback", "verify"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_guard_repairs_wrong_outputs_on_the_device(mode, dtype, monkeypatch):
+    real = F.conv3d
+    x, w, b = operands("cuda", dtype)
+    ref = real(x.float(), w.float(), b.float(), padding=1)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for failure in ("nan", "wrong"):
+        broken, calls = counting(real, failure)
+        monkeypatch.setattr(F, "conv3d", broken)
+        rt.install_conv3d_fallback(mode=mode)
+        rt.reset_conv3d_stats()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = F.conv3d(x, w, b, padding=1)
+            s = rt.conv3d_stats()
+        caught_it = failure == "nan" or mode == "verify"
+        assert s["guarded"] == 1 and s["repaired"] == int(caught_it), s
+        assert s["repair_failed"] == 0, s
+        if caught_it:
+            torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+            assert s["remembered"] == 1 and s["fell_back"] == 1, s
+            key = "fell_back_on_non_finite" if failure == "nan" else "fell_back_on_mismatch"
+            assert s[key] == 1, s
+            assert any("wrong values" in str(c.message) for c in caught) == (failure == "wrong")
+            # Remembered: the next call goes straight to the chain.
+            F.conv3d(x, w, b, padding=1)
+            assert calls[0] == 1 and rt.conv3d_stats()["direct"] == 1
+        else:
+            assert s["fell_back"] == 0 and not torch.allclose(out.float(), ref, rtol=tol, atol=tol)
+        rt.uninstall_conv3d_fallback()
+
+
+@needs_cuda
+def test_guard_steps_aside_where_it_cannot_guard(monkeypatch):
+    """Non-contiguous operands, inputs that need gradients, and kernels of
+    more than 1024 taps take the synchronous checks (and are still served
+    when torch fails)."""
+    real = F.conv3d
+    broken, calls = counting(real, "nan")
+    monkeypatch.setattr(F, "conv3d", broken)
+    rt.install_conv3d_fallback(mode="verify")
+    rt.reset_conv3d_stats()
+    x, w, b = operands("cuda", torch.float32)
+    xt = x.transpose(3, 4)
+    out = F.conv3d(xt, w, b, padding=1)
+    torch.testing.assert_close(out, real(xt, w, b, padding=1), rtol=1e-4, atol=1e-4)
+    wg = w.clone().requires_grad_()
+    F.conv3d(x, wg, b, stride=2, padding=1)
+    big = torch.randn(2, 8, 11, 11, 11, device="cuda") / 100
+    xb = torch.randn(1, 8, 12, 12, 12, device="cuda")
+    torch.testing.assert_close(F.conv3d(xb, big), real(xb, big), rtol=1e-3, atol=1e-3)
+    s = rt.conv3d_stats()
+    assert (s["guarded"], s["fell_back_on_non_finite"], calls[0]) == (0, 3, 3), s
+
+
+@needs_cuda
+def test_guard_verdicts_come_back_without_being_asked(monkeypatch):
+    """More guarded calls than the verdict ring holds (64): the oldest
+    verdicts come back during later calls, so a failing signature is
+    remembered with no stats call."""
+    real = F.conv3d
+    broken, calls = counting(real, "nan")
+    monkeypatch.setattr(F, "conv3d", broken)
+    rt.install_conv3d_fallback()
+    rt.reset_conv3d_stats()
+    x, w, b = operands("cuda", torch.float32)
+    ref = real(x, w, b, padding=1)
+    outs = [F.conv3d(x, w, b, padding=1) for _ in range(70)]
+    # Call 65 collected call 1's verdict; from then on, the chain serves.
+    assert calls[0] == 65, calls
+    for o in outs:
+        torch.testing.assert_close(o, ref, rtol=1e-4, atol=1e-4)
+    s = rt.conv3d_stats()
+    assert (s["guarded"], s["repaired"], s["direct"], s["remembered"]) == (65, 65, 5, 1), s

@@ -9,6 +9,7 @@ the CPU (rocm-safe's host backend; runs in CI when torch is there) and,
 where torch.cuda is available, on the GPU."""
 
 import math
+import warnings
 
 import pytest
 
@@ -304,3 +305,45 @@ def test_wan_vae_forward_and_backward_in_replace_mode(device, dtype):
     for a, e in zip(g_ours, g_ref):
         scale = e.float().abs().max().item() + 1e-6
         torch.testing.assert_close(a.float() / scale, e.float() / scale, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["fallback", "verify", "replace"])
+@pytest.mark.parametrize("failure", ["raises", "nan", "wrong"])
+def test_wan_vae_inference_with_torch_failing_in_every_mode(device, dtype, mode, failure, monkeypatch):
+    """A small diffusers Wan 2.1 VAE under no_grad (what a decode is), torch's
+    conv3d failing as asked: the reconstruction matches torch's own
+    wherever the mode catches the failure. On the GPU "fallback" and
+    "verify" guard torch's outputs on the device (no wait), so this is the
+    guard's test on real model code; "replace" never calls torch."""
+    vae = _wan_vae().to(device=device, dtype=dtype).eval()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 3, 5, 16, 16, generator=g).to(device=device, dtype=dtype)
+    real = F.conv3d
+    with torch.no_grad():
+        ref = vae(x).sample
+    broken = Broken(real, failure)
+    monkeypatch.setattr(F, "conv3d", broken)
+    rt.install_conv3d_fallback(mode=mode)
+    rt.reset_conv3d_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with torch.no_grad():
+            out = vae(x).sample
+        s = rt.conv3d_stats()
+    rt.uninstall_conv3d_fallback()
+    caught = failure in ("raises", "nan") or mode in ("verify", "replace")
+    tol = dict(rtol=1e-3, atol=1e-4) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
+    if not caught:
+        assert s["fell_back"] == 0, s
+        assert not torch.allclose(out.float(), ref.float(), **tol)
+        return
+    torch.testing.assert_close(out.float(), ref.float(), **tol)
+    assert s["repair_failed"] == 0, s
+    if mode == "replace":
+        assert s["direct"] == s["calls"] and broken.calls == 0, s
+    else:
+        assert s["fell_back"] + s["direct"] == s["calls"], s
+        if device == "cuda" and failure != "raises":
+            assert s["guarded"] > 0 and s["repaired"] == s["guarded"], s

@@ -1,0 +1,197 @@
+//! The guarded conv3d on tensors handed over by DLPack capsules: torch's
+//! own conv3d output checked on the device and, where wrong, rewritten in
+//! place by the tiled kernel, with no host wait (`Conv3dGuard`). One guard
+//! per device, made once; the verdicts come back as records.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use rocm_safe::conv3d::Conv3dParams;
+use rocm_safe::conv3d_chain::{Conv3dGuard, GuardRecord, Guarded, GuardedOutput};
+use rocm_safe::device::{BackendKind, Device, GuardVerdict, RawStream, Stream};
+use rocm_safe::DType;
+
+use crate::conv3d::{chain_of, import_data};
+use crate::errors::op_to_py;
+use crate::interop::{device_of, lock, take_capsule};
+
+type Guards = Mutex<Vec<(Device, Arc<Conv3dGuard>)>>;
+
+/// The guard of each device (its buffers and verdict ring). Per process,
+/// as the chains are (`conv3d.rs`).
+fn guards() -> &'static Guards {
+    static G: OnceLock<Guards> = OnceLock::new();
+    G.get_or_init(Default::default)
+}
+
+fn guard_of(dev: &Device) -> Arc<Conv3dGuard> {
+    let mut v = lock(guards());
+    if let Some((_, g)) = v.iter().find(|(d, _)| d.same(dev)) {
+        return g.clone();
+    }
+    let g = Arc::new(Conv3dGuard::new(dev));
+    v.push((dev.clone(), g.clone()));
+    g
+}
+
+/// One record as Python gets it: `(ticket, output_failed, non_finite,
+/// operands_finite, mismatch, repaired, repair_failed, repair_problem)`;
+/// `mismatch` and `repair_problem` are texts or `None`.
+pub type PyRecord = (
+    u64,
+    bool,
+    bool,
+    bool,
+    Option<String>,
+    bool,
+    bool,
+    Option<String>,
+);
+
+fn describe(v: &GuardVerdict) -> Option<String> {
+    if let Some((i, value, reference, tol)) = v.off {
+        return Some(format!(
+            "value {value} at output index {i} differs from the f64 reference {reference} \
+             by more than {tol:e}"
+        ));
+    }
+    v.non_finite
+        .then(|| "a NaN or infinity in the output".to_string())
+}
+
+fn to_py(r: &GuardRecord) -> PyRecord {
+    (
+        r.ticket,
+        r.output_failed(),
+        r.output.non_finite,
+        r.operands_finite,
+        describe(&r.output),
+        r.repaired,
+        r.repair_failed(),
+        describe(&r.repair),
+    )
+}
+
+/// `conv3d_guard(device, stream, input, weight, bias, out, stride,
+/// padding, dilation, groups, backend=None, samples=0, rel_tol=1e-4)`:
+/// queues on `stream` (torch's current stream) the check of `out` (torch's
+/// conv3d output, float32 or bfloat16 as the input) and its repair behind
+/// a device-side gate. Returns `(ticket, records)`: the call's ticket, or
+/// `None` when the tiled kernel cannot take the call (then nothing was
+/// queued: check it synchronously), and the records of earlier calls
+/// collected meanwhile (see `PyRecord`). `samples`: points recomputed in
+/// f64 (0: the NaN/Inf count alone), within `rel_tol`.
+/// Errors: `TypeError` / `ValueError` for what the chain does not take,
+/// `RuntimeError` for a launch or allocation failure.
+#[pyfunction]
+#[pyo3(signature = (device, stream, input, weight, bias, out, stride, padding, dilation, groups, backend=None, samples=0, rel_tol=1e-4))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv3d_guard(
+    py: Python<'_>,
+    device: &str,
+    stream: u64,
+    input: &Bound<'_, PyAny>,
+    weight: &Bound<'_, PyAny>,
+    bias: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    stride: [usize; 3],
+    padding: [usize; 3],
+    dilation: [usize; 3],
+    groups: usize,
+    backend: Option<&str>,
+    samples: usize,
+    rel_tol: f64,
+) -> PyResult<(Option<u64>, Vec<PyRecord>)> {
+    let dev = device_of(device, backend)?;
+    let x = take_capsule(&dev, input, "conv3d input")?;
+    let w = take_capsule(&dev, weight, "conv3d weight")?;
+    let b = bias
+        .map(|b| take_capsule(&dev, b, "conv3d bias"))
+        .transpose()?;
+    let mut y = take_capsule(&dev, out, "conv3d output")?;
+    let s = if dev.kind() == BackendKind::Host {
+        dev.stream()
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+    } else {
+        // SAFETY: `stream` is PyTorch's current stream of this device, made
+        // in the primary context the device uses and kept alive by the
+        // caller for the call; the `Stream` is dropped before this returns
+        // (never destroyed by rocm-safe). The work queued on it reads the
+        // operands and writes `out`, which torch keeps alive until that
+        // stream has passed it (its caching allocator reuses memory in
+        // stream order).
+        unsafe { Stream::from_raw(&dev, RawStream(stream)) }
+    };
+    let params = Conv3dParams {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let chain = chain_of(&dev);
+    let guard = guard_of(&dev);
+    let xd = import_data(&x, "conv3d input")?;
+    let wd = import_data(&w, "conv3d weight")?;
+    let bd = b
+        .as_ref()
+        .map(|b| import_data(b, "conv3d bias"))
+        .transpose()?;
+    let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+    let map = |e: rocm_safe::Error| PyValueError::new_err(format!("conv3d output: {e}"));
+    let out = match y.dtype() {
+        DType::F32 => GuardedOutput::F32(y.view_mut().map_err(map)?),
+        DType::BF16 => GuardedOutput::BF16(y.view_mut().map_err(map)?),
+        d => {
+            return Err(PyTypeError::new_err(format!(
+                "conv3d output: dtype {} is not guarded (float32 and bfloat16)",
+                d.name()
+            )))
+        }
+    };
+    let r = py.detach(|| {
+        guard.guard(
+            &chain,
+            &s,
+            params,
+            (xd, &xs),
+            (wd, &ws),
+            bd,
+            out,
+            (samples, rel_tol),
+        )
+    });
+    match r {
+        Ok(Guarded::Queued { ticket, records }) => {
+            Ok((Some(ticket), records.iter().map(to_py).collect()))
+        }
+        Ok(_) => Ok((None, Vec::new())),
+        Err(e) => Err(op_to_py("conv3d_guard", e)),
+    }
+}
+
+/// `conv3d_guard_harvest(device, backend=None)`: every record of `device`'s
+/// guard not yet returned, oldest first (waits for the device work queued
+/// before them). `[]` for a device never guarded.
+#[pyfunction]
+#[pyo3(signature = (device, backend=None))]
+pub fn conv3d_guard_harvest(
+    py: Python<'_>,
+    device: &str,
+    backend: Option<&str>,
+) -> PyResult<Vec<PyRecord>> {
+    let dev = device_of(device, backend)?;
+    let known = lock(guards())
+        .iter()
+        .find(|(d, _)| d.same(&dev))
+        .map(|(_, g)| g.clone());
+    let Some(guard) = known else {
+        return Ok(Vec::new());
+    };
+    let r = py.detach(|| guard.harvest());
+    match r {
+        Ok(records) => Ok(records.iter().map(to_py).collect()),
+        Err(e) => Err(op_to_py("conv3d_guard_harvest", e)),
+    }
+}
