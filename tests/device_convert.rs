@@ -32,6 +32,7 @@ per_device!(
     copies_and_length_errors,
     pinned_async_round_trip,
     nonfinite_counts_and_clamps,
+    nonfinite_counts_at_every_position_and_offset,
 );
 
 fn as_bf16(v: &[u16]) -> Vec<bf16> {
@@ -702,6 +703,41 @@ fn nonfinite_counts_and_clamps(dev: &Device) {
         s.count_nonfinite(&dd.view()),
         Err(Error::UnsupportedConversion { .. })
     ));
+}
+
+/// The count-only scan reads 16-byte vectors where the buffer is aligned
+/// and single elements elsewhere: a NaN or infinity at every position of a
+/// vector and of the tail, in views that start aligned and not, is counted
+/// once, for each dtype.
+fn nonfinite_counts_at_every_position_and_offset(dev: &Device) {
+    let s = dev.stream().unwrap();
+    let n = 37;
+    for at in 0..n {
+        let mut xs = vec![1.5f32; n];
+        xs[at] = if at % 2 == 0 { f32::NAN } else { -f32::INFINITY };
+        let hb: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
+        let hh: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
+        let (d, db, dh) = (
+            s.clone_htod(&xs).unwrap(),
+            s.clone_htod(&hb).unwrap(),
+            s.clone_htod(&hh).unwrap(),
+        );
+        for from in [0, 1, 3] {
+            let want = if at < from {
+                NonFinite::default()
+            } else if at % 2 == 0 {
+                NonFinite { nan: 1, inf: 0 }
+            } else {
+                NonFinite { nan: 0, inf: 1 }
+            };
+            let got = [
+                s.count_nonfinite(&d.slice(from..).unwrap()).unwrap(),
+                s.count_nonfinite(&db.slice(from..).unwrap()).unwrap(),
+                s.count_nonfinite(&dh.slice(from..).unwrap()).unwrap(),
+            ];
+            assert_eq!(got, [want; 3], "value at {at}, view from {from}");
+        }
+    }
 }
 
 /// The host half of a verification must equal the fingerprint of the

@@ -56,6 +56,8 @@ _verify_seen: Dict[Tuple, int] = {}
 # until their records come back; the devices that have a guard.
 _pending: Dict[Tuple[str, int], Tuple[Tuple, str]] = {}
 _guard_devices: Set[str] = set()
+# Why conv3d calls were not guarded (checked synchronously instead).
+_unguarded: Dict[str, int] = {}
 # Sampled points a guarded call checks in "verify" mode (the chain's own
 # number), and the chain's tolerances per dtype.
 _GUARD_SAMPLES = 16
@@ -83,6 +85,7 @@ def _zero_counts() -> None:
         repair_failed=0,
     )
     _last_mismatch[0] = None
+    _unguarded.clear()
 
 
 _zero_counts()
@@ -233,23 +236,27 @@ def _verify_transpose_output(
         return None
 
 
-def _guardable(out, input, weight, bias) -> bool:
-    """Whether torch's conv3d output can be guarded on the device (checked
-    and repaired there with no wait): a GPU output of the input's dtype, no
-    gradients to keep (a repaired output would keep torch's backward), and
-    compact tensors (the guard reads them where they are; nothing is
-    copied)."""
-    if out.device.type != "cuda" or out.device != input.device or out.dtype != input.dtype:
-        return False
+def _unguardable(out, input, weight, bias) -> Optional[str]:
+    """Why torch's conv3d output cannot be guarded on the device (checked
+    and repaired there with no wait), or ``None``: it must be a GPU output
+    of the input's dtype, with no gradients to keep (a repaired output
+    would keep torch's backward), and compact tensors (the guard reads them
+    where they are; nothing is copied)."""
+    if out.device.type != "cuda" or out.device != input.device:
+        return "not on a GPU"
+    if out.dtype != input.dtype or weight.dtype != input.dtype:
+        return "mixed dtypes"
     if _needs_grad(input, weight, bias):
-        return False
-    return all(t.is_contiguous() for t in (input, weight, bias, out) if t is not None)
+        return "needs gradients"
+    if not all(t.is_contiguous() for t in (input, weight, bias, out) if t is not None):
+        return "not contiguous"
+    return None
 
 
-def _guard(out, args, sig, verify: bool) -> bool:
+def _guard(out, args, sig, verify: bool) -> Optional[str]:
     """Queues the guard of torch's conv3d output ``out`` on torch's stream
     (the NaN/Inf count, with ``verify`` the sampled f64 points, and the
-    tiled kernel's repair behind the device's verdict); ``False`` where it
+    tiled kernel's repair behind the device's verdict): ``None``, or why it
     could not be queued (the caller checks synchronously then)."""
     input, weight, bias, stride, padding, dilation, groups = args
     try:
@@ -257,7 +264,7 @@ def _guard(out, args, sig, verify: bool) -> bool:
         dilation_t = _triple(dilation, "dilation")
         padding_t = _padding(padding, weight, stride_t, dilation_t)
     except (TypeError, ValueError):
-        return False
+        return "parameters"
     x, y = input, out
     if x.dim() == 4:
         x, y = x.unsqueeze(0), y.unsqueeze(0)
@@ -280,18 +287,18 @@ def _guard(out, args, sig, verify: bool) -> bool:
             _GUARD_SAMPLES if verify else 0,
             rel,
         )
-    except (TypeError, ValueError, RuntimeError):
+    except (TypeError, ValueError, RuntimeError) as e:
         # Not taken, or not queued whole: the synchronous checks decide.
-        return False
+        return f"{type(e).__name__}: {e}"
     _guard_devices.add(dev)
     _take_records(dev, records)
     if ticket is None:
-        return False
+        return "the tiled kernel does not take it"
     _pending[(dev, ticket)] = (sig, "conv3d")
     _counts["guarded"] += 1
     if verify:
         _counts["verified"] += 1
-    return True
+    return None
 
 
 def _take_records(dev: str, records) -> None:
@@ -382,9 +389,11 @@ def _dispatch(kind: str, orig, chain_fn, verify_fn, args: Tuple):
         return to_chain(e, "fell_back_on_error")
     if not takes or not isinstance(out, torch.Tensor) or not out.is_floating_point():
         return out
-    if kind == "conv3d" and _guardable(out, input, weight, bias):
-        if _guard(out, args, sig, current == "verify"):
+    if kind == "conv3d":
+        why = _unguardable(out, input, weight, bias) or _guard(out, args, sig, current == "verify")
+        if why is None:
             return out
+        _unguarded[why] = _unguarded.get(why, 0) + 1
     if not _all_finite(out):
         if not _finite(input, weight, bias):
             return out  # NaN/Inf in, NaN/Inf out: no failure
@@ -578,7 +587,8 @@ def conv3d_stats() -> Dict[str, Any]:
       ``guarded`` (GPU calls checked on the device with no wait; each is
       also in ``verified`` in ``"verify"``), ``repaired`` (of those,
       rewritten by the tiled kernel), ``repair_failed`` (a repair that
-      failed its own check: that output was wrong),
+      failed its own check: that output was wrong), ``unguarded`` (why
+      conv3d calls were checked synchronously instead: reason -> count),
       ``chain_failed`` (the chain failed too: its or torch's error was
       raised).
     """
@@ -603,6 +613,7 @@ def conv3d_stats() -> Dict[str, Any]:
     out: Dict[str, Any] = {"tiers": tiers, "mode": _installed["mode"]}
     out.update(_counts)
     out["last_mismatch"] = _last_mismatch[0]
+    out["unguarded"] = dict(_unguarded)
     out["remembered"] = len(_failed_signatures)
     return out
 

@@ -454,6 +454,11 @@ def test_guard_steps_aside_where_it_cannot_guard(monkeypatch):
     torch.testing.assert_close(F.conv3d(xb, big), real(xb, big), rtol=1e-3, atol=1e-3)
     s = rt.conv3d_stats()
     assert (s["guarded"], s["fell_back_on_non_finite"], calls[0]) == (0, 3, 3), s
+    assert s["unguarded"] == {
+        "not contiguous": 1,
+        "needs gradients": 1,
+        "the tiled kernel does not take it": 1,
+    }, s
 
 
 @needs_cuda

@@ -41,7 +41,7 @@ use super::Conv3dChain;
 use crate::conv3d::{Conv3dGeometry, Conv3dParams, ShapeDim};
 use crate::device::{
     Conv3dKernel, Conv3dWeightLayout, Device, DeviceBuffer, DeviceView, DeviceViewMut, Event,
-    GuardVerdict, PinnedBuffer, Stream, CHECK_MAX_SAMPLES, CHECK_WORDS, VERDICT_WORDS,
+    GuardVerdict, PinnedBuffer, RawStream, Stream, CHECK_MAX_SAMPLES, CHECK_WORDS, VERDICT_WORDS,
 };
 use crate::error::{Error, Result};
 
@@ -162,6 +162,9 @@ struct State {
     /// (on any stream) waits for it on the device before reusing the
     /// buffers.
     last: Option<Event>,
+    /// The stream `last` was recorded on (a call on the same stream needs
+    /// no wait: its work is ordered already).
+    last_stream: Option<RawStream>,
     slots: Vec<Slot>,
     next_ticket: u64,
     alloc_on: Option<Stream>,
@@ -275,7 +278,9 @@ impl Conv3dGuard {
         let need = HEAD + CHECK_WORDS * (s1 + s2);
         let words = DeviceScratch::ensure(alloc_on, &mut st.words, need)?;
         if let Some(ev) = &st.last {
-            stream.wait(ev)?;
+            if st.last_stream != Some(stream.raw()) {
+                stream.wait(ev)?;
+            }
         }
         let k = g.out_channels;
         let bias_f32 = DeviceScratch::bias_f32(stream, alloc_on, &mut st.bias, bias, k)?;
@@ -314,6 +319,7 @@ impl Conv3dGuard {
         };
         stream.record(&ev)?;
         st.last = Some(ev);
+        st.last_stream = Some(stream.raw());
         st.next_ticket += 1;
         Ok(Guarded::Queued { ticket, records })
     }

@@ -376,7 +376,13 @@ impl KernelCall {
                 gate,
             } => (
                 Kernel::nonfinite(dtype)?,
-                n,
+                // Behind a gate (mostly closed: every block reads it and
+                // returns) four blocks per multiprocessor: the grid-stride
+                // loop covers the rest when it is open.
+                match gate {
+                    Some(_) => n.min(u64::from(mps.max(1)) * 4 * u64::from(BLOCK)),
+                    None => n,
+                },
                 vec![
                     U64(ptr.0),
                     U64(n),
@@ -524,6 +530,24 @@ mod tests {
         // SAFETY: the third argument is a u32.
         assert_eq!(unsafe { *p[2].cast::<u32>() }, 1);
         assert!(scan(DType::I8, true).is_err());
+        // A gated scan: the gate is the last argument, and the grid is four
+        // blocks per multiprocessor at most (a plain scan takes 32).
+        let big = |gate| {
+            KernelCall::for_op(
+                &KernelOp::CountNonFinite {
+                    dtype: DType::F32,
+                    ptr: DevicePtr(8),
+                    n: 1 << 30,
+                    counts: DevicePtr(64),
+                    gate,
+                },
+                4,
+            )
+            .unwrap()
+        };
+        let gated = big(Some(DevicePtr(128)));
+        assert_eq!((gated.grid[0], gated.args[4]), (16, KernelArg::U64(128)));
+        assert_eq!(big(None).grid[0], 128);
         let f = KernelCall::for_op(
             &KernelOp::FingerprintSum {
                 src: DevicePtr(8),
