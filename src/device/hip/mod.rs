@@ -634,6 +634,10 @@ unsafe impl Runtime for HipRuntime {
         crate::device::vendor::miopen::library().map(|_| ())
     }
 
+    fn vendor_backward_available(&self) -> Result<()> {
+        crate::device::vendor::miopen::backward_available()
+    }
+
     fn vendor_open(&self) -> Result<Miopen> {
         Miopen::new()
     }
