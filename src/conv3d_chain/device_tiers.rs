@@ -225,9 +225,7 @@ fn run_backward_on(
     match (p.grad_output, p.other) {
         (Conv3dData::F32(dy), Some(Conv3dData::F32(o))) => backward_typed(s, p, dy, Some(o), out),
         (Conv3dData::F32(dy), None) => backward_typed::<f32>(s, p, dy, None, out),
-        (Conv3dData::BF16(dy), Some(Conv3dData::BF16(o))) => {
-            backward_typed(s, p, dy, Some(o), out)
-        }
+        (Conv3dData::BF16(dy), Some(Conv3dData::BF16(o))) => backward_typed(s, p, dy, Some(o), out),
         (Conv3dData::BF16(dy), None) => backward_typed::<half::bf16>(s, p, dy, None, out),
         (dy, Some(o)) => Err(crate::Error::Conv3dDType {
             tensor: "input",
@@ -283,6 +281,13 @@ fn backward_typed<T: Element + Default>(
     // Waits for the stream.
     y.copy_dtoh(out)
 }
+
+/// Why the vendor tier takes no `conv_transpose3d` whose output_padding
+/// reaches the stride ([`Conv3dGeometry::output_is_forward`]).
+const VENDOR_NOT_FORWARD: &str = concat!(
+    "dy is not the forward output of the input (a conv_transpose3d output_padding at or ",
+    "past the stride): the vendor libraries refuse it, the naive tier serves"
+);
 
 /// Why the vendor tier takes no bias gradient.
 const VENDOR_NO_BIAS_GRAD: &str =
@@ -349,14 +354,18 @@ impl Conv3dTier for VendorTier {
         run_device_on(&self.device, Op::Vendor, self, &self.layouts, ops, out)
     }
     /// Data and Weight where the library and its backward calls are
-    /// loaded (unavailable otherwise); the bias gradient and zero-size
-    /// calls are unsupported.
+    /// loaded (unavailable otherwise); the bias gradient, zero-size calls
+    /// and a `conv_transpose3d` whose output_padding reaches the stride
+    /// ([`Conv3dGeometry::output_is_forward`]) are unsupported.
     fn support_backward(&self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
         if let Err(e) = self.device.backend().conv3d_vendor_backward_available() {
             return Support::Unavailable(e.to_string());
         }
         if op == Conv3dBackwardOp::Bias {
             return Support::Unsupported(VENDOR_NO_BIAS_GRAD.into());
+        }
+        if !g.output_is_forward() {
+            return Support::Unsupported(VENDOR_NOT_FORWARD.into());
         }
         match op.unsupported(g) {
             Some(why) => Support::Unsupported(why.into()),

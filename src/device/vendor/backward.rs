@@ -24,7 +24,10 @@ use crate::error::{Error, Result};
 
 /// What the vendor tier refuses among the backward ops: the bias gradient
 /// (a reduction of `dy`, no library call), dtypes other than f32 and bf16,
-/// a bias outside Data, a missing second operand.
+/// a bias outside Data, a missing second operand, zero-size calls, and a
+/// transposed geometry whose `dy` is not the forward output of its input
+/// ([`crate::conv3d::Conv3dGeometry::output_is_forward`]: the libraries
+/// check it).
 pub(crate) fn refusal(a: &Conv3dBackwardLaunch) -> Option<Error> {
     let tier = |reason| {
         Some(Error::Conv3dTier {
@@ -43,9 +46,15 @@ pub(crate) fn refusal(a: &Conv3dBackwardLaunch) -> Option<Error> {
         (Conv3dBackwardOp::Bias, ..) => tier("the bias gradient is not a vendor call"),
         (_, None, _) => tier("a backward op without its second operand"),
         (Conv3dBackwardOp::Weight, _, Some(_)) => tier("only the data op takes a bias"),
+        _ if !a.geometry.output_is_forward() => tier(NOT_FORWARD),
         _ => a.op.unsupported(&a.geometry).and_then(tier),
     }
 }
+
+/// Why the libraries refuse a transposed geometry whose output_padding
+/// reaches the stride.
+pub(crate) const NOT_FORWARD: &str = "dy is not the forward output of the input \
+     (a conv_transpose3d output_padding at or past the stride): the vendor libraries refuse it";
 
 /// `a` with f32 operands at `dy` and `other`, and no bias: what the
 /// library computes.
@@ -259,6 +268,35 @@ mod tests {
             ..launch(Conv3dBackwardOp::Data, DType::F32)
         };
         assert!(refusal(&zero).is_some());
+        // conv_transpose3d with output_padding 2 at stride 1 (dilation 3):
+        // dy is shorter than the forward output of dx.
+        let t = Conv3dGeometry::transposed(
+            Conv3dParams::default().with_dilation([3; 3]),
+            [2, 0, 0],
+            &[1, 2, 3, 3, 3],
+            &[2, 2, 2, 2, 2],
+        )
+        .unwrap();
+        assert!(!t.output_is_forward());
+        let short = Conv3dBackwardLaunch {
+            geometry: t,
+            ..launch(Conv3dBackwardOp::Data, DType::F32)
+        };
+        assert!(matches!(
+            refusal(&short),
+            Some(Error::Conv3dTier {
+                reason: NOT_FORWARD,
+                ..
+            })
+        ));
+        let fine = Conv3dGeometry::transposed(
+            Conv3dParams::default().with_stride([2; 3]),
+            [1, 0, 1],
+            &[1, 2, 3, 3, 3],
+            &[2, 2, 2, 2, 2],
+        )
+        .unwrap();
+        assert!(fine.output_is_forward());
     }
 
     #[test]
