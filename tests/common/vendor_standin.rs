@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rocm_safe::device::{Backend, Driver, KernelCaps, KernelOp, RawStream, Wrap};
+use rocm_safe::device::{Backend, BackendKind, Driver, KernelCaps, KernelOp, RawStream, Wrap};
 use rocm_safe::{Error, Result};
 
 /// The library name the stand-in declares (the vendor tier's name).
@@ -39,15 +39,20 @@ impl VendorStandin {
 }
 
 /// `open()`'s backend where its vendor library has backward calls (a GPU
-/// with cuDNN or MIOpen), else that backend under the stand-in; and the
-/// vendor tier's name to expect.
+/// with cuDNN or MIOpen: required there, the test panics saying why not),
+/// else (the host backend) that backend under the stand-in; and the vendor
+/// tier's name to expect.
 pub fn with_vendor_backward(open: &dyn Fn() -> Box<dyn Backend>) -> (Box<dyn Backend>, String) {
     let b = open();
-    if b.conv3d_vendor_backward_available().is_ok() {
-        let name = b.caps().vendor_library.unwrap_or("vendor").to_owned();
-        (b, name)
-    } else {
-        (Box::new(VendorStandin::new(b)), STANDIN.to_owned())
+    match b.conv3d_vendor_backward_available() {
+        Ok(()) => {
+            let name = b.caps().vendor_library.unwrap_or("vendor").to_owned();
+            (b, name)
+        }
+        Err(e) if b.info().kind != BackendKind::Host => {
+            panic!("the vendor library's backward calls are not available on this GPU: {e}")
+        }
+        Err(_) => (Box::new(VendorStandin::new(b)), STANDIN.to_owned()),
     }
 }
 
