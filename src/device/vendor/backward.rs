@@ -104,6 +104,25 @@ fn widen(src: DevicePtr, dst: DevicePtr, n: usize, mps: u32) -> Result<KernelCal
     KernelCall::for_op(&op, mps)
 }
 
+/// The bytes of the f32 copies of `dy` and the other operand that bf16
+/// operands are widened into (none for f32 operands).
+fn widened_bytes(a: &Conv3dBackwardLaunch) -> Result<[usize; 2]> {
+    if a.dtype != DType::BF16 {
+        return Ok([0, 0]);
+    }
+    let f32_bytes = |n: Option<usize>| {
+        n.and_then(|n| n.checked_mul(4)).ok_or(Error::Conv3dTier {
+            tier: "vendor",
+            reason: "an operand's f32 copy does not fit in memory",
+        })
+    };
+    let g = &a.geometry;
+    Ok([
+        f32_bytes(Some(g.output_len()))?,
+        f32_bytes(a.op.other_len(g))?,
+    ])
+}
+
 /// Takes the kept buffers of `slots` for `bytes` each (none for 0); on an
 /// error frees those already taken.
 ///
@@ -161,13 +180,8 @@ pub(crate) unsafe fn vendor_conv3d_backward(
     };
     let dy_len = a.geometry.output_len();
     let mps = backend.info().multiprocessors;
+    let widened_bytes = widened_bytes(a)?;
     let ws_bytes = lib.backward_workspace(a.op, &a.geometry)?;
-    let wide = a.dtype == DType::BF16;
-    let widened_bytes = if wide {
-        [dy_len * 4, other_len * 4]
-    } else {
-        [0, 0]
-    };
     let bufs = lib.buffers();
     let [c, d] = &mut bufs.widened;
     // SAFETY: the kept buffers are this device's and idle (every vendor
@@ -336,5 +350,39 @@ mod tests {
         );
         let w = widen(DevicePtr(1), DevicePtr(2), 10, 4).unwrap();
         assert_eq!(w.kernel.symbol(), "convert_bf16_f32");
+    }
+
+    #[test]
+    fn sizes_beyond_32_bits_are_exact_and_beyond_the_libraries() {
+        // 2^33 input elements: the widened copies' byte counts are exact...
+        // (Built by hand: `new` also checks the sizes against this machine's
+        // memory.)
+        let one = Conv3dGeometry::new(Conv3dParams::default(), &[1; 5], &[1; 5]).unwrap();
+        let g = Conv3dGeometry {
+            batch: 2,
+            input: [2048, 2048, 1024],
+            output: [2048, 2048, 1024],
+            ..one
+        };
+        let a = Conv3dBackwardLaunch {
+            geometry: g,
+            ..launch(Conv3dBackwardOp::Weight, DType::BF16)
+        };
+        assert_eq!(widened_bytes(&a).unwrap(), [1 << 35, 1 << 35]);
+        let f = Conv3dBackwardLaunch {
+            dtype: DType::F32,
+            ..a
+        };
+        assert_eq!(widened_bytes(&f).unwrap(), [0, 0]);
+        // ...and the bias epilogue's sizes are 64-bit.
+        let d = Conv3dBackwardLaunch {
+            op: Conv3dBackwardOp::Data,
+            ..a
+        };
+        let call = bias_epilogue(&d, DevicePtr(8), 4);
+        assert_eq!(call.args[2], KernelArg::U64(1 << 33));
+        assert_eq!(call.args[3], KernelArg::U64(1 << 32));
+        // The libraries' 32-bit descriptors refuse them: cudnn/backward.rs,
+        // miopen/backward.rs.
     }
 }

@@ -325,4 +325,28 @@ mod tests {
         #[cfg(target_pointer_width = "64")]
         assert_eq!(std::mem::size_of::<FwdAlgoPerf>(), 48);
     }
+
+    #[test]
+    fn backward_plans_refuse_sizes_beyond_32_bits() {
+        // The backward plans' descriptors are the forward plans' (`dims`):
+        // an input of 2^33 elements, or a stride past i32, is refused typed
+        // before any library call; the weight's shape still fits.
+        // (Built by hand: `new` also checks the sizes against this machine's
+        // memory.)
+        let one =
+            Conv3dGeometry::new(crate::conv3d::Conv3dParams::default(), &[1; 5], &[1; 5]).unwrap();
+        let g = Conv3dGeometry {
+            batch: 2,
+            input: [2048, 2048, 1024],
+            output: [2048, 2048, 1024],
+            ..one
+        };
+        for shape in [g.input_shape(), g.output_shape()] {
+            assert!(matches!(
+                super::super::dims(shape),
+                Err(Error::Conv3dTier { tier: "cudnn", .. })
+            ));
+        }
+        assert!(super::super::dims(g.weight_shape()).is_ok());
+    }
 }
