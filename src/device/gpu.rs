@@ -293,7 +293,12 @@ impl<R: Runtime> Gpu<R> {
 
     /// Runs `call` with this device's vendor state (opened on first use,
     /// under its lock, the device current) and a launcher of kernels on `s`.
-    fn with_vendor(
+    ///
+    /// # Safety
+    /// `s` is a live stream of this device, and `call` launches through the
+    /// launcher only kernel calls whose memory satisfies the kernel's
+    /// contract (the vendor calls' epilogues and widenings).
+    unsafe fn with_vendor(
         &self,
         s: RawStream,
         call: impl FnOnce(&mut R::Vendor, &dyn Fn(KernelCall) -> Result<()>) -> Result<()>,
@@ -305,9 +310,9 @@ impl<R: Runtime> Gpu<R> {
             None => slot.insert(self.rt.vendor_open()?),
         };
         let launch = |k| {
-            // SAFETY: the vendor calls launch only their epilogues and
-            // widenings, over the caller's ranges and their own kept
-            // buffers, on `s` (their contracts).
+            // SAFETY: the caller's guarantees: `call` launches only the
+            // vendor calls' epilogues and widenings, over the caller's
+            // ranges and their own kept buffers, on `s`.
             unsafe { self.launch(k, s) }
         };
         call(lib, &launch)
@@ -319,12 +324,15 @@ impl<R: Runtime> Gpu<R> {
     /// As [`Backend::run`] for `args` and `s`.
     unsafe fn vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
         self.rt.vendor_available()?;
-        self.with_vendor(s, |lib, launch| {
+        let call = |lib: &mut R::Vendor, launch: &dyn Fn(KernelCall) -> Result<()>| {
             // SAFETY: the caller's guarantees; `launch` queues on `s` of
             // this device, whose vendor state `lib` is, with the device
             // current.
             unsafe { vendor_conv3d(&self.rt, lib, args, s, launch) }
-        })
+        };
+        // SAFETY: `s` is live (caller); `vendor_conv3d` launches only its
+        // epilogues over the caller's output and bias and its own scratch.
+        unsafe { self.with_vendor(s, call) }
     }
 
     /// The vendor call of [`KernelOp::Conv3dBackwardVendor`].
@@ -333,10 +341,14 @@ impl<R: Runtime> Gpu<R> {
     /// As [`Backend::run`] for `args` and `s`.
     unsafe fn vendor_backward(&self, args: &Conv3dBackwardLaunch, s: RawStream) -> Result<()> {
         self.rt.vendor_backward_available()?;
-        self.with_vendor(s, |lib, launch| {
+        let call = |lib: &mut R::Vendor, launch: &dyn Fn(KernelCall) -> Result<()>| {
             // SAFETY: as in `vendor`.
             unsafe { vendor_conv3d_backward(&self.rt, lib, args, s, launch) }
-        })
+        };
+        // SAFETY: `s` is live (caller); `vendor_conv3d_backward` launches
+        // only its widenings (the caller's operands into its kept buffers)
+        // and the bias epilogue over the caller's result.
+        unsafe { self.with_vendor(s, call) }
     }
 }
 
