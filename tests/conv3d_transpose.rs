@@ -15,7 +15,7 @@ mod common;
 
 use common::conv3d::values;
 use common::conv3d_backward::{assert_backward_close, chain, to_bf16, Buf};
-use common::vendor_standin::with_vendor_backward;
+use common::vendor_standin::{vendor_served, with_vendor_backward};
 use common::Open;
 use half::bf16;
 use rocm_safe::conv3d::{backward_reference, Conv3dBackwardProblem, Conv3dData, Conv3dParams};
@@ -392,33 +392,26 @@ fn conv_transpose3d_through_the_vendor_tier(open: Open<'_>) {
         for bf in [false, true] {
             let p = t.problem(&c, bf);
             let what = format!("{} bf16={bf}", c.name);
+            // Served by the vendor tier (or, printed, the naive tier where
+            // the library refuses the call), except where it is skipped.
             let expect = |report: &Conv3dReport, what: &str| {
                 if p.geometry.output_is_forward() {
-                    assert_eq!(
-                        report.served_by(),
-                        Some(TierKind::Vendor),
-                        "{what}: {report}"
-                    );
-                    assert_eq!(
-                        report.served().map(|a| a.name.as_str()),
-                        Some(name.as_str())
-                    );
-                } else {
-                    assert_eq!(
-                        report.served_by(),
-                        Some(TierKind::Naive),
-                        "{what}: {report}"
-                    );
-                    assert!(
-                        matches!(&report.attempts[0].outcome, Outcome::Skipped(w) if w.contains("not the forward output")),
-                        "{what}: {report}"
-                    );
+                    return usize::from(vendor_served(what, report, &name));
                 }
+                assert_eq!(
+                    report.served_by(),
+                    Some(TierKind::Naive),
+                    "{what}: {report}"
+                );
+                assert!(
+                    matches!(&report.attempts[0].outcome, Outcome::Skipped(w) if w.contains("not the forward output")),
+                    "{what}: {report}"
+                );
                 assert_eq!(report.failures().count(), 0, "{what}: {report}");
+                0
             };
             let (out, report) = chain.run_backward(&p).unwrap();
-            expect(&report, &what);
-            served += usize::from(report.served_by() == Some(TierKind::Vendor));
+            served += expect(&report, &what);
             assert_backward_close(&what, &p, &out, 1e-4);
             let (x, w) = if bf {
                 (
@@ -453,7 +446,7 @@ fn conv_transpose3d_through_the_vendor_tier(open: Open<'_>) {
                     )
                     .unwrap();
                 let what = format!("{what} device bias_bf16={bias_bf16}");
-                expect(&report, &what);
+                served += expect(&report, &what);
                 let got = y.to_vec().unwrap();
                 let bias_b: Vec<f32> = if bias_bf16 {
                     bb.iter().map(|v| v.to_f32()).collect()
@@ -470,7 +463,8 @@ fn conv_transpose3d_through_the_vendor_tier(open: Open<'_>) {
             }
         }
     }
-    assert!(served >= 2 * 5, "the vendor tier served {served} calls");
+    // 6 cases the libraries take, 6 calls each.
+    assert!(served >= 6 * 6 * 3 / 4, "{name} served only {served} calls");
     assert!(dev.take_errors().is_empty());
 }
 

@@ -10,7 +10,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use rocm_safe::conv3d_chain::{Conv3dReport, TierKind};
 use rocm_safe::device::{Backend, BackendKind, Driver, KernelCaps, KernelOp, RawStream, Wrap};
+use rocm_safe::fallback::Failure;
 use rocm_safe::{Error, Result};
 
 /// The library name the stand-in declares (the vendor tier's name).
@@ -100,5 +102,29 @@ unsafe impl Backend for VendorStandin {
             // SAFETY: the caller's guarantees, forwarded unchanged.
             _ => unsafe { self.inner.run(op, s) },
         }
+    }
+}
+
+/// What one call's report says of the vendor tier (named `name`): `true`
+/// when it served (and nothing failed before), `false` when the library
+/// refused the call (a typed library error: cuDNN's or MIOpen's status, or
+/// a refusal before the call) and the naive tier served instead, which is
+/// printed. Anything else panics: a wrong or non-finite vendor result, a
+/// fault, another tier serving.
+pub fn vendor_served(what: &str, report: &Conv3dReport, name: &str) -> bool {
+    let failures: Vec<_> = report.failures().collect();
+    match (report.served_by(), &failures[..]) {
+        (Some(TierKind::Vendor), []) => {
+            assert_eq!(report.served().map(|a| a.name.as_str()), Some(name));
+            true
+        }
+        (
+            Some(TierKind::Naive),
+            [(a, Failure::Error(e @ (Error::Conv3dCudnn { .. } | Error::Conv3dMiopen { .. })))],
+        ) if a.kind == TierKind::Vendor && name != STANDIN => {
+            eprintln!("{what}: the library refused the call ({e}); the naive tier served");
+            false
+        }
+        _ => panic!("{what}: {report}"),
     }
 }
