@@ -1,5 +1,6 @@
 //! Issue 21, item 4: the gradients of a conv3d (input, weight, bias)
-//! through the chain (`conv_transpose3d`: `tests/conv3d_transpose.rs`).
+//! through the chain (`conv_transpose3d`: `tests/conv3d_transpose.rs`),
+//! the vendor tier forbidden (its tests: `tests/conv3d_vendor_backward.rs`).
 //!
 //! The f64 references are tested against the forward reference (each
 //! gradient is the adjoint of the forward convolution: `<conv(x, w), dy> =
@@ -12,10 +13,9 @@
 //! `--include-ignored`, on a CUDA or HIP device.
 
 mod common;
-use common::conv3d::{cases, values, Case};
-use common::conv3d_backward::{assert_backward_close, chain, to_bf16, Buf};
+use common::conv3d::{cases, Case};
+use common::conv3d_backward::{assert_backward_close, chain, run_on_device, to_bf16, Grads};
 use common::Open;
-use half::bf16;
 use rocm_safe::conv3d::{
     backward_reference, reference, Conv3dBackwardOp, Conv3dBackwardProblem, Conv3dData,
     Conv3dGeometry, Conv3dParams, Conv3dProblem,
@@ -27,59 +27,7 @@ use rocm_safe::conv3d_chain::{
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
 use rocm_safe::device::Device;
 use rocm_safe::fallback::{Failure, Outcome};
-use rocm_safe::{Error, Result};
-
-/// Operands of one backward test: x, w, dy (f32 and bf16).
-struct Grads {
-    x: Vec<f32>,
-    w: Vec<f32>,
-    dy: Vec<f32>,
-    xb: Vec<bf16>,
-    wb: Vec<bf16>,
-    dyb: Vec<bf16>,
-    g: Conv3dGeometry,
-}
-impl Grads {
-    fn new(case: &Case) -> Grads {
-        let g = Conv3dGeometry::new(case.params, &case.input, &case.weight).unwrap();
-        let x = values(case.input.iter().product(), 11);
-        let w = values(case.weight.iter().product(), 12);
-        let dy = values(g.output_len(), 13);
-        Grads {
-            xb: to_bf16(&x),
-            wb: to_bf16(&w),
-            dyb: to_bf16(&dy),
-            x,
-            w,
-            dy,
-            g,
-        }
-    }
-
-    fn problem<'a>(&'a self, op: Conv3dBackwardOp, bf: bool) -> Conv3dBackwardProblem<'a> {
-        let choose = |v: &'a [f32], b: &'a [bf16]| {
-            if bf {
-                Conv3dData::BF16(b)
-            } else {
-                Conv3dData::F32(v)
-            }
-        };
-        let dy = choose(&self.dy, &self.dyb);
-        let other = match op {
-            Conv3dBackwardOp::Data => Some(choose(&self.w, &self.wb)),
-            Conv3dBackwardOp::Weight => Some(choose(&self.x, &self.xb)),
-            Conv3dBackwardOp::Bias => None,
-            other => panic!("no operands for {other:?}"),
-        };
-        let g = match op {
-            Conv3dBackwardOp::Bias => {
-                Conv3dGeometry::for_bias_grad(&self.g.output_shape()).unwrap()
-            }
-            _ => self.g,
-        };
-        Conv3dBackwardProblem::new(op, g, dy, other, None).unwrap()
-    }
-}
+use rocm_safe::Error;
 
 const OPS: [Conv3dBackwardOp; 3] = [
     Conv3dBackwardOp::Data,
@@ -140,12 +88,13 @@ fn references_are_the_adjoints_of_the_forward_reference() {
         }
     }
 }
-/// The report's skips before the naive tier: vendor unavailable (no
-/// backward binding), tiled unsupported (no tiled backward kernel).
+/// The report's skips before the naive tier: vendor forbidden (the
+/// common chain's option: its tests are `tests/conv3d_vendor_backward.rs`),
+/// tiled unsupported (no tiled backward kernel).
 fn assert_gpu_skips(report: &Conv3dReport) {
     let vendor = &report.attempts[0];
     assert!(
-        matches!(&vendor.outcome, Outcome::Skipped(why) if why.starts_with("unavailable")),
+        matches!(&vendor.outcome, Outcome::Skipped(why) if why.starts_with("forbidden")),
         "{report}"
     );
     let tiled = &report.attempts[1];
@@ -154,50 +103,6 @@ fn assert_gpu_skips(report: &Conv3dReport) {
         "{report}"
     );
 }
-/// `p` through the device entry points of `chain` on a new stream of
-/// `dev`: the report or error, and the result read back.
-fn run_on_device(
-    chain: &Conv3dChain,
-    dev: &Device,
-    p: &Conv3dBackwardProblem<'_>,
-) -> (Result<Conv3dReport>, Vec<f32>) {
-    let s = dev.stream().unwrap();
-    let g = p.geometry;
-    let dy = Buf::up(&s, p.grad_output);
-    let other = p.other.map(|o| Buf::up(&s, o));
-    let mut out = s.alloc_zeros::<f32>(p.output_len().max(1)).unwrap();
-    let mut all = out.view_mut();
-    let mut view = all.slice_mut(..p.output_len()).unwrap();
-    let r = match (p.op, &other) {
-        (Conv3dBackwardOp::Data, Some(w)) => chain.backward_device(
-            &s,
-            g.params,
-            &g.input_shape(),
-            &g.weight_shape(),
-            BackwardInputs::Data {
-                grad_output: dy.data(),
-                weight: w.data(),
-            },
-            &mut view,
-        ),
-        (Conv3dBackwardOp::Weight, Some(x)) => chain.backward_device(
-            &s,
-            g.params,
-            &g.input_shape(),
-            &g.weight_shape(),
-            BackwardInputs::Weight {
-                input: x.data(),
-                grad_output: dy.data(),
-            },
-            &mut view,
-        ),
-        _ => chain.backward_bias_device(&s, dy.data(), &g.output_shape(), &mut view),
-    };
-    let mut host = out.to_vec().unwrap();
-    host.truncate(p.output_len());
-    (r, host)
-}
-
 /// Every op, every case, f32 and bf16, host and device entry points:
 /// served by the naive kernels (the CPU where a call is zero-sized), equal
 /// to the f64 reference at f32 accuracy.

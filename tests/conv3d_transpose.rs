@@ -3,21 +3,25 @@
 //!
 //! The transposed convolution's f64 reference is tested against its
 //! scatter definition written here; the chain's result (the naive GPU
-//! kernels) against both, on the host (`run_backward`) and on device
-//! memory (`conv_transpose3d_device`), with groups, stride, dilation,
-//! padding and output_padding; and the verify mode's check of an output
-//! something else computed. Each device test runs on the host backend here
+//! kernels, the vendor tier forbidden; and separately the vendor tier:
+//! cuDNN or MIOpen on a GPU, a stand-in library on the host backend)
+//! against both, on the host (`run_backward`) and on device memory
+//! (`conv_transpose3d_device`), with groups, stride, dilation, padding and
+//! output_padding; and the verify mode's check of an output something else
+//! computed. Each device test runs on the host backend here
 //! and, with `--include-ignored`, on a CUDA or HIP device.
 
 mod common;
 
 use common::conv3d::values;
 use common::conv3d_backward::{assert_backward_close, chain, to_bf16, Buf};
+use common::vendor_standin::{vendor_served, with_vendor_backward};
+use common::Open;
 use half::bf16;
 use rocm_safe::conv3d::{backward_reference, Conv3dBackwardProblem, Conv3dData, Conv3dParams};
-use rocm_safe::conv3d_chain::TierKind;
+use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dReport, TierKind};
 use rocm_safe::device::Device;
-use rocm_safe::fallback::Failure;
+use rocm_safe::fallback::{Failure, Outcome};
 use rocm_safe::Error;
 
 /// One transposed-convolution case.
@@ -371,4 +375,101 @@ fn conv_transpose3d_verify(dev: &Device) {
         assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
     }
 }
-per_device!(conv_transpose3d_verify, conv_transpose3d_through_the_chain);
+/// conv_transpose3d through the vendor tier (cuDNN's or MIOpen's backward
+/// data call on a GPU, which it requires there; the stand-in library of
+/// `common/vendor_standin.rs` on the host backend): every case, f32 and
+/// bf16 operands, host and device entry points, f32 and bf16 biases (added
+/// after the library's call), equal to the scatter definition; served by
+/// the vendor tier, except where output_padding reaches the stride (the
+/// libraries refuse it: skipped as unsupported, the naive tier serves).
+fn conv_transpose3d_through_the_vendor_tier(open: Open<'_>) {
+    let (b, name) = with_vendor_backward(open);
+    let dev = Device::from_backend(b);
+    let chain = Conv3dChain::for_device(&dev);
+    let mut served = 0;
+    for c in tcases() {
+        let t = Tdata::new(&c);
+        for bf in [false, true] {
+            let p = t.problem(&c, bf);
+            let what = format!("{} bf16={bf}", c.name);
+            // Served by the vendor tier (or, printed, the naive tier where
+            // the library refuses the call), except where it is skipped.
+            let expect = |report: &Conv3dReport, what: &str| {
+                if p.geometry.output_is_forward() {
+                    return usize::from(vendor_served(what, report, &name));
+                }
+                assert_eq!(
+                    report.served_by(),
+                    Some(TierKind::Naive),
+                    "{what}: {report}"
+                );
+                assert!(
+                    matches!(&report.attempts[0].outcome, Outcome::Skipped(w) if w.contains("not the forward output")),
+                    "{what}: {report}"
+                );
+                assert_eq!(report.failures().count(), 0, "{what}: {report}");
+                0
+            };
+            let (out, report) = chain.run_backward(&p).unwrap();
+            served += expect(&report, &what);
+            assert_backward_close(&what, &p, &out, 1e-4);
+            let (x, w) = if bf {
+                (
+                    t.xb.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+                    t.wb.iter().map(|v| v.to_f32()).collect(),
+                )
+            } else {
+                (t.x.clone(), t.w.clone())
+            };
+            for bias_bf16 in [false, true] {
+                let s = dev.stream().unwrap();
+                let xd = Buf::up(&s, p.grad_output);
+                let wd = Buf::up(&s, p.other.unwrap());
+                let bb = to_bf16(&t.b);
+                let bd = match (c.bias, bias_bf16) {
+                    (false, _) => None,
+                    (true, false) => Some(Buf::up(&s, Conv3dData::F32(&t.b))),
+                    (true, true) => Some(Buf::up(&s, Conv3dData::BF16(&bb))),
+                };
+                let mut y = s.alloc_zeros::<f32>(out.len()).unwrap();
+                let report = chain
+                    .conv_transpose3d_device(
+                        &s,
+                        c.params,
+                        c.output_padding,
+                        xd.data(),
+                        &c.input,
+                        wd.data(),
+                        &c.weight,
+                        bd.as_ref().map(Buf::data),
+                        &mut y.view_mut(),
+                    )
+                    .unwrap();
+                let what = format!("{what} device bias_bf16={bias_bf16}");
+                served += expect(&report, &what);
+                let got = y.to_vec().unwrap();
+                let bias_b: Vec<f32> = if bias_bf16 {
+                    bb.iter().map(|v| v.to_f32()).collect()
+                } else {
+                    t.b.clone()
+                };
+                let (_, want) = scatter_transpose(&c, &x, &w, c.bias.then_some(&bias_b[..]));
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(*g) - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                        "{what}: {i}: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+    // 6 cases the libraries take, 6 calls each.
+    assert!(served >= 6 * 6 * 3 / 4, "{name} served only {served} calls");
+    assert!(dev.take_errors().is_empty());
+}
+
+per_device!(
+    conv_transpose3d_verify,
+    conv_transpose3d_through_the_chain,
+    conv_transpose3d_through_the_vendor_tier,
+);

@@ -132,9 +132,11 @@ def conv3d(
     of their device; on the CPU it runs on rocm-safe's host backend. The
     output is allocated by torch. Differentiable: when an input needs
     gradients the call is a ``torch.autograd.Function`` whose backward runs
-    the chain's backward ops (input, weight and bias gradients through the
-    naive GPU kernels, then the CPU; the vendor and tiled tiers have no
-    backward ops), each result checked as the forward one is.
+    the chain's backward ops (input and weight gradients through the vendor
+    library's backward calls where it has them, in f32, then the naive GPU
+    kernels, then the CPU; the bias gradient through the naive kernel, then
+    the CPU; the tiled tier has no backward ops), each result checked as the
+    forward one is.
 
     Errors: ``TypeError`` for other dtypes or non-tensors, ``ValueError``
     for shapes, devices and parameters the chain does not take,
@@ -342,11 +344,13 @@ def conv_transpose3d(
     dilation: Any = 1,
 ) -> torch.Tensor:
     """``torch.nn.functional.conv_transpose3d`` (same signature) through
-    rocm-safe's chain: the naive GPU kernel (the gather form of the input
-    gradient, which a transposed convolution is), then the CPU, each result
-    checked (NaN/Inf scan, sampled points against an f64 reference) before
-    it is returned; the vendor tier is skipped (its bindings have no
-    backward-data call) and the tiled tier too (no tiled kernel for it).
+    rocm-safe's chain: the vendor library's backward-data call (cuDNN /
+    MIOpen, in f32; bf16 operands widened first; the bias added after),
+    then the naive GPU kernel (the gather form of the input gradient, which
+    a transposed convolution is), then the CPU, each result checked (NaN/Inf
+    scan, sampled points against an f64 reference) before it is returned;
+    the tiled tier is skipped (no tiled kernel for it), the vendor tier too
+    where ``output_padding`` reaches the stride (the libraries refuse it).
 
     Input ``[N, C_in, D, H, W]`` (or unbatched ``[C_in, D, H, W]``), weight
     ``[C_in, C_out/groups, KD, KH, KW]``, optional bias ``[C_out]``, all

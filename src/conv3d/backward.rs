@@ -227,6 +227,17 @@ impl Conv3dGeometry {
         })
     }
 
+    /// Whether `output` is what the forward formula gives for `input`
+    /// (`(D + 2 * padding - dilation * (KD - 1) - 1) / stride + 1` per
+    /// axis): true for every geometry of [`Conv3dGeometry::new`], false for
+    /// a [`Conv3dGeometry::transposed`] one whose `output_padding` reaches
+    /// the stride (its output is then shorter). The vendor libraries take
+    /// only the first kind: their `dy` must be the forward output of `dx`.
+    pub fn output_is_forward(&self) -> bool {
+        Conv3dGeometry::new(self.params, &self.input_shape(), &self.weight_shape())
+            .is_ok_and(|f| f.output == self.output)
+    }
+
     /// The geometry a bias gradient of `dy` `[N, K, OD, OH, OW]` is computed
     /// over (only `batch`, `out_channels` and `output` matter: a 1x1x1
     /// depthwise convolution whose output is `dy`'s shape).

@@ -3,11 +3,17 @@
 //! same tiers, checks, statistics and reports as the forward call.
 //!
 //! A backward problem ([`Conv3dBackwardProblem`]) goes down the tiers that
-//! take it ([`Conv3dTier::support_backward`]): the vendor tier is skipped
-//! as unavailable (the vendor bindings have no backward call), the tiled
-//! tier as unsupported (no tiled backward kernel), the naive tier runs the
-//! gather kernels of `hip-kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU
-//! tier the CPU kernels. Every result is checked as a forward output is:
+//! take it ([`Conv3dTier::support_backward`]): the vendor tier runs the
+//! data and weight gradients through its library
+//! (`cudnnConvolutionBackwardData/Filter`,
+//! `miopenConvolutionBackwardData/Weights`, in f32: bf16 operands are
+//! widened on the device first; a `conv_transpose3d` bias is added after)
+//! and is skipped as unsupported for the bias gradient (no library call)
+//! and as unavailable where its library, or the library's backward calls,
+//! are absent (always on the host backend); the tiled tier is skipped as
+//! unsupported (no tiled backward kernel); the naive tier runs the gather
+//! kernels of `hip-kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU tier the
+//! CPU kernels. Every result is checked as a forward output is:
 //! the non-finite scan (a NaN or infinity from finite operands fails the
 //! tier unless the f64 reference there is beyond the f32 range:
 //! [`Error::Conv3dOverflow`]) and sampled points recomputed in f64
@@ -16,8 +22,8 @@
 //!
 //! On device memory ([`Conv3dChain::backward_device`],
 //! [`Conv3dChain::backward_bias_device`],
-//! [`Conv3dChain::conv_transpose3d_device`]) the naive tier of the
-//! stream's device reads and writes in place on the caller's stream and
+//! [`Conv3dChain::conv_transpose3d_device`]) the vendor and naive tiers of
+//! the stream's device read and write in place on the caller's stream and
 //! the checks run on the device (`conv3d_bwd_check_*`), read back in one
 //! small copy, as [`Conv3dChain::run_device`] does.
 
@@ -135,32 +141,44 @@ pub(super) fn run_backward_on_host_then_copy(
     out.copy_htod(ops.stream, &host)
 }
 
-/// The backward op of `ops` on its device, through `Stream`'s entry points
-/// (what the naive tier runs on the operands in place).
+/// The backward op of `ops` on its device, in place on its stream, through
+/// `Stream`'s entry points: the naive kernels (`conv3d_backward_*`), or
+/// with `vendor` the vendor library (`conv3d_backward_*_vendor`: Data and
+/// Weight only).
 pub(super) fn run_backward_views(
     ops: &DeviceBackwardOperands<'_, '_>,
+    vendor: bool,
     out: &mut DeviceViewMut<'_, f32>,
 ) -> Result<()> {
     fn typed<T: Element>(
         ops: &DeviceBackwardOperands<'_, '_>,
+        vendor: bool,
         dy: &DeviceView<'_, T>,
         other: Option<&DeviceView<'_, T>>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
         let (s, g) = (ops.stream, &ops.geometry);
-        match (ops.op, other) {
-            (Conv3dBackwardOp::Data, Some(w)) => s.conv3d_backward_data(g, dy, w, ops.bias, out),
-            (Conv3dBackwardOp::Weight, Some(x)) => s.conv3d_backward_weight(g, x, dy, out),
-            (Conv3dBackwardOp::Bias, None) => s.conv3d_backward_bias(g, dy, out),
+        match (ops.op, other, vendor) {
+            (Conv3dBackwardOp::Data, Some(w), false) => {
+                s.conv3d_backward_data(g, dy, w, ops.bias, out)
+            }
+            (Conv3dBackwardOp::Data, Some(w), true) => {
+                s.conv3d_backward_data_vendor(g, dy, w, ops.bias, out)
+            }
+            (Conv3dBackwardOp::Weight, Some(x), false) => s.conv3d_backward_weight(g, x, dy, out),
+            (Conv3dBackwardOp::Weight, Some(x), true) => {
+                s.conv3d_backward_weight_vendor(g, x, dy, out)
+            }
+            (Conv3dBackwardOp::Bias, None, false) => s.conv3d_backward_bias(g, dy, out),
             _ => Err(operands_refused()),
         }
     }
     use DeviceConv3dData::{BF16, F32};
     match (ops.grad_output, ops.other) {
-        (F32(dy), Some(F32(o))) => typed(ops, &dy, Some(&o), out),
-        (F32(dy), None) => typed(ops, &dy, None, out),
-        (BF16(dy), Some(BF16(o))) => typed(ops, &dy, Some(&o), out),
-        (BF16(dy), None) => typed(ops, &dy, None, out),
+        (F32(dy), Some(F32(o))) => typed(ops, vendor, &dy, Some(&o), out),
+        (F32(dy), None) => typed(ops, vendor, &dy, None, out),
+        (BF16(dy), Some(BF16(o))) => typed(ops, vendor, &dy, Some(&o), out),
+        (BF16(dy), None) => typed(ops, vendor, &dy, None, out),
         (dy, Some(o)) => Err(dtype_mismatch(ops.op, o.dtype(), dy.dtype())),
     }
 }

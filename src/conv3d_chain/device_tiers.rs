@@ -2,8 +2,9 @@
 //!
 //! The GPU tiers, per [`Device`]: each uploads the problem, runs one
 //! conv3d on the device through the [`Backend`](crate::device::Backend)
-//! trait ([`Stream::conv3d`] or [`Stream::conv3d_vendor`]), and downloads
-//! the output. So they run on every backend: HIP, CUDA, the host backend
+//! trait ([`Stream::conv3d`] or [`Stream::conv3d_vendor`]; for the backward
+//! ops the naive tier's kernels and the vendor tier's library), and
+//! downloads the output. So they run on every backend: HIP, CUDA, the host backend
 //! (whose "kernels" are the CPU code, so the whole path runs in CI), and
 //! [`Faults`](crate::device::faults::Faults) wrapping any of them.
 //!
@@ -211,16 +212,21 @@ fn run_views<T: Element + Default>(
     }
 }
 
-/// Upload, run the backward op of `p` on `device`, download into `out`.
-fn run_backward_on(device: &Device, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
+/// Upload, run the backward op of `p` on `device` (by its vendor library
+/// with `vendor`, else the naive kernels), download into `out`.
+fn run_backward_on(
+    device: &Device,
+    vendor: bool,
+    p: &Conv3dBackwardProblem<'_>,
+    out: &mut [f32],
+) -> Result<()> {
     let s = device.stream()?;
+    let s = (&s, vendor);
     match (p.grad_output, p.other) {
-        (Conv3dData::F32(dy), Some(Conv3dData::F32(o))) => backward_typed(&s, p, dy, Some(o), out),
-        (Conv3dData::F32(dy), None) => backward_typed::<f32>(&s, p, dy, None, out),
-        (Conv3dData::BF16(dy), Some(Conv3dData::BF16(o))) => {
-            backward_typed(&s, p, dy, Some(o), out)
-        }
-        (Conv3dData::BF16(dy), None) => backward_typed::<half::bf16>(&s, p, dy, None, out),
+        (Conv3dData::F32(dy), Some(Conv3dData::F32(o))) => backward_typed(s, p, dy, Some(o), out),
+        (Conv3dData::F32(dy), None) => backward_typed::<f32>(s, p, dy, None, out),
+        (Conv3dData::BF16(dy), Some(Conv3dData::BF16(o))) => backward_typed(s, p, dy, Some(o), out),
+        (Conv3dData::BF16(dy), None) => backward_typed::<half::bf16>(s, p, dy, None, out),
         (dy, Some(o)) => Err(crate::Error::Conv3dDType {
             tensor: "input",
             dtype: o.dtype(),
@@ -230,7 +236,7 @@ fn run_backward_on(device: &Device, p: &Conv3dBackwardProblem<'_>, out: &mut [f3
 }
 
 fn backward_typed<T: Element + Default>(
-    s: &Stream,
+    (s, vendor): (&Stream, bool),
     p: &Conv3dBackwardProblem<'_>,
     dy: &[T],
     other: Option<&[T]>,
@@ -250,18 +256,21 @@ fn backward_typed<T: Element + Default>(
     };
     let mut y = s.alloc_zeros::<f32>(p.output_len())?;
     let (dyv, ov) = (dyd.view(), od.as_ref().map(|o| o.view()));
-    match (p.op, ov) {
-        (Conv3dBackwardOp::Data, Some(w)) => s.conv3d_backward_data(
-            g,
-            &dyv,
-            &w,
-            bd.as_ref().map(|b| b.view()),
-            &mut y.view_mut(),
-        )?,
-        (Conv3dBackwardOp::Weight, Some(x)) => {
-            s.conv3d_backward_weight(g, &x, &dyv, &mut y.view_mut())?
+    let (bias, mut yv) = (bd.as_ref().map(|b| b.view()), y.view_mut());
+    match (p.op, ov, vendor) {
+        (Conv3dBackwardOp::Data, Some(w), false) => {
+            s.conv3d_backward_data(g, &dyv, &w, bias, &mut yv)?
         }
-        (Conv3dBackwardOp::Bias, None) => s.conv3d_backward_bias(g, &dyv, &mut y.view_mut())?,
+        (Conv3dBackwardOp::Data, Some(w), true) => {
+            s.conv3d_backward_data_vendor(g, &dyv, &w, bias, &mut yv)?
+        }
+        (Conv3dBackwardOp::Weight, Some(x), false) => {
+            s.conv3d_backward_weight(g, &x, &dyv, &mut yv)?
+        }
+        (Conv3dBackwardOp::Weight, Some(x), true) => {
+            s.conv3d_backward_weight_vendor(g, &x, &dyv, &mut yv)?
+        }
+        (Conv3dBackwardOp::Bias, None, false) => s.conv3d_backward_bias(g, &dyv, &mut yv)?,
         _ => {
             return Err(crate::Error::Conv3dTier {
                 tier: "naive",
@@ -273,15 +282,24 @@ fn backward_typed<T: Element + Default>(
     y.copy_dtoh(out)
 }
 
-/// Why the vendor tier takes no backward op.
-const VENDOR_NO_BACKWARD: &str = concat!(
-    "the vendor bindings have no backward call (cudnnConvolutionBackwardData/Filter, ",
-    "miopenConvolutionBackwardData/Weights are not bound): the naive tier's gather kernels serve"
+/// Why the vendor tier takes no `conv_transpose3d` whose output_padding
+/// reaches the stride ([`Conv3dGeometry::output_is_forward`]).
+const VENDOR_NOT_FORWARD: &str = concat!(
+    "dy is not the forward output of the input (a conv_transpose3d output_padding at or ",
+    "past the stride): the vendor libraries refuse it, the naive tier serves"
 );
+
+/// Why the vendor tier takes no bias gradient.
+const VENDOR_NO_BIAS_GRAD: &str =
+    "the bias gradient is a reduction of dy, not a vendor call: the naive tier's kernel serves";
 
 /// The vendor library of a device as a tier: MIOpen (HIP), cuDNN (CUDA).
 /// Skipped as unavailable where the library is not installed (and always
-/// on the host backend, which has none).
+/// on the host backend, which has none). Serves the forward call, and the
+/// data and weight gradients (so `conv_transpose3d` too) where the
+/// library has its backward calls ([`Stream::conv3d_backward_data_vendor`],
+/// [`Stream::conv3d_backward_weight_vendor`]: f32 results, bf16 operands
+/// widened to f32 on the device); not the bias gradient.
 #[derive(Debug)]
 pub struct VendorTier {
     device: Device,
@@ -335,9 +353,41 @@ impl Conv3dTier for VendorTier {
     ) -> Result<()> {
         run_device_on(&self.device, Op::Vendor, self, &self.layouts, ops, out)
     }
-    /// Unavailable: the vendor bindings have no backward call.
-    fn support_backward(&self, _: Conv3dBackwardOp, _: &Conv3dGeometry) -> Support {
-        Support::Unavailable(VENDOR_NO_BACKWARD.into())
+    /// Data and Weight where the library and its backward calls are
+    /// loaded (unavailable otherwise); the bias gradient, zero-size calls
+    /// and a `conv_transpose3d` whose output_padding reaches the stride
+    /// ([`Conv3dGeometry::output_is_forward`]) are unsupported.
+    fn support_backward(&self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
+        if let Err(e) = self.device.backend().conv3d_vendor_backward_available() {
+            return Support::Unavailable(e.to_string());
+        }
+        if op == Conv3dBackwardOp::Bias {
+            return Support::Unsupported(VENDOR_NO_BIAS_GRAD.into());
+        }
+        if !g.output_is_forward() {
+            return Support::Unsupported(VENDOR_NOT_FORWARD.into());
+        }
+        match op.unsupported(g) {
+            Some(why) => Support::Unsupported(why.into()),
+            None => Support::Yes,
+        }
+    }
+    fn run_backward(&self, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
+        run_backward_on(&self.device, true, p, out)
+    }
+    /// On operands of this device: the library reads and writes in place on
+    /// the caller's stream (bf16 operands widened into its kept buffers);
+    /// otherwise the host path.
+    fn run_backward_device(
+        &self,
+        ops: &DeviceBackwardOperands<'_, '_>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        if ops.stream.device().same(&self.device) {
+            run_backward_views(ops, true, out)
+        } else {
+            run_backward_on_host_then_copy(self, ops, out)
+        }
     }
 }
 
@@ -450,7 +500,7 @@ impl Conv3dTier for NaiveTier {
         }
     }
     fn run_backward(&self, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
-        run_backward_on(&self.device, p, out)
+        run_backward_on(&self.device, false, p, out)
     }
     /// On operands of this device: the kernels read and write in place on
     /// the caller's stream; otherwise the host path.
@@ -460,7 +510,7 @@ impl Conv3dTier for NaiveTier {
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
         if ops.stream.device().same(&self.device) {
-            run_backward_views(ops, out)
+            run_backward_views(ops, false, out)
         } else {
             run_backward_on_host_then_copy(self, ops, out)
         }

@@ -39,7 +39,8 @@
 //!   transposed convolution ([`Conv3dChain::run_backward`],
 //!   [`Conv3dChain::backward_device`], [`Conv3dChain::backward_bias_device`],
 //!   [`Conv3dChain::conv_transpose3d_device`]) through the tiers that take
-//!   them ([`Conv3dTier::support_backward`]: the naive GPU kernels and the
+//!   them ([`Conv3dTier::support_backward`]: the vendor library's backward
+//!   calls for the data and weight gradients, the naive GPU kernels, the
 //!   CPU), with the same checks and reports.
 //! - A guard over another library's output ([`Conv3dGuard`]): checked on
 //!   the device and, where wrong, rewritten by the tiled kernel behind a

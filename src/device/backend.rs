@@ -203,6 +203,13 @@ pub unsafe trait Backend: Driver {
     /// is not installed or the backend has none. Cheap after the first
     /// call; a chain skips its vendor tier on `Err`.
     fn conv3d_vendor_available(&self) -> Result<()>;
+    /// Whether [`KernelOp::Conv3dBackwardVendor`] can run here: `Ok`, or
+    /// [`Error::VendorUnavailable`] when the vendor library is absent, the
+    /// backend has none, or the library lacks its backward calls (an older
+    /// library without them keeps the forward call: see
+    /// [`Backend::conv3d_vendor_available`]). Cheap after the first call; a
+    /// chain skips its vendor tier for the backward ops on `Err`.
+    fn conv3d_vendor_backward_available(&self) -> Result<()>;
 }
 
 /// One copy of [`Driver::copy`]: its direction and addresses.
@@ -362,6 +369,19 @@ pub enum KernelOp<'a> {
         /// The decision.
         args: &'a Conv3dGuardDecide,
     },
+    /// The data or weight gradient `args` describes (op
+    /// [`Conv3dBackwardOp::Data`](crate::conv3d::Conv3dBackwardOp::Data) or
+    /// [`Weight`](crate::conv3d::Conv3dBackwardOp::Weight); the weight in
+    /// the standard layout) by the vendor library
+    /// (`cudnnConvolutionBackwardData/Filter`,
+    /// `miopenConvolutionBackwardData/Weights`), the f32 result written in
+    /// full (bf16 operands are widened to f32 first; a Data bias is added
+    /// after). May wait for the stream before it returns (to free the
+    /// library's workspace). The host backend has no vendor library.
+    Conv3dBackwardVendor {
+        /// The call.
+        args: &'a Conv3dBackwardLaunch,
+    },
     /// The conv3d chain's check of a backward result on the device
     /// (`conv3d_bwd_check_*`, and with a locate slot first
     /// `conv3d_locate_nonfinite_f32`), as [`KernelOp::Conv3dCheck`].
@@ -387,6 +407,7 @@ impl KernelOp<'_> {
             KernelOp::Conv3dLayout { .. } => "conv3d_layout",
             KernelOp::Conv3dBackward { .. } => "conv3d_backward",
             KernelOp::Conv3dBackwardCheck { .. } => "conv3d_backward_check",
+            KernelOp::Conv3dBackwardVendor { .. } => "conv3d_backward_vendor",
         }
     }
 }

@@ -559,6 +559,10 @@ unsafe impl Runtime for CudaRuntime {
         super::vendor::cudnn::available()
     }
 
+    fn vendor_backward_available(&self) -> Result<()> {
+        super::vendor::cudnn::backward_available()
+    }
+
     fn vendor_open(&self) -> Result<Cudnn> {
         Cudnn::new()
     }

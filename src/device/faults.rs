@@ -17,11 +17,11 @@
 //! | `Conv3dWritesZeros` | conv3d kernels and vendor calls | the call runs, then its whole output is zeroed |
 //! | `Conv3dWritesGarbage` | conv3d kernels and vendor calls | the call runs, then its whole output is overwritten with seeded finite values of magnitude up to 1e4 |
 //! | `Conv3dWritesNonFinite` | conv3d kernels and vendor calls | the call runs, then one output point (at a seeded place) is set to NaN |
-//! | `VendorNoAlgorithm` | vendor conv3d calls | the call fails as MIOpen's "no suitable algorithm" does ([`Error::InjectedFault`]) |
+//! | `VendorNoAlgorithm` | vendor conv3d calls, forward and backward | the call fails as MIOpen's "no suitable algorithm" does ([`Error::InjectedFault`]) |
 //! | `Conv3dCheckFailure` | the conv3d chain's device checks | the check fails ([`Error::InjectedFault`]): the output it was to check is not trusted |
-//! | `Conv3dBackwardLaunchFailure` | conv3d backward kernels (gradients, transposed convolution) | the call fails ([`Error::InjectedFault`]) |
-//! | `Conv3dBackwardWritesGarbage` | conv3d backward kernels | the call runs, then its whole result is overwritten with seeded finite values of magnitude up to 1e4 |
-//! | `Conv3dBackwardWritesNonFinite` | conv3d backward kernels | the call runs, then one result element (at a seeded place) is set to NaN |
+//! | `Conv3dBackwardLaunchFailure` | conv3d backward kernels (gradients, transposed convolution) and vendor backward calls | the call fails ([`Error::InjectedFault`]) |
+//! | `Conv3dBackwardWritesGarbage` | conv3d backward kernels and vendor backward calls | the call runs, then its whole result is overwritten with seeded finite values of magnitude up to 1e4 |
+//! | `Conv3dBackwardWritesNonFinite` | conv3d backward kernels and vendor backward calls | the call runs, then one result element (at a seeded place) is set to NaN |
 //!
 //! Which operations are hit is decided by each rule's [`When`], counting
 //! the operations a kind applies to; [`When::Random`] draws from a
@@ -527,7 +527,8 @@ unsafe impl<B: Backend> Backend for Faults<B> {
         caps,
         kernel_source,
         conv3d_weight_layout,
-        conv3d_vendor_available
+        conv3d_vendor_available,
+        conv3d_vendor_backward_available
     );
 
     unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
@@ -545,7 +546,11 @@ unsafe impl<B: Backend> Backend for Faults<B> {
                 // SAFETY: as above.
                 return unsafe { self.conv3d_faults(name, args, s, || self.inner.run(op, s)) };
             }
-            KernelOp::Conv3dBackward { args } => {
+            KernelOp::Conv3dBackward { args } | KernelOp::Conv3dBackwardVendor { args } => {
+                let vendor = matches!(op, KernelOp::Conv3dBackwardVendor { .. });
+                if vendor && self.fires(FaultKind::VendorNoAlgorithm, name) {
+                    return Err(Self::injected(FaultKind::VendorNoAlgorithm, name));
+                }
                 let kinds = OutputFaults {
                     launch: FaultKind::Conv3dBackwardLaunchFailure,
                     zeros: None,

@@ -17,11 +17,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::backend::{Backend, Driver, KernelOp};
-use super::conv3d::{Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
+use super::conv3d::{Conv3dBackwardLaunch, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 use super::hostmem::{Mapping, REGISTER_MIN};
 use super::info::{KernelCaps, KernelSource, RawStream};
 use super::kernels::{Kernel, KernelCall, KernelModule};
 use super::options::Pinning;
+use super::vendor::backward::vendor_conv3d_backward;
 use super::vendor::{vendor_conv3d, VendorConv};
 use super::wrap::Wrap;
 use crate::conv3d::Conv3dGeometry;
@@ -70,6 +71,9 @@ pub(crate) unsafe trait Runtime: Driver + Sized {
     /// Whether the vendor library can be loaded here (cheap after the first
     /// call): `Ok` or [`Error::VendorUnavailable`].
     fn vendor_available(&self) -> Result<()>;
+    /// Whether the vendor library's backward calls are bound here (the
+    /// library loads and has them): `Ok` or [`Error::VendorUnavailable`].
+    fn vendor_backward_available(&self) -> Result<()>;
     /// Opens the vendor library for this device (which is current).
     fn vendor_open(&self) -> Result<Self::Vendor>;
     /// Page-locks `bytes` of host memory at `p` for this device's copies
@@ -287,26 +291,64 @@ impl<R: Runtime> Gpu<R> {
         self.rt.info().multiprocessors
     }
 
-    /// The vendor call of [`KernelOp::Conv3dVendor`].
+    /// Runs `call` with this device's vendor state (opened on first use,
+    /// under its lock, the device current) and a launcher of kernels on `s`.
     ///
     /// # Safety
-    /// As [`Backend::run`] for `args` and `s`.
-    unsafe fn vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
-        self.rt.vendor_available()?;
+    /// `s` is a live stream of this device, and `call` launches through the
+    /// launcher only kernel calls whose memory satisfies the kernel's
+    /// contract (the vendor calls' epilogues and widenings).
+    unsafe fn with_vendor(
+        &self,
+        s: RawStream,
+        call: impl FnOnce(&mut R::Vendor, &dyn Fn(KernelCall) -> Result<()>) -> Result<()>,
+    ) -> Result<()> {
         let mut slot = lock(&self.vendor);
         self.rt.bind()?;
         let lib = match &mut *slot {
             Some(v) => v,
             None => slot.insert(self.rt.vendor_open()?),
         };
-        let launch = |call| {
-            // SAFETY: vendor_conv3d launches only its epilogues, over the
-            // caller's output and bias and its own scratch, on `s`.
-            unsafe { self.launch(call, s) }
+        let launch = |k| {
+            // SAFETY: the caller's guarantees: `call` launches only the
+            // vendor calls' epilogues and widenings, over the caller's
+            // ranges and their own kept buffers, on `s`.
+            unsafe { self.launch(k, s) }
         };
-        // SAFETY: the caller's guarantees; `launch` queues on `s` of this
-        // device, whose vendor state `lib` is, with the device current.
-        unsafe { vendor_conv3d(&self.rt, lib, args, s, &launch) }
+        call(lib, &launch)
+    }
+
+    /// The vendor call of [`KernelOp::Conv3dVendor`].
+    ///
+    /// # Safety
+    /// As [`Backend::run`] for `args` and `s`.
+    unsafe fn vendor(&self, args: &Conv3dLaunch, s: RawStream) -> Result<()> {
+        self.rt.vendor_available()?;
+        let call = |lib: &mut R::Vendor, launch: &dyn Fn(KernelCall) -> Result<()>| {
+            // SAFETY: the caller's guarantees; `launch` queues on `s` of
+            // this device, whose vendor state `lib` is, with the device
+            // current.
+            unsafe { vendor_conv3d(&self.rt, lib, args, s, launch) }
+        };
+        // SAFETY: `s` is live (caller); `vendor_conv3d` launches only its
+        // epilogues over the caller's output and bias and its own scratch.
+        unsafe { self.with_vendor(s, call) }
+    }
+
+    /// The vendor call of [`KernelOp::Conv3dBackwardVendor`].
+    ///
+    /// # Safety
+    /// As [`Backend::run`] for `args` and `s`.
+    unsafe fn vendor_backward(&self, args: &Conv3dBackwardLaunch, s: RawStream) -> Result<()> {
+        self.rt.vendor_backward_available()?;
+        let call = |lib: &mut R::Vendor, launch: &dyn Fn(KernelCall) -> Result<()>| {
+            // SAFETY: as in `vendor`.
+            unsafe { vendor_conv3d_backward(&self.rt, lib, args, s, launch) }
+        };
+        // SAFETY: `s` is live (caller); `vendor_conv3d_backward` launches
+        // only its widenings (the caller's operands into its kept buffers)
+        // and the bias epilogue over the caller's result.
+        unsafe { self.with_vendor(s, call) }
     }
 }
 
@@ -420,7 +462,8 @@ unsafe impl<R: Runtime> Driver for Gpu<R> {
 
 // SAFETY: every kernel operation launches the kernel of `hip-kernels/` that
 // computes it, with the arguments and grid `kernels.rs` builds from exactly
-// the caller's ranges; the vendor call is `vendor_conv3d`'s contract.
+// the caller's ranges; the vendor calls are `vendor_conv3d`'s and
+// `vendor_conv3d_backward`'s contracts.
 unsafe impl<R: Runtime> Backend for Gpu<R> {
     fn caps(&self) -> KernelCaps {
         self.rt.caps()
@@ -434,6 +477,10 @@ unsafe impl<R: Runtime> Backend for Gpu<R> {
         let call = match *op {
             // SAFETY: the caller's guarantees (trait contract).
             KernelOp::Conv3dVendor { args } => return unsafe { self.vendor(args, s) },
+            KernelOp::Conv3dBackwardVendor { args } => {
+                // SAFETY: the caller's guarantees (trait contract).
+                return unsafe { self.vendor_backward(args, s) };
+            }
             KernelOp::Conv3dCheck { args } => {
                 for call in KernelCall::conv3d_check(args, self.mps())? {
                     // SAFETY: the ranges are the caller's (trait contract):
@@ -491,6 +538,10 @@ unsafe impl<R: Runtime> Backend for Gpu<R> {
 
     fn conv3d_vendor_available(&self) -> Result<()> {
         self.rt.vendor_available()
+    }
+
+    fn conv3d_vendor_backward_available(&self) -> Result<()> {
+        self.rt.vendor_backward_available()
     }
 }
 

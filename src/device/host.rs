@@ -336,7 +336,9 @@ unsafe impl Backend for HostBackend {
             }
             // SAFETY: the caller's guarantees are host_conv3d's.
             KernelOp::Conv3d { kernel, args } => unsafe { host_conv3d(kernel, args) },
-            KernelOp::Conv3dVendor { .. } => Err(no_vendor(BackendKind::Host)),
+            KernelOp::Conv3dVendor { .. } | KernelOp::Conv3dBackwardVendor { .. } => {
+                Err(no_vendor(BackendKind::Host))
+            }
             // SAFETY: the caller's guarantees are host_conv3d_check's.
             KernelOp::Conv3dCheck { args } => unsafe { host_conv3d_check(args) },
             // SAFETY: the caller's guarantees are host_conv3d_layout's.
@@ -360,6 +362,10 @@ unsafe impl Backend for HostBackend {
     }
 
     fn conv3d_vendor_available(&self) -> Result<()> {
+        Err(no_vendor(BackendKind::Host))
+    }
+
+    fn conv3d_vendor_backward_available(&self) -> Result<()> {
         Err(no_vendor(BackendKind::Host))
     }
 }

@@ -407,6 +407,7 @@ impl KernelCall {
             | KernelOp::Conv3dLayout { .. }
             | KernelOp::Conv3dGuardDecide { .. }
             | KernelOp::Conv3dBackward { .. }
+            | KernelOp::Conv3dBackwardVendor { .. }
             | KernelOp::Conv3dBackwardCheck { .. } => {
                 return Err(Error::BackendUnsupported {
                     backend: "gpu",

@@ -9,6 +9,7 @@
 //! | a range of device memory | [`DeviceView`], [`DeviceViewMut`] | borrowed, any element offset |
 //! | page-locked host memory | [`PinnedBuffer<T>`] | async copies; host access waits for them |
 //! | a conv3d on the device | [`Stream::conv3d`], [`Stream::conv3d_vendor`] | the conv3d chain's GPU tiers; [`Conv3dLaunch`] at the backend |
+//! | its gradients on the device | [`Stream::conv3d_backward_data`] (also `conv_transpose3d`), `_weight`, `_bias`; [`Stream::conv3d_backward_data_vendor`], `_weight_vendor` | the chain's naive and vendor tiers for the backward ops; [`Conv3dBackwardLaunch`] at the backend |
 //!
 //! Backends implement two raw, object-safe traits (addresses, handles, byte
 //! counts): [`Driver`] (memory, streams, events, copies: what differs per

@@ -227,6 +227,7 @@ macro_rules! forward_backend {
     (all) => {
         $crate::forward_backend!(
             caps, kernel_source, run, conv3d_weight_layout, conv3d_vendor_available,
+            conv3d_vendor_backward_available,
         );
     };
     ($($method:ident),+ $(,)?) => {
@@ -266,6 +267,12 @@ macro_rules! forward_backend {
     (@one conv3d_vendor_available) => {
         fn conv3d_vendor_available(&self) -> $crate::Result<()> {
             $crate::device::Backend::conv3d_vendor_available($crate::device::Wrap::inner(self))
+        }
+    };
+    (@one conv3d_vendor_backward_available) => {
+        fn conv3d_vendor_backward_available(&self) -> $crate::Result<()> {
+            let inner = $crate::device::Wrap::inner(self);
+            $crate::device::Backend::conv3d_vendor_backward_available(inner)
         }
     };
 }

@@ -102,15 +102,18 @@ pub enum FaultKind {
     Conv3dWritesGarbage,
     /// A conv3d kernel or vendor call writes a NaN.
     Conv3dWritesNonFinite,
-    /// The vendor library finds no algorithm for a conv3d.
+    /// The vendor library finds no algorithm for a conv3d (forward or
+    /// backward).
     VendorNoAlgorithm,
     /// The conv3d chain's device check (`device::KernelOp::Conv3dCheck`) fails.
     Conv3dCheckFailure,
-    /// A conv3d backward kernel (`device::KernelOp::Conv3dBackward`) fails.
+    /// A conv3d backward kernel (`device::KernelOp::Conv3dBackward`) or
+    /// vendor backward call (`Conv3dBackwardVendor`) fails.
     Conv3dBackwardLaunchFailure,
-    /// A conv3d backward kernel writes garbage (finite values).
+    /// A conv3d backward kernel or vendor backward call writes garbage
+    /// (finite values).
     Conv3dBackwardWritesGarbage,
-    /// A conv3d backward kernel writes a NaN.
+    /// A conv3d backward kernel or vendor backward call writes a NaN.
     Conv3dBackwardWritesNonFinite,
 }
 

@@ -1,12 +1,20 @@
 //! Shared by the tests of conv3d gradients and `conv_transpose3d`
-//! (`tests/conv3d_backward.rs`, `tests/conv3d_transpose.rs`): bf16
-//! operands, the comparison with the f64 backward reference, the chain of
-//! a device, and operands uploaded as f32 or bf16.
+//! (`tests/conv3d_backward.rs`, `tests/conv3d_transpose.rs`,
+//! `tests/conv3d_vendor_backward.rs`): bf16 operands, the operands of a
+//! case ([`Grads`]), the comparison with the f64 backward reference, the
+//! chain of a device, operands uploaded as f32 or bf16, and a problem run
+//! through the chain's device entry points.
 
+use super::conv3d::{values, Case};
 use half::bf16;
-use rocm_safe::conv3d::{backward_reference_point, Conv3dBackwardProblem, Conv3dData};
-use rocm_safe::conv3d_chain::{Conv3dChain, DeviceConv3dData};
+use rocm_safe::conv3d::{
+    backward_reference_point, Conv3dBackwardOp, Conv3dBackwardProblem, Conv3dData, Conv3dGeometry,
+};
+use rocm_safe::conv3d_chain::{
+    BackwardInputs, Conv3dChain, Conv3dReport, DeviceConv3dData, TierKind,
+};
 use rocm_safe::device::{Device, DeviceBuffer, Stream};
+use rocm_safe::Result;
 
 pub fn to_bf16(v: &[f32]) -> Vec<bf16> {
     v.iter().map(|&x| bf16::from_f32(x)).collect()
@@ -29,9 +37,13 @@ pub fn assert_backward_close(what: &str, p: &Conv3dBackwardProblem<'_>, out: &[f
     }
 }
 
-/// The chain of `dev` (its vendor tier is skipped: no backward binding).
+/// The chain of `dev` without its vendor tier (forbidden: these tests are
+/// of the naive kernels and the CPU; `tests/conv3d_vendor_backward.rs` and
+/// the vendor tests of `tests/conv3d_transpose.rs` are the vendor tier's).
 pub fn chain(dev: &Device) -> Conv3dChain {
-    Conv3dChain::for_device(dev)
+    let mut c = Conv3dChain::for_device(dev);
+    c.options_mut().forbid = vec![TierKind::Vendor];
+    c
 }
 
 pub enum Buf {
@@ -53,4 +65,100 @@ impl Buf {
             Buf::BF16(b) => DeviceConv3dData::BF16(b.view()),
         }
     }
+}
+
+/// Operands of one backward test: x, w, dy (f32 and bf16).
+pub struct Grads {
+    pub x: Vec<f32>,
+    pub w: Vec<f32>,
+    pub dy: Vec<f32>,
+    pub xb: Vec<bf16>,
+    pub wb: Vec<bf16>,
+    pub dyb: Vec<bf16>,
+    pub g: Conv3dGeometry,
+}
+impl Grads {
+    pub fn new(case: &Case) -> Grads {
+        let g = Conv3dGeometry::new(case.params, &case.input, &case.weight).unwrap();
+        let x = values(case.input.iter().product(), 11);
+        let w = values(case.weight.iter().product(), 12);
+        let dy = values(g.output_len(), 13);
+        Grads {
+            xb: to_bf16(&x),
+            wb: to_bf16(&w),
+            dyb: to_bf16(&dy),
+            x,
+            w,
+            dy,
+            g,
+        }
+    }
+
+    pub fn problem<'a>(&'a self, op: Conv3dBackwardOp, bf: bool) -> Conv3dBackwardProblem<'a> {
+        let choose = |v: &'a [f32], b: &'a [bf16]| {
+            if bf {
+                Conv3dData::BF16(b)
+            } else {
+                Conv3dData::F32(v)
+            }
+        };
+        let dy = choose(&self.dy, &self.dyb);
+        let other = match op {
+            Conv3dBackwardOp::Data => Some(choose(&self.w, &self.wb)),
+            Conv3dBackwardOp::Weight => Some(choose(&self.x, &self.xb)),
+            Conv3dBackwardOp::Bias => None,
+            other => panic!("no operands for {other:?}"),
+        };
+        let g = match op {
+            Conv3dBackwardOp::Bias => {
+                Conv3dGeometry::for_bias_grad(&self.g.output_shape()).unwrap()
+            }
+            _ => self.g,
+        };
+        Conv3dBackwardProblem::new(op, g, dy, other, None).unwrap()
+    }
+}
+
+/// `p` through the device entry points of `chain` on a new stream of
+/// `dev`: the report or error, and the result read back.
+pub fn run_on_device(
+    chain: &Conv3dChain,
+    dev: &Device,
+    p: &Conv3dBackwardProblem<'_>,
+) -> (Result<Conv3dReport>, Vec<f32>) {
+    let s = dev.stream().unwrap();
+    let g = p.geometry;
+    let dy = Buf::up(&s, p.grad_output);
+    let other = p.other.map(|o| Buf::up(&s, o));
+    let mut out = s.alloc_zeros::<f32>(p.output_len().max(1)).unwrap();
+    let mut all = out.view_mut();
+    let mut view = all.slice_mut(..p.output_len()).unwrap();
+    let r = match (p.op, &other) {
+        (Conv3dBackwardOp::Data, Some(w)) => chain.backward_device(
+            &s,
+            g.params,
+            &g.input_shape(),
+            &g.weight_shape(),
+            BackwardInputs::Data {
+                grad_output: dy.data(),
+                weight: w.data(),
+            },
+            &mut view,
+        ),
+        (Conv3dBackwardOp::Weight, Some(x)) => chain.backward_device(
+            &s,
+            g.params,
+            &g.input_shape(),
+            &g.weight_shape(),
+            BackwardInputs::Weight {
+                input: x.data(),
+                grad_output: dy.data(),
+            },
+            &mut view,
+        ),
+        _ => chain.backward_bias_device(&s, dy.data(), &g.output_shape(), &mut view),
+    };
+    let mut host = out.to_vec().unwrap();
+    host.truncate(p.output_len());
+    (r, host)
 }

@@ -18,6 +18,7 @@ pub mod st;
 pub mod st_files;
 pub mod tamper;
 pub mod transfer;
+pub mod vendor_standin;
 
 #[allow(unused_imports)]
 pub use device::Open;

@@ -96,7 +96,8 @@ unsafe impl Backend for Tamper {
         caps,
         kernel_source,
         conv3d_weight_layout,
-        conv3d_vendor_available
+        conv3d_vendor_available,
+        conv3d_vendor_backward_available
     );
     unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
         // SAFETY: forwards the caller's guarantees to the wrapped backend;

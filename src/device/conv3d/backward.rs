@@ -1,6 +1,7 @@
 //! The backward ops of a conv3d on a device ([`Conv3dBackwardLaunch`]:
 //! the input's gradient, which is also the transposed convolution, the
-//! weight's and the bias's), their sampled-point check
+//! weight's and the bias's; the first two also by the vendor library),
+//! their sampled-point check
 //! ([`Conv3dBackwardCheckLaunch`]), the safe entry points on [`Stream`],
 //! and the host backend's emulation of both (the CPU kernels and the f64
 //! references of [`crate::conv3d`]).
@@ -155,24 +156,30 @@ impl Stream {
         })
     }
 
+    /// The backward op `op` by the naive kernels, or with `vendor` by the
+    /// vendor library ([`KernelOp::Conv3dBackwardVendor`]).
     fn conv3d_backward<T: Element>(
         &self,
-        op: Conv3dBackwardOp,
+        (op, vendor): (Conv3dBackwardOp, bool),
         g: &Conv3dGeometry,
         operands: (&DeviceView<'_, T>, Option<&DeviceView<'_, T>>),
         bias: Option<DeviceView<'_, f32>>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
+        let tier = if vendor { "vendor" } else { "naive" };
         let launch =
-            self.conv3d_backward_launch((op, "naive"), g, operands, bias.as_ref(), &out.as_view())?;
+            self.conv3d_backward_launch((op, tier), g, operands, bias.as_ref(), &out.as_view())?;
+        let args = &launch;
+        let op = if vendor {
+            KernelOp::Conv3dBackwardVendor { args }
+        } else {
+            KernelOp::Conv3dBackward { args }
+        };
         // SAFETY: every view is a live range of this stream's device with
         // exactly its shape's length (checked above), aligned to its
         // element; `out` is borrowed mutably (nothing else writes it); the
         // call is not zero-sized.
-        unsafe {
-            self.backend()
-                .run(&KernelOp::Conv3dBackward { args: &launch }, self.raw())
-        }
+        unsafe { self.backend().run(&op, self.raw()) }
     }
 
     /// Queues the input gradient of the forward convolution `g` on this
@@ -194,7 +201,47 @@ impl Stream {
         grad_input: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
         let ops = (grad_output, Some(weight));
-        self.conv3d_backward(Conv3dBackwardOp::Data, g, ops, bias, grad_input)
+        self.conv3d_backward((Conv3dBackwardOp::Data, false), g, ops, bias, grad_input)
+    }
+
+    /// [`Stream::conv3d_backward_data`] by the vendor library (cuDNN's
+    /// `cudnnConvolutionBackwardData`, MIOpen's
+    /// `miopenConvolutionBackwardData`): bf16 operands are widened to f32
+    /// on the device first and the library computes in f32 (its bf16 call
+    /// would write a bf16 result), then `bias` is added
+    /// (`conv3d_bias_f32`). The backend may wait for the stream before
+    /// returning (it keeps or frees its workspace).
+    ///
+    /// Errors: as [`Stream::conv3d_backward_data`] (a zero-size call is
+    /// [`Error::Conv3dTier`] `"vendor"`); [`Error::VendorUnavailable`]
+    /// when the backend has no vendor library, or one without its backward
+    /// calls; the library's own error (`Error::Conv3dCudnn`,
+    /// [`Error::Conv3dMiopen`]) when it refuses the call.
+    pub fn conv3d_backward_data_vendor<T: Element>(
+        &self,
+        g: &Conv3dGeometry,
+        grad_output: &DeviceView<'_, T>,
+        weight: &DeviceView<'_, T>,
+        bias: Option<DeviceView<'_, f32>>,
+        grad_input: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let ops = (grad_output, Some(weight));
+        self.conv3d_backward((Conv3dBackwardOp::Data, true), g, ops, bias, grad_input)
+    }
+
+    /// [`Stream::conv3d_backward_weight`] by the vendor library (cuDNN's
+    /// `cudnnConvolutionBackwardFilter`, MIOpen's
+    /// `miopenConvolutionBackwardWeights`), in f32 as
+    /// [`Stream::conv3d_backward_data_vendor`]. Errors as that.
+    pub fn conv3d_backward_weight_vendor<T: Element>(
+        &self,
+        g: &Conv3dGeometry,
+        input: &DeviceView<'_, T>,
+        grad_output: &DeviceView<'_, T>,
+        grad_weight: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let ops = (grad_output, Some(input));
+        self.conv3d_backward((Conv3dBackwardOp::Weight, true), g, ops, None, grad_weight)
     }
 
     /// Queues the weight gradient `[K, C/G, KD, KH, KW]` of the forward
@@ -208,7 +255,7 @@ impl Stream {
         grad_weight: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
         let ops = (grad_output, Some(input));
-        self.conv3d_backward(Conv3dBackwardOp::Weight, g, ops, None, grad_weight)
+        self.conv3d_backward((Conv3dBackwardOp::Weight, false), g, ops, None, grad_weight)
     }
 
     /// Queues the bias gradient `[K]` of `grad_output` (`conv3d_bwd_bias_*`;
@@ -221,7 +268,7 @@ impl Stream {
         grad_bias: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
         let ops = (grad_output, None);
-        self.conv3d_backward(Conv3dBackwardOp::Bias, g, ops, None, grad_bias)
+        self.conv3d_backward((Conv3dBackwardOp::Bias, false), g, ops, None, grad_bias)
     }
 
     /// Queues the device check of a backward result `output` (f32) on this

@@ -104,6 +104,23 @@ impl VendorConv for Vendor {
     fn buffers(&mut self) -> &mut VendorBuffers {
         &mut self.buffers
     }
+    fn backward_workspace(
+        &mut self,
+        _op: crate::conv3d::Conv3dBackwardOp,
+        _g: &Conv3dGeometry,
+    ) -> Result<usize> {
+        Ok(2000)
+    }
+    unsafe fn backward(
+        &mut self,
+        a: &Conv3dBackwardLaunch,
+        _s: RawStream,
+        _ws: DevicePtr,
+    ) -> Result<()> {
+        assert_eq!((a.dtype, a.bias), (DType::F32, None), "f32, no bias");
+        push(&self.log, format!("vendor backward {}", a.op));
+        Ok(())
+    }
 }
 
 // SAFETY: `launch` only records the call (it touches no memory).
@@ -142,6 +159,9 @@ unsafe impl Runtime for Recording {
         Ok(())
     }
     fn vendor_available(&self) -> Result<()> {
+        Ok(())
+    }
+    fn vendor_backward_available(&self) -> Result<()> {
         Ok(())
     }
     fn vendor_open(&self) -> Result<Vendor> {
@@ -542,4 +562,75 @@ fn the_vendor_slot_opens_once_keeps_buffers_and_tears_down_first() {
     assert!(at("unload conv3d") < at("runtime dropped"), "{tail:?}");
     // The epilogues live in the conv3d module: the core one never loaded.
     assert!(!tail.iter().any(|x| x == "unload core"), "{tail:?}");
+}
+
+#[test]
+fn vendor_backward_widens_bf16_adds_the_bias_and_keeps_its_buffers() {
+    use crate::conv3d::Conv3dBackwardOp;
+    let (g, log) = gpu(2, false, vec![]);
+    let geometry = geometry(false).geometry;
+    let len = |op: Conv3dBackwardOp| op.output_len(&geometry);
+    // The recording runtime touches no memory: addresses only.
+    let (dy, w, x, out, b) = (
+        DevicePtr(256),
+        DevicePtr(512),
+        DevicePtr(768),
+        DevicePtr(1024),
+        DevicePtr(1280),
+    );
+    let launch = |op, dtype, other, bias| Conv3dBackwardLaunch {
+        op,
+        geometry,
+        dtype,
+        grad_output: dy,
+        other: Some(other),
+        bias,
+        output: out,
+    };
+    let calls = [
+        launch(Conv3dBackwardOp::Data, DType::BF16, w, Some(b)),
+        launch(Conv3dBackwardOp::Weight, DType::F32, x, None),
+        launch(Conv3dBackwardOp::Data, DType::BF16, w, None),
+    ];
+    for a in &calls {
+        // SAFETY: the recording runtime's vendor and launches touch no
+        // memory; its buffers are host allocations.
+        unsafe { g.run(&KernelOp::Conv3dBackwardVendor { args: a }, RawStream(0)) }.unwrap();
+    }
+    let l = lock(&log).clone();
+    let count = |s: &str| l.iter().filter(|x| *x == s).count();
+    assert_eq!(count("vendor opened"), 1, "{l:?}");
+    assert_eq!(count("vendor backward data"), 2, "{l:?}");
+    assert_eq!(count("vendor backward weight"), 1, "{l:?}");
+    // bf16: both operands widened, each call; the bias once.
+    assert_eq!(count("launch convert_bf16_f32"), 4, "{l:?}");
+    assert_eq!(count("launch conv3d_bias_f32"), 1, "{l:?}");
+    // Kept between calls: nothing freed yet.
+    assert!(!l.iter().any(|x| x.starts_with("free ")), "{l:?}");
+    // The bias gradient is no vendor call.
+    let bias = Conv3dBackwardLaunch {
+        op: Conv3dBackwardOp::Bias,
+        other: None,
+        ..calls[1]
+    };
+    // SAFETY: as above.
+    let e = unsafe {
+        g.run(
+            &KernelOp::Conv3dBackwardVendor { args: &bias },
+            RawStream(0),
+        )
+    }
+    .unwrap_err();
+    assert!(matches!(e, Error::Conv3dTier { tier: "vendor", .. }), "{e}");
+    let before = lock(&log).len();
+    drop(g);
+    let l = lock(&log).clone();
+    let tail = &l[before..];
+    for bytes in [
+        2000,
+        geometry.output_len() * 4,
+        len(Conv3dBackwardOp::Weight) * 4,
+    ] {
+        assert!(tail.contains(&format!("free {bytes}")), "{bytes}: {tail:?}");
+    }
 }

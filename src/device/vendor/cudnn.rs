@@ -50,6 +50,45 @@
 //!     const cudnnTensorDescriptor_t yDesc, void *y);
 //! ```
 //!
+//! and, bound apart (`cudnn/backward.rs`: a cuDNN without them keeps the
+//! forward tier), the gradients' calls; `cudnnConvolutionBwdDataAlgoPerf_t`
+//! and `cudnnConvolutionBwdFilterAlgoPerf_t` have the forward perf struct's
+//! fields (`algo, status, float time, size_t memory, determinism, mathType,
+//! int reserved[3]`):
+//!
+//! ```c
+//! cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t handle,
+//!     const cudnnFilterDescriptor_t filterDesc, const cudnnTensorDescriptor_t diffDesc,
+//!     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t gradDesc,
+//!     const int requestedAlgoCount, int *returnedAlgoCount,
+//!     cudnnConvolutionBwdDataAlgoPerf_t *perfResults);
+//! cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle,
+//!     const cudnnFilterDescriptor_t wDesc, const cudnnTensorDescriptor_t dyDesc,
+//!     const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
+//!     cudnnConvolutionBwdDataAlgo_t algo, size_t *sizeInBytes);
+//! cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void *alpha,
+//!     const cudnnFilterDescriptor_t wDesc, const void *w,
+//!     const cudnnTensorDescriptor_t dyDesc, const void *dy,
+//!     const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdDataAlgo_t algo,
+//!     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
+//!     const cudnnTensorDescriptor_t dxDesc, void *dx);
+//! cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t handle,
+//!     const cudnnTensorDescriptor_t srcDesc, const cudnnTensorDescriptor_t diffDesc,
+//!     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
+//!     const int requestedAlgoCount, int *returnedAlgoCount,
+//!     cudnnConvolutionBwdFilterAlgoPerf_t *perfResults);
+//! cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle,
+//!     const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t dyDesc,
+//!     const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
+//!     cudnnConvolutionBwdFilterAlgo_t algo, size_t *sizeInBytes);
+//! cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void *alpha,
+//!     const cudnnTensorDescriptor_t xDesc, const void *x,
+//!     const cudnnTensorDescriptor_t dyDesc, const void *dy,
+//!     const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionBwdFilterAlgo_t algo,
+//!     void *workSpace, size_t workSpaceSizeInBytes, const void *beta,
+//!     const cudnnFilterDescriptor_t dwDesc, void *dw);
+//! ```
+//!
 //! C enums are taken as `int`: an unknown status is a number, never
 //! undefined behaviour. Descriptors are created per (geometry, dtype),
 //! cached with the chosen algorithm, and destroyed here (destroy errors are
@@ -57,8 +96,11 @@
 //!
 //! f32 runs with `CUDNN_FMA_MATH` (true f32, no TF32); bf16 with tensor
 //! cores and f32 accumulation, writing a bf16 output that the backend
-//! widens (with the bias) into the f32 output.
+//! widens (with the bias) into the f32 output. The gradients always run in
+//! f32 (bf16 operands are widened first: `vendor/backward.rs`).
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+
+mod backward;
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -70,13 +112,16 @@ use super::libs::{bind_fn, cudnn_spec};
 use super::VendorBuffers;
 #[cfg(feature = "cuda")]
 use super::VendorConv;
-use crate::conv3d::Conv3dGeometry;
+use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
+#[cfg(feature = "cuda")]
+use crate::device::conv3d::Conv3dBackwardLaunch;
 use crate::device::conv3d::Conv3dLaunch;
 use crate::device::dynlib::{self, Spec};
 #[cfg(feature = "cuda")]
 use crate::device::info::{DevicePtr, RawStream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use backward::BwdFns;
 
 type Handle = *mut c_void;
 type TensorDesc = *mut c_void;
@@ -101,6 +146,9 @@ const CROSS_CORRELATION: c_int = 1;
 pub(crate) const NOT_SUPPORTED: c_int = 3000;
 
 /// `cudnnConvolutionFwdAlgoPerf_t`: enums as `int`, a float, a size_t.
+/// `cudnnConvolutionBwdDataAlgoPerf_t` and `cudnnConvolutionBwdFilterAlgoPerf_t`
+/// have the same fields in the same order (`cudnn_cnn.h`), so this struct
+/// serves all three.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct FwdAlgoPerf {
@@ -186,6 +234,9 @@ pub(crate) struct Lib {
         TensorDesc,
         *mut c_void,
     ) -> Status,
+    /// The backward calls, or why they are not bound (a symbol missing:
+    /// only the backward ops are then unavailable).
+    backward: std::result::Result<BwdFns, String>,
 }
 
 impl Lib {
@@ -264,6 +315,7 @@ pub(crate) fn load(spec: &Spec) -> std::result::Result<Lib, String> {
             workspace: bind_fn(&lib, c"cudnnGetConvolutionForwardWorkspaceSize")
                 .map_err(missing)?,
             forward: bind_fn(&lib, c"cudnnConvolutionForward").map_err(missing)?,
+            backward: BwdFns::bind(&lib).map_err(missing),
             lib,
         })
     }
@@ -293,6 +345,17 @@ pub(crate) fn library() -> Result<&'static Lib> {
 /// `Ok` when cuDNN can be used here, else [`Error::VendorUnavailable`].
 pub(crate) fn available() -> Result<()> {
     library().map(|_| ())
+}
+
+/// `Ok` when cuDNN's backward calls can be used here, else
+/// [`Error::VendorUnavailable`] (the library, or one of its backward
+/// symbols, is missing).
+pub(crate) fn backward_available() -> Result<()> {
+    let lib = library()?;
+    lib.backward
+        .as_ref()
+        .map(|_| ())
+        .map_err(|why| unavailable(format!("{why}: the backward ops are not served by cuDNN")))
 }
 
 /// The cuDNN in use (opening it if need be), or why there is none: for
@@ -395,7 +458,8 @@ fn dims(s: [usize; 5]) -> Result<([i32; 5], [i32; 5])> {
     Ok((d, st))
 }
 
-/// Descriptors, algorithm and workspace size of one (geometry, dtype).
+/// Descriptors, algorithm and workspace size of one (geometry, dtype), or
+/// of one backward op (`cudnn_backward.rs`; `y` describes `dy` there).
 #[derive(Debug)]
 struct Plan {
     x: TensorDesc,
@@ -406,12 +470,23 @@ struct Plan {
     workspace: usize,
 }
 
+/// The algorithm of the first of the `n` results returned (at most
+/// `perf.len()`) whose status is `CUDNN_STATUS_SUCCESS`: cuDNN lists them
+/// best first, and fills the forward and backward perf structs alike.
+fn first_usable(perf: &[FwdAlgoPerf], n: c_int) -> Option<c_int> {
+    perf.get(..usize::try_from(n).unwrap_or(0).min(perf.len()))
+        .and_then(|p| p.iter().find(|r| r.status == 0))
+        .map(|r| r.algo)
+}
+
 /// A cuDNN handle and its plans (one per CUDA device, used under a lock).
 #[derive(Debug)]
 pub(crate) struct Cudnn {
     lib: &'static Lib,
     handle: Handle,
     plans: HashMap<(Conv3dGeometry, DType), Plan>,
+    /// The f32 plans of the backward ops.
+    bwd_plans: HashMap<(Conv3dBackwardOp, Conv3dGeometry), Plan>,
     /// Scratch and workspace kept between calls.
     buffers: VendorBuffers,
 }
@@ -434,14 +509,16 @@ impl Cudnn {
             lib,
             handle,
             plans: HashMap::new(),
+            bwd_plans: HashMap::new(),
             buffers: VendorBuffers::default(),
         })
     }
 
-    fn build(&self, a: &Conv3dLaunch) -> Result<Plan> {
+    /// The descriptors of the convolution `g` on data of `dtype` (f32: FMA
+    /// math; bf16: tensor cores), algorithm and workspace unset.
+    fn descriptors(&self, g: &Conv3dGeometry, dtype: DType) -> Result<Plan> {
         let lib = self.lib;
-        let g = &a.geometry;
-        let (dt, math) = match a.dtype {
+        let (dt, math) = match dtype {
             DType::F32 => (DATA_FLOAT, FMA_MATH),
             DType::BF16 => (DATA_BFLOAT16, TENSOR_OP_MATH),
             other => {
@@ -523,7 +600,22 @@ impl Cudnn {
             // SAFETY: a live descriptor.
             check("cudnnSetConvolutionMathType", unsafe {
                 (lib.set_math_type)(plan.conv, math)
-            })?;
+            })
+        })();
+        match r {
+            Ok(()) => Ok(plan),
+            Err(e) => {
+                destroy(lib, plan);
+                Err(e)
+            }
+        }
+    }
+
+    fn build(&self, a: &Conv3dLaunch) -> Result<Plan> {
+        let lib = self.lib;
+        let mut plan = self.descriptors(&a.geometry, a.dtype)?;
+        // Whatever fails below, `destroy` frees the descriptors.
+        let r = (|| -> Result<()> {
             const N: usize = 8;
             let mut perf = [FwdAlgoPerf::default(); N];
             let mut n: c_int = 0;
@@ -540,13 +632,10 @@ impl Cudnn {
                     perf.as_mut_ptr(),
                 )
             })?;
-            let best = perf
-                .get(..usize::try_from(n).unwrap_or(0).min(N))
-                .and_then(|p| p.iter().find(|r| r.status == 0));
-            let Some(best) = best else {
+            let Some(best) = first_usable(&perf, n) else {
                 return check("cudnnGetConvolutionForwardAlgorithm_v7", NOT_SUPPORTED);
             };
-            plan.algo = best.algo;
+            plan.algo = best;
             // SAFETY: live handle and descriptors; writes one size_t.
             check("cudnnGetConvolutionForwardWorkspaceSize", unsafe {
                 (lib.workspace)(
@@ -590,6 +679,20 @@ impl VendorConv for Cudnn {
 
     fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize> {
         self.plan_workspace(a)
+    }
+
+    fn backward_workspace(&mut self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Result<usize> {
+        self.bwd_plan(op, g).map(|p| p.workspace)
+    }
+
+    unsafe fn backward(
+        &mut self,
+        a: &Conv3dBackwardLaunch,
+        stream: RawStream,
+        workspace: DevicePtr,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees (the same contract).
+        unsafe { self.run_backward(a, stream, workspace) }
     }
 
     unsafe fn forward(
@@ -662,7 +765,8 @@ fn destroy(lib: &Lib, p: Plan) {
 
 impl Drop for Cudnn {
     fn drop(&mut self) {
-        for (_, p) in self.plans.drain() {
+        let fwd = self.plans.drain().map(|(_, p)| p);
+        for p in fwd.chain(self.bwd_plans.drain().map(|(_, p)| p)) {
             destroy(self.lib, p);
         }
         // SAFETY: created in `new`, destroyed once; the error is dropped.
@@ -671,115 +775,4 @@ impl Drop for Cudnn {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::PathBuf;
-
-    #[test]
-    fn status_codes_map_to_typed_errors() {
-        assert!(check("cudnnCreate", 0).is_ok());
-        let e = check("cudnnConvolutionForward", 1002).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Conv3dCudnn {
-                    op: "cudnnConvolutionForward",
-                    code: 1002,
-                    status: "CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH"
-                }
-            ),
-            "{e}"
-        );
-        assert_eq!(
-            e.to_string(),
-            "conv3d: cudnn: cudnnConvolutionForward: \
-             CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH (status 1002)"
-        );
-        assert_eq!(status_name(NOT_SUPPORTED), "CUDNN_STATUS_NOT_SUPPORTED");
-        assert_eq!(status_name(2001), "CUDNN_STATUS_INVALID_VALUE");
-        assert_eq!(status_name(7), "unknown cudnnStatus_t");
-        assert_eq!(version_text(91900), "9.19.0");
-        assert_eq!(version_text(90100), "9.1.0");
-    }
-
-    #[test]
-    fn two_mapped_copies_are_refused_with_both_paths() {
-        assert_eq!(duplicate_reason(&[]), None);
-        assert_eq!(duplicate_reason(&[PathBuf::from("/a/libcudnn.so.9")]), None);
-        let why = duplicate_reason(&[
-            PathBuf::from("/venv/nvidia/cudnn/lib/libcudnn.so.9"),
-            PathBuf::from("/usr/lib/x86_64-linux-gnu/libcudnn.so.9.14.0"),
-        ])
-        .unwrap();
-        assert!(why.contains("maps 2 cuDNN files"), "{why}");
-        assert!(
-            why.contains("/venv/nvidia/cudnn/lib/libcudnn.so.9"),
-            "{why}"
-        );
-        assert!(why.contains("libcudnn.so.9.14.0"), "{why}");
-        assert!(why.contains("ROCM_SAFE_CUDNN"), "{why}");
-    }
-
-    #[test]
-    fn missing_library_and_symbols_are_typed() {
-        let spec = Spec {
-            what: "cuDNN (libcudnn)",
-            sonames: vec!["libcudnn-rocm-safe-absent.so.9"],
-            stem: "libcudnn-rocm-safe-absent.so",
-            env_var: Some("ROCM_SAFE_TEST_CUDNN_UNSET"),
-            ..Spec::default()
-        };
-        let e = load(&spec).unwrap_err();
-        assert!(e.starts_with("cuDNN (libcudnn) not found; tried "), "{e}");
-        assert!(
-            e.contains("loader path libcudnn-rocm-safe-absent.so.9"),
-            "{e}"
-        );
-        // A library that loads but is not cuDNN.
-        let libc = Spec {
-            what: "cuDNN",
-            sonames: vec!["libc.so.6"],
-            stem: "libc.so",
-            ..Spec::default()
-        };
-        let e = load(&libc).unwrap_err();
-        assert!(e.ends_with(": symbol cudnnGetVersion not found"), "{e}");
-        // This machine's cuDNN: absent (a typed error saying why) or bound.
-        match library() {
-            Err(Error::VendorUnavailable {
-                backend: "cuda",
-                library: "libcudnn",
-                reason,
-            }) => {
-                assert!(!reason.is_empty());
-                assert_eq!(loaded(), Err(reason));
-            }
-            Err(other) => panic!("{other}"),
-            Ok(lib) => {
-                let l = lib.loaded();
-                assert!(
-                    l.version.as_deref().unwrap_or("").starts_with("9."),
-                    "{l:?}"
-                );
-                assert!(available().is_ok());
-                // One cuDNN in this process, the one bound.
-                assert_eq!(dynlib::mapped_copies("libcudnn.so").len(), 1);
-            }
-        }
-    }
-
-    #[test]
-    fn sizes_beyond_32_bits_are_typed() {
-        let (d, s) = dims([2, 3, 4, 5, 6]).unwrap();
-        assert_eq!(d, [2, 3, 4, 5, 6]);
-        assert_eq!(s, [360, 120, 30, 6, 1]);
-        assert!(matches!(
-            dims([1, 1, 1, 1, 1 << 40]),
-            Err(Error::Conv3dTier { tier: "cudnn", .. })
-        ));
-        assert!(matches!(
-            dims([1, 1 << 16, 1 << 16, 2, 1]),
-            Err(Error::Conv3dTier { tier: "cudnn", .. })
-        ));
-    }
-}
+mod tests;

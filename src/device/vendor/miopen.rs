@@ -45,6 +45,50 @@
 //!     void* workSpace, size_t workSpaceSize);
 //! ```
 //!
+//! and, bound apart (`miopen/backward.rs`: a MIOpen without them keeps the
+//! forward tier), the gradients' calls (the perf results are the same
+//! `miopenConvAlgoPerf_t`, whose union holds `bwd_data_algo` or
+//! `bwd_weights_algo`):
+//!
+//! ```c
+//! miopenStatus_t miopenConvolutionBackwardDataGetWorkSpaceSize(miopenHandle_t handle,
+//!     const miopenTensorDescriptor_t dyDesc, const miopenTensorDescriptor_t wDesc,
+//!     const miopenConvolutionDescriptor_t convDesc, const miopenTensorDescriptor_t dxDesc,
+//!     size_t* workSpaceSize);
+//! miopenStatus_t miopenFindConvolutionBackwardDataAlgorithm(miopenHandle_t handle,
+//!     const miopenTensorDescriptor_t dyDesc, const void* dy,
+//!     const miopenTensorDescriptor_t wDesc, const void* w,
+//!     const miopenConvolutionDescriptor_t convDesc,
+//!     const miopenTensorDescriptor_t dxDesc, void* dx,
+//!     const int requestAlgoCount, int* returnedAlgoCount,
+//!     miopenConvAlgoPerf_t* perfResults, void* workSpace, size_t workSpaceSize,
+//!     bool exhaustiveSearch);
+//! miopenStatus_t miopenConvolutionBackwardData(miopenHandle_t handle, const void* alpha,
+//!     const miopenTensorDescriptor_t dyDesc, const void* dy,
+//!     const miopenTensorDescriptor_t wDesc, const void* w,
+//!     const miopenConvolutionDescriptor_t convDesc, miopenConvBwdDataAlgorithm_t algo,
+//!     const void* beta, const miopenTensorDescriptor_t dxDesc, void* dx,
+//!     void* workSpace, size_t workSpaceSize);
+//! miopenStatus_t miopenConvolutionBackwardWeightsGetWorkSpaceSize(miopenHandle_t handle,
+//!     const miopenTensorDescriptor_t dyDesc, const miopenTensorDescriptor_t xDesc,
+//!     const miopenConvolutionDescriptor_t convDesc, const miopenTensorDescriptor_t dwDesc,
+//!     size_t* workSpaceSize);
+//! miopenStatus_t miopenFindConvolutionBackwardWeightsAlgorithm(miopenHandle_t handle,
+//!     const miopenTensorDescriptor_t dyDesc, const void* dy,
+//!     const miopenTensorDescriptor_t xDesc, const void* x,
+//!     const miopenConvolutionDescriptor_t convDesc,
+//!     const miopenTensorDescriptor_t dwDesc, void* dw,
+//!     const int requestAlgoCount, int* returnedAlgoCount,
+//!     miopenConvAlgoPerf_t* perfResults, void* workSpace, size_t workSpaceSize,
+//!     bool exhaustiveSearch);
+//! miopenStatus_t miopenConvolutionBackwardWeights(miopenHandle_t handle, const void* alpha,
+//!     const miopenTensorDescriptor_t dyDesc, const void* dy,
+//!     const miopenTensorDescriptor_t xDesc, const void* x,
+//!     const miopenConvolutionDescriptor_t convDesc, miopenConvBwdWeightsAlgorithm_t algo,
+//!     const void* beta, const miopenTensorDescriptor_t dwDesc, void* dw,
+//!     void* workSpace, size_t workSpaceSize);
+//! ```
+//!
 //! C enums (`miopenStatus_t`, `miopenDataType_t`, ...) are taken as `int`,
 //! so an unknown status code is just a number, never undefined behaviour.
 //!
@@ -55,6 +99,8 @@
 //! into the f32 output (with the bias) with `conv3d_widen_bias_bf16`.
 
 #![cfg_attr(not(feature = "hip"), allow(dead_code))]
+
+mod backward;
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -69,7 +115,9 @@ use super::libs::{bind_fn, miopen_spec};
 use super::VendorBuffers;
 #[cfg(feature = "hip")]
 use super::VendorConv;
-use crate::conv3d::Conv3dGeometry;
+use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
+#[cfg(feature = "hip")]
+use crate::device::conv3d::Conv3dBackwardLaunch;
 use crate::device::conv3d::Conv3dLaunch;
 use crate::device::dynlib::{self, Spec};
 use crate::device::info::DevicePtr;
@@ -77,6 +125,7 @@ use crate::device::info::DevicePtr;
 use crate::device::info::RawStream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use backward::BwdFns;
 
 type Handle = *mut c_void;
 type TensorDesc = *mut c_void;
@@ -165,6 +214,9 @@ pub(crate) struct Lib {
         *mut c_void,
         usize,
     ) -> Status,
+    /// The backward calls, or the first one missing (only the backward ops
+    /// are then unavailable).
+    backward: std::result::Result<BwdFns, &'static str>,
 }
 
 fn unavailable(reason: String) -> Error {
@@ -189,6 +241,22 @@ pub(crate) fn library() -> Result<&'static Lib> {
     library_result()
         .as_ref()
         .map_err(|reason| unavailable(reason.clone()))
+}
+
+/// `Ok` when MIOpen's backward calls can be used here, else
+/// [`Error::VendorUnavailable`] (the library, or one of its backward
+/// symbols, is missing).
+pub(crate) fn backward_available() -> Result<()> {
+    let lib = library()?;
+    lib.backward.as_ref().map(|_| ()).map_err(|sym| {
+        let at = lib
+            .lib
+            .path()
+            .map_or_else(|| "MIOpen".to_owned(), |p| p.display().to_string());
+        unavailable(format!(
+            "{at}: symbol {sym} not found: the backward ops are not served by MIOpen"
+        ))
+    })
 }
 
 /// The MIOpen in use (opening it if need be), or why there is none: for
@@ -282,6 +350,7 @@ unsafe fn bind(lib: dynlib::Lib) -> std::result::Result<Lib, &'static str> {
             workspace: bind_fn(&lib, c"miopenConvolutionForwardGetWorkSpaceSize")?,
             find: bind_fn(&lib, c"miopenFindConvolutionForwardAlgorithm")?,
             forward: bind_fn(&lib, c"miopenConvolutionForward")?,
+            backward: BwdFns::bind(&lib),
             lib,
         })
     }
@@ -367,6 +436,8 @@ pub(crate) struct Miopen {
     lib: &'static Lib,
     handle: Handle,
     plans: HashMap<(Conv3dGeometry, DType), Plan>,
+    /// The f32 plans of the backward ops.
+    bwd_plans: HashMap<(Conv3dBackwardOp, Conv3dGeometry), Plan>,
     /// Scratch and workspace kept between calls.
     buffers: VendorBuffers,
 }
@@ -389,6 +460,7 @@ impl Miopen {
             lib,
             handle,
             plans: HashMap::new(),
+            bwd_plans: HashMap::new(),
             buffers: VendorBuffers::default(),
         })
     }
@@ -412,9 +484,10 @@ impl Miopen {
         Ok(t)
     }
 
-    fn build(&self, a: &Conv3dLaunch) -> Result<Plan> {
-        let g = &a.geometry;
-        let dtype = match a.dtype {
+    /// The descriptors of the convolution `g` on data of `dtype`, workspace
+    /// and algorithm unset.
+    fn descriptors(&self, g: &Conv3dGeometry, dtype: DType) -> Result<Plan> {
+        let dtype = match dtype {
             DType::F32 => MIOPEN_FLOAT,
             DType::BF16 => MIOPEN_BFLOAT16,
             other => {
@@ -466,7 +539,20 @@ impl Miopen {
             // SAFETY: a live descriptor.
             check("miopenSetConvolutionGroupCount", unsafe {
                 (self.lib.set_group_count)(plan.conv, groups)
-            })?;
+            })
+        })();
+        match r {
+            Ok(()) => Ok(plan),
+            Err(e) => {
+                self.destroy(plan);
+                Err(e)
+            }
+        }
+    }
+
+    fn build(&self, a: &Conv3dLaunch) -> Result<Plan> {
+        let mut plan = self.descriptors(&a.geometry, a.dtype)?;
+        let r = (|| -> Result<()> {
             // SAFETY: live handle and descriptors; writes one size_t.
             check("miopenConvolutionForwardGetWorkSpaceSize", unsafe {
                 (self.lib.workspace)(
@@ -610,6 +696,18 @@ impl VendorConv for Miopen {
     fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize> {
         self.plan_workspace(a)
     }
+    fn backward_workspace(&mut self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Result<usize> {
+        self.bwd_plan(op, g).map(|p| p.workspace)
+    }
+    unsafe fn backward(
+        &mut self,
+        a: &Conv3dBackwardLaunch,
+        stream: RawStream,
+        workspace: DevicePtr,
+    ) -> Result<()> {
+        // SAFETY: the caller's guarantees (the same contract).
+        unsafe { self.run_backward(a, stream.0 as usize as *mut c_void, workspace) }
+    }
     unsafe fn forward(
         &mut self,
         a: &Conv3dLaunch,
@@ -624,7 +722,8 @@ impl VendorConv for Miopen {
 
 impl Drop for Miopen {
     fn drop(&mut self) {
-        let plans: Vec<Plan> = self.plans.drain().map(|(_, p)| p).collect();
+        let fwd = self.plans.drain().map(|(_, p)| p);
+        let plans: Vec<Plan> = fwd.chain(self.bwd_plans.drain().map(|(_, p)| p)).collect();
         for p in plans {
             self.destroy(p);
         }
@@ -635,119 +734,4 @@ impl Drop for Miopen {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_codes_map_to_typed_errors() {
-        assert!(check("miopenCreate", 0).is_ok());
-        let e = check("miopenFindConvolutionForwardAlgorithm", 3).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Conv3dMiopen {
-                    op: "miopenFindConvolutionForwardAlgorithm",
-                    code: 3,
-                    status: "miopenStatusBadParm"
-                }
-            ),
-            "{e}"
-        );
-        assert_eq!(status_name(6), "miopenStatusNotImplemented");
-        assert_eq!(status_name(10), "miopenStatusVersionMismatch");
-        assert_eq!(status_name(77), "unknown miopenStatus");
-        let e = check("miopenFindConvolutionForwardAlgorithm", NO_ALGORITHM).unwrap_err();
-        assert!(e.to_string().contains("no suitable algorithm"), "{e}");
-        assert!(e.to_string().starts_with("conv3d: miopen: "), "{e}");
-    }
-
-    #[test]
-    fn missing_library_and_symbols_are_typed() {
-        let spec = Spec {
-            what: "MIOpen (libMIOpen)",
-            sonames: vec!["libMIOpen-rocm-safe-absent.so.1"],
-            stem: "libMIOpen-rocm-safe-absent.so",
-            folders: vec![(
-                "/nonexistent/rocm/lib".into(),
-                "the HIP runtime's folder".into(),
-            )],
-            ..Spec::default()
-        };
-        let e = load(&spec).unwrap_err();
-        assert!(e.starts_with("MIOpen (libMIOpen) not found; tried "), "{e}");
-        assert!(
-            e.contains("the HIP runtime's folder (/nonexistent/rocm/lib)"),
-            "{e}"
-        );
-        assert!(
-            e.contains("loader path libMIOpen-rocm-safe-absent.so.1"),
-            "{e}"
-        );
-        // A library that loads but is not MIOpen.
-        let libc = Spec {
-            what: "MIOpen",
-            sonames: vec!["libc.so.6"],
-            stem: "libc.so",
-            ..Spec::default()
-        };
-        let e = load(&libc).unwrap_err();
-        assert!(e.ends_with(": symbol miopenCreate not found"), "{e}");
-        // This machine's MIOpen: either absent (a typed error naming it)
-        // or present and bound.
-        match library() {
-            Err(Error::VendorUnavailable {
-                backend: "hip",
-                library: "libMIOpen",
-                reason,
-            }) => {
-                assert!(reason.contains("libMIOpen"), "{reason}");
-                assert_eq!(loaded(), Err(reason));
-            }
-            Err(other) => panic!("{other}"),
-            // Loaded: `load` returns Ok only when every symbol was bound
-            // and one HIP runtime is mapped.
-            Ok(lib) => {
-                assert!(format!("{lib:?}").contains("create"));
-                assert!(super::super::libs::hip_runtime_copies().len() <= 1);
-            }
-        }
-    }
-
-    #[test]
-    fn a_second_hip_runtime_refuses_miopen_naming_both() {
-        assert_eq!(
-            second_runtime_reason("/opt/rocm/lib/libMIOpen.so.1", &[]),
-            None
-        );
-        let one = [PathBuf::from("/opt/rocm/lib/libamdhip64.so.7")];
-        assert_eq!(second_runtime_reason("m", &one), None);
-        let two = [
-            PathBuf::from("/venv/torch/lib/libamdhip64.so"),
-            PathBuf::from("/opt/rocm-6.4.0/lib/libamdhip64.so.6.4.60400"),
-        ];
-        let why = second_runtime_reason("/opt/rocm-6.4.0/lib/libMIOpen.so.1", &two).unwrap();
-        for part in [
-            "/opt/rocm-6.4.0/lib/libMIOpen.so.1 brought a second HIP runtime",
-            "/venv/torch/lib/libamdhip64.so, /opt/rocm-6.4.0/lib/libamdhip64.so.6.4.60400",
-            "the library stays loaded",
-            "ROCM_SAFE_MIOPEN",
-        ] {
-            assert!(why.contains(part), "{part:?} missing from {why}");
-        }
-    }
-
-    #[test]
-    fn sizes_beyond_32_bits_are_typed() {
-        let (d, s) = dims([2, 3, 4, 5, 6]).unwrap();
-        assert_eq!(d, [2, 3, 4, 5, 6]);
-        assert_eq!(s, [360, 120, 30, 6, 1]);
-        assert!(matches!(
-            dims([1, 1, 1, 1, 1 << 40]),
-            Err(Error::Conv3dTier { tier: "miopen", .. })
-        ));
-        assert!(matches!(
-            dims([1, 1 << 16, 1 << 16, 2, 1]),
-            Err(Error::Conv3dTier { tier: "miopen", .. })
-        ));
-    }
-}
+mod tests;

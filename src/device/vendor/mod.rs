@@ -1,7 +1,9 @@
 //! Vendor libraries loaded at run time: the convolution libraries (MIOpen
 //! on HIP, cuDNN on CUDA) with the [`VendorConv`] interface each binds, the
-//! buffers kept between calls and the vendor call both GPU runtimes make
-//! ([`vendor_conv3d`]); and NVRTC, CUDA's run-time compiler (`nvrtc.rs`).
+//! buffers kept between calls and the vendor calls both GPU runtimes make
+//! ([`vendor_conv3d`], and for the data and weight gradients
+//! `backward::vendor_conv3d_backward`); and NVRTC, CUDA's run-time compiler
+//! (`nvrtc.rs`).
 //!
 //! Each library is bound here, function by function, with the C signatures
 //! of its header (quoted in its file's docs), statuses as plain integers,
@@ -11,6 +13,7 @@
 //! them. Nothing here is ever unloaded.
 #![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
+pub(crate) mod backward;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) mod cudnn;
 pub(crate) mod libs;
@@ -20,14 +23,16 @@ pub(crate) mod miopen;
 pub(crate) mod nvrtc;
 
 use super::backend::Driver;
-use super::conv3d::Conv3dLaunch;
+use super::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
 use super::info::{DevicePtr, RawStream};
 use super::kernels::KernelCall;
 use crate::dtype::DType;
 use crate::error::Result;
 
 /// A vendor convolution library bound by a backend (MIOpen, cuDNN): plans
-/// per (geometry, dtype) and a forward call writing the input's dtype.
+/// per (geometry, dtype) and a forward call writing the input's dtype;
+/// plans per (backward op, geometry) and the data and weight gradients in
+/// f32 (operands, result and accumulation).
 pub(crate) trait VendorConv {
     /// The workspace bytes `a` needs (sets up its plan on first use).
     fn workspace(&mut self, a: &Conv3dLaunch) -> Result<usize>;
@@ -47,6 +52,28 @@ pub(crate) trait VendorConv {
     ) -> Result<()>;
     /// The device buffers kept between calls ([`vendor_conv3d`]).
     fn buffers(&mut self) -> &mut VendorBuffers;
+    /// The workspace bytes the f32 gradient `op` (Data or Weight) of the
+    /// forward convolution `g` needs (sets up its plan on first use).
+    fn backward_workspace(
+        &mut self,
+        op: crate::conv3d::Conv3dBackwardOp,
+        g: &crate::conv3d::Conv3dGeometry,
+    ) -> Result<usize>;
+    /// Queues the gradient `a` (Data or Weight, every operand f32: `a.dtype`
+    /// is F32; no bias) into `a.output` on `stream`.
+    ///
+    /// # Safety
+    /// `a`'s operands are live device ranges of f32 of their shapes,
+    /// `a.output` holds the f32 result and is not accessed otherwise until
+    /// the stream reaches the call, `workspace` holds at least
+    /// `self.backward_workspace(a.op, &a.geometry)` bytes (unused when that
+    /// is 0), `stream` is live.
+    unsafe fn backward(
+        &mut self,
+        a: &Conv3dBackwardLaunch,
+        stream: RawStream,
+        workspace: DevicePtr,
+    ) -> Result<()>;
 }
 
 /// Largest buffer the vendor tier keeps between calls: smaller scratch
@@ -56,14 +83,19 @@ pub(crate) trait VendorConv {
 /// back to the caller.
 pub(crate) const VENDOR_KEEP_MAX: usize = 256 << 20;
 
-/// The vendor tier's bf16 scratch output and library workspace, kept
-/// between calls when at most [`VENDOR_KEEP_MAX`] bytes. Owned by the
-/// library state of one device; the backend frees them
-/// ([`VendorBuffers::release`]) before it drops that state.
+/// A kept device buffer: its pointer and byte count.
+type Kept = Option<(DevicePtr, usize)>;
+
+/// The vendor tier's bf16 scratch output, library workspace and (backward
+/// ops of bf16 operands) the two operands widened to f32, kept between
+/// calls when at most [`VENDOR_KEEP_MAX`] bytes each. Owned by the library
+/// state of one device; the backend frees them ([`VendorBuffers::release`])
+/// before it drops that state.
 #[derive(Debug, Default)]
 pub(crate) struct VendorBuffers {
-    scratch: Option<(DevicePtr, usize)>,
-    workspace: Option<(DevicePtr, usize)>,
+    scratch: Kept,
+    workspace: Kept,
+    widened: [Kept; 2],
 }
 
 impl VendorBuffers {
@@ -73,20 +105,61 @@ impl VendorBuffers {
     /// They belong to `backend`'s device and no queued work uses them (every
     /// vendor call waits for its stream before it returns).
     pub(crate) unsafe fn release(&mut self, backend: &dyn Driver) -> Result<()> {
-        let a = self.scratch.take();
-        let b = self.workspace.take();
-        // SAFETY: the caller's guarantees.
-        let ra = unsafe { free_kept(backend, a) };
-        // SAFETY: as above.
-        let rb = unsafe { free_kept(backend, b) };
-        ra.and(rb)
+        let [c, d] = &mut self.widened;
+        let mut result = Ok(());
+        for slot in [&mut self.scratch, &mut self.workspace, c, d] {
+            // SAFETY: the caller's guarantees.
+            let r = unsafe { free_kept(backend, slot.take()) };
+            result = result.and(r);
+        }
+        result
     }
+}
+
+/// After a vendor call queued on `s` with the buffers `taken` (each with the
+/// slot it goes back to): waits for `s`, then keeps each buffer in its slot
+/// (at most [`VENDOR_KEEP_MAX`] bytes) or frees it, and returns the call's
+/// result `run` first, then any error of the wait or of a free. When the
+/// wait fails the buffers are leaked, never freed or reused under a kernel
+/// that may still run.
+///
+/// # Safety
+/// Every taken buffer was allocated on `backend` with its byte count and is
+/// used by no work but what was queued on `s`, which is live.
+unsafe fn settle(
+    backend: &dyn Driver,
+    s: RawStream,
+    taken: [(&mut Kept, Kept); 4],
+    run: Result<()>,
+) -> Result<()> {
+    // SAFETY: `s` is live (caller).
+    let synced = unsafe { backend.stream_synchronize(s) };
+    if synced.is_err() {
+        // Possibly still in use: leaked, neither freed nor kept.
+        run?;
+        return synced;
+    }
+    let mut kept = Ok(());
+    for (slot, b) in taken {
+        let r = match b {
+            Some((p, n)) if n <= VENDOR_KEEP_MAX => {
+                *slot = Some((p, n));
+                Ok(())
+            }
+            // SAFETY: allocated on `backend` with `n` bytes; the stream
+            // that used it is idle.
+            other => unsafe { free_kept(backend, other) },
+        };
+        kept = kept.and(r);
+    }
+    run?;
+    kept
 }
 
 /// # Safety
 /// `kept` (when some) was allocated on `backend` with its byte count and
 /// nothing queued uses it.
-unsafe fn free_kept(backend: &dyn Driver, kept: Option<(DevicePtr, usize)>) -> Result<()> {
+unsafe fn free_kept(backend: &dyn Driver, kept: Kept) -> Result<()> {
     match kept {
         // SAFETY: the caller's guarantees.
         Some((p, n)) => unsafe { backend.free(p, n) },
@@ -100,11 +173,7 @@ unsafe fn free_kept(backend: &dyn Driver, kept: Option<(DevicePtr, usize)>) -> R
 ///
 /// # Safety
 /// As [`free_kept`] for `slot`'s buffer.
-unsafe fn take_buffer(
-    backend: &dyn Driver,
-    slot: &mut Option<(DevicePtr, usize)>,
-    bytes: usize,
-) -> Result<Option<(DevicePtr, usize)>> {
+unsafe fn take_buffer(backend: &dyn Driver, slot: &mut Kept, bytes: usize) -> Result<Kept> {
     if bytes == 0 {
         return Ok(None);
     }
@@ -172,31 +241,18 @@ pub(crate) unsafe fn vendor_conv3d(
             (None, None) => Ok(()),
         }
     })();
-    // SAFETY: `s` is live (caller).
-    let synced = unsafe { backend.stream_synchronize(s) };
-    if synced.is_err() {
-        // Possibly still in use: leaked, neither freed nor kept.
-        run?;
-        return synced;
-    }
     let bufs = lib.buffers();
-    let keep = |slot: &mut Option<(DevicePtr, usize)>, b: Option<(DevicePtr, usize)>| match b {
-        Some((p, n)) if n <= VENDOR_KEEP_MAX => {
-            *slot = Some((p, n));
-            Ok(())
-        }
-        // SAFETY: allocated on `backend` with `n` bytes; the stream that
-        // used it is idle.
-        other => unsafe { free_kept(backend, other) },
-    };
-    let kept_scratch = keep(&mut bufs.scratch, scratch);
-    let kept_ws = keep(&mut bufs.workspace, ws);
-    run?;
-    kept_scratch?;
-    kept_ws
+    let [c, d] = &mut bufs.widened;
+    let taken = [
+        (&mut bufs.scratch, scratch),
+        (&mut bufs.workspace, ws),
+        (c, None),
+        (d, None),
+    ];
+    // SAFETY: the buffers were taken above for this device and used only
+    // by the work queued on `s`, which is live (caller).
+    unsafe { settle(backend, s, taken, run) }
 }
-
-// ----- host emulation ------------------------------------------------------
 
 #[cfg(test)]
 mod tests {
