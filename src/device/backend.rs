@@ -26,8 +26,8 @@
 //! ```
 
 use super::conv3d::{
-    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dGuardDecide,
-    Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
+    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch,
+    Conv3dGuardDecide, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
 };
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
@@ -369,6 +369,15 @@ pub enum KernelOp<'a> {
         /// The check.
         args: &'a Conv3dBackwardCheckLaunch,
     },
+    /// A conv3d weight flipped into the weight of the forward convolution
+    /// that computes its input gradient at stride 1
+    /// (`conv3d_flip_weight_{u32,u16}`; see [`Conv3dFlipLaunch`]): the
+    /// tiled tier's backward path. Reads the weight, writes every element
+    /// of the destination.
+    Conv3dFlipWeight {
+        /// The flip.
+        args: &'a Conv3dFlipLaunch,
+    },
 }
 
 impl KernelOp<'_> {
@@ -387,6 +396,7 @@ impl KernelOp<'_> {
             KernelOp::Conv3dLayout { .. } => "conv3d_layout",
             KernelOp::Conv3dBackward { .. } => "conv3d_backward",
             KernelOp::Conv3dBackwardCheck { .. } => "conv3d_backward_check",
+            KernelOp::Conv3dFlipWeight { .. } => "conv3d_flip_weight",
         }
     }
 }

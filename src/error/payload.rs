@@ -106,11 +106,13 @@ pub enum FaultKind {
     VendorNoAlgorithm,
     /// The conv3d chain's device check (`device::KernelOp::Conv3dCheck`) fails.
     Conv3dCheckFailure,
-    /// A conv3d backward kernel (`device::KernelOp::Conv3dBackward`) fails.
+    /// A conv3d backward kernel (`device::KernelOp::Conv3dBackward`, or
+    /// the tiled tier's `device::KernelOp::Conv3dFlipWeight`) fails.
     Conv3dBackwardLaunchFailure,
-    /// A conv3d backward kernel writes garbage (finite values).
+    /// A conv3d backward kernel (or the weight flip) writes garbage
+    /// (finite values).
     Conv3dBackwardWritesGarbage,
-    /// A conv3d backward kernel writes a NaN.
+    /// A conv3d backward kernel (or the weight flip) writes a NaN.
     Conv3dBackwardWritesNonFinite,
 }
 

@@ -1,0 +1,197 @@
+//! The input gradient at stride 1 as a forward convolution: the geometry
+//! ([`Conv3dGeometry::data_grad_as_forward`]) and the weight it reads
+//! ([`flip_weight`], the CPU definition of the device kernel
+//! `conv3d_flip_weight_*`).
+//!
+//! For a forward convolution `g` with stride 1 on every axis, input
+//! `[N, C, D, H, W]`, weight `W` `[K, C/G, KD, KH, KW]` and `dy`
+//! `[N, K, OD, OH, OW]`, the input gradient
+//! ([`Conv3dBackwardOp::Data`](super::Conv3dBackwardOp::Data), and so
+//! `conv_transpose3d` with stride 1) is the forward convolution of `dy`
+//! with `W'`, padding `dilation * (k - 1) - padding` per axis, the same
+//! dilation, stride 1 and groups, where `W'` `[C, K/G, KD, KH, KW]` swaps
+//! the input and output channels within each group and flips every tap:
+//! `W'[g*Cg + c, k, a, b, e] = W[g*Kg + k, c, KD-1-a, KH-1-b, KW-1-e]`
+//! (`Cg = C/G`, `Kg = K/G`). Tap `a` of output point `z` reads
+//! `dy[z - (dil*(k-1) - pad) + a*dil] = dy[z + pad - (k-1-a)*dil]`: the
+//! gather of the input gradient at tap `k-1-a`.
+
+use rayon::prelude::*;
+
+use super::params::{Conv3dGeometry, Conv3dParams};
+use crate::error::{Error, Result};
+
+impl Conv3dGeometry {
+    /// The forward convolution whose output is the input gradient of this
+    /// one (see the module docs): input `dy` `[N, K, OD, OH, OW]`, weight
+    /// [`flip_weight`] of this one's `[C, K/G, KD, KH, KW]`, output `[N, C,
+    /// D, H, W]`, padding `dilation * (k - 1) - padding`, the same dilation
+    /// and groups, stride 1.
+    ///
+    /// Errors (the reason, for a tier's `Unsupported`): a stride above 1 on
+    /// some axis; a padding above `dilation * (k - 1)` on some axis (the
+    /// flipped padding would be negative); an output smaller than the
+    /// forward formula gives (`conv_transpose3d` with an `output_padding`:
+    /// the flipped convolution would need padding on one side only); a
+    /// zero size or a size that overflows.
+    pub fn data_grad_as_forward(&self) -> std::result::Result<Conv3dGeometry, &'static str> {
+        let p = &self.params;
+        if p.stride != [1; 3] {
+            return Err(
+                "a stride above 1 (the input gradient is a forward convolution at stride 1 only)",
+            );
+        }
+        if self.kernel.contains(&0) || self.output.contains(&0) || self.input.contains(&0) {
+            return Err("zero-size tensors are not sent to a device");
+        }
+        let mut padding = [0usize; 3];
+        for a in 0..3 {
+            let reach = (self.kernel[a] - 1)
+                .checked_mul(p.dilation[a])
+                .ok_or("a dilated kernel offset overflows")?;
+            padding[a] = reach.checked_sub(p.padding[a]).ok_or(
+                "a padding above dilation * (kernel - 1) (the flipped padding would be negative)",
+            )?;
+            // Stride 1: the forward formula's output is input + 2 pad - reach.
+            let covered = self.output[a].checked_add(reach);
+            let spans = p.padding[a]
+                .checked_mul(2)
+                .and_then(|v| v.checked_add(self.input[a]));
+            if covered != spans {
+                return Err("an output smaller than the forward formula gives (conv_transpose3d with output_padding)");
+            }
+        }
+        let params = Conv3dParams {
+            stride: [1; 3],
+            padding,
+            dilation: p.dilation,
+            groups: p.groups,
+        };
+        let [kd, kh, kw] = self.kernel;
+        let dy = self.output_shape();
+        let weight = [self.in_channels, self.out_per_group(), kd, kh, kw];
+        let fwd = Conv3dGeometry::new(params, &dy, &weight)
+            .map_err(|_| "the flipped convolution's shapes are not valid")?;
+        if fwd.output != self.input || fwd.out_channels != self.in_channels {
+            // Cannot happen by the formula; refused rather than trusted.
+            return Err("the flipped convolution does not produce the input's shape");
+        }
+        Ok(fwd)
+    }
+}
+
+/// `w` (`[K, C/G, KD, KH, KW]` of the forward convolution `g`) flipped
+/// into `out` (`[C, K/G, KD, KH, KW]`): `out[g*Cg + c, k, a, b, e] =
+/// w[g*Kg + k, c, KD-1-a, KH-1-b, KW-1-e]` (see the module docs). What
+/// `conv3d_flip_weight_*` computes on a device.
+///
+/// Errors: [`Error::LengthMismatch`] when `w` or `out` is not the weight's
+/// length.
+pub fn flip_weight<T: Copy + Send + Sync>(
+    g: &Conv3dGeometry,
+    w: &[T],
+    out: &mut [T],
+) -> Result<()> {
+    let len: usize = g.weight_shape().iter().product();
+    for (op, actual) in [
+        ("conv3d flip source", w.len()),
+        ("conv3d flip destination", out.len()),
+    ] {
+        if actual != len {
+            return Err(Error::LengthMismatch {
+                op,
+                expected: len,
+                actual,
+                tensor: None,
+            });
+        }
+    }
+    let [kd, kh, kw] = g.kernel;
+    let taps = kd * kh * kw;
+    let (cg, kg) = (g.in_per_group(), g.out_per_group());
+    if len == 0 || taps == 0 || cg == 0 || kg == 0 {
+        return Ok(());
+    }
+    // One destination row of taps per (g*Cg + c, k): the source row
+    // (g*Kg + k, c) read backwards.
+    crate::par::install(|| {
+        out.par_chunks_mut(taps).enumerate().for_each(|(row, dst)| {
+            let (cc, k) = (row / kg, row % kg);
+            let (grp, c) = (cc / cg, cc % cg);
+            let src = &w[((grp * kg + k) * cg + c) * taps..][..taps];
+            for (d, s) in dst.iter_mut().zip(src.iter().rev()) {
+                *d = *s;
+            }
+        })
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flip_reverses_taps_and_swaps_channels_per_group() {
+        let params = Conv3dParams::default()
+            .with_groups(2)
+            .with_padding([1, 0, 2])
+            .with_dilation([1, 2, 1]);
+        let g = Conv3dGeometry::new(params, &[1, 4, 5, 6, 7], &[6, 2, 3, 2, 3]).unwrap();
+        let w: Vec<u32> = (0..6 * 2 * 18).collect();
+        let mut f = vec![0u32; w.len()];
+        flip_weight(&g, &w, &mut f).unwrap();
+        let (cg, kg) = (2, 3);
+        for grp in 0..2 {
+            for c in 0..cg {
+                for k in 0..kg {
+                    for a in 0..3 {
+                        for b in 0..2 {
+                            for e in 0..3 {
+                                let dst = ((((grp * cg + c) * kg + k) * 3 + a) * 2 + b) * 3 + e;
+                                let src = ((((grp * kg + k) * cg + c) * 3 + (2 - a)) * 2 + (1 - b))
+                                    * 3
+                                    + (2 - e);
+                                assert_eq!(f[dst], w[src]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let fwd = g.data_grad_as_forward().unwrap();
+        assert_eq!(fwd.input_shape(), [1, 6, 5, 4, 9]);
+        assert_eq!(fwd.weight_shape(), [4, 3, 3, 2, 3]);
+        assert_eq!(fwd.output_shape(), g.input_shape());
+        assert_eq!(fwd.params.padding, [1, 2, 0]);
+        assert!(flip_weight(&g, &w[1..], &mut f).is_err());
+    }
+
+    #[test]
+    fn data_grad_as_forward_refuses_what_it_cannot_express() {
+        let g = |params: Conv3dParams| {
+            Conv3dGeometry::new(params, &[1, 8, 6, 6, 6], &[8, 8, 3, 3, 3]).unwrap()
+        };
+        let base = Conv3dParams::default().with_padding([1; 3]);
+        assert!(g(base).data_grad_as_forward().is_ok());
+        let e = g(base.with_stride([1, 2, 1]))
+            .data_grad_as_forward()
+            .unwrap_err();
+        assert!(e.contains("stride"), "{e}");
+        let e = g(base.with_padding([0, 3, 0]))
+            .data_grad_as_forward()
+            .unwrap_err();
+        assert!(e.contains("padding"), "{e}");
+        // conv_transpose3d with output_padding 1 (dilation 2 allows it).
+        let params = Conv3dParams::default()
+            .with_dilation([2; 3])
+            .with_padding([1; 3]);
+        let t = Conv3dGeometry::transposed(params, [1, 0, 0], &[1, 8, 4, 4, 4], &[8, 8, 3, 3, 3])
+            .unwrap();
+        let e = t.data_grad_as_forward().unwrap_err();
+        assert!(e.contains("output_padding"), "{e}");
+        let t =
+            Conv3dGeometry::transposed(params, [0; 3], &[1, 8, 4, 4, 4], &[8, 8, 3, 3, 3]).unwrap();
+        assert_eq!(t.data_grad_as_forward().unwrap().output, t.input);
+    }
+}
