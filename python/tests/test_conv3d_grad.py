@@ -83,8 +83,10 @@ def test_conv3d_gradients_match_torch_and_float64(device, kw):
         scale = e.abs().max().item() + 1.0
         assert err_ours <= max(4 * err_torch, 1e-5 * scale), (name, err_ours, err_torch)
     s = rt.conv3d_stats()["tiers"]
-    # The three backward ops ran through the chain's naive kernels.
-    assert s["naive"]["served"] >= 3, s
+    # The forward call and the three backward ops ran through the chain's
+    # GPU kernels: the naive tier's, the tiled tier's for the forward call
+    # and (stride 1, 8 input channels per group) the input gradient.
+    assert s["naive"]["served"] >= 2 and s["naive"]["served"] + s["tiled"]["served"] >= 4, s
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -224,8 +224,7 @@ fn backward_calls_carry_their_parameter_lists_and_grids() {
 #[test]
 fn flip_calls_carry_the_channels_per_group_and_kernel() {
     let params = Conv3dParams::default().with_groups(2);
-    let g =
-        crate::conv3d::Conv3dGeometry::new(params, &[1, 4, 5, 6, 7], &[6, 2, 3, 2, 1]).unwrap();
+    let g = crate::conv3d::Conv3dGeometry::new(params, &[1, 4, 5, 6, 7], &[6, 2, 3, 2, 1]).unwrap();
     let a = Conv3dFlipLaunch {
         geometry: g,
         dtype: DType::BF16,
