@@ -132,9 +132,11 @@ def conv3d(
     of their device; on the CPU it runs on rocm-safe's host backend. The
     output is allocated by torch. Differentiable: when an input needs
     gradients the call is a ``torch.autograd.Function`` whose backward runs
-    the chain's backward ops (input, weight and bias gradients through the
-    naive GPU kernels, then the CPU; the vendor and tiled tiers have no
-    backward ops), each result checked as the forward one is.
+    the chain's backward ops (the input gradient at stride 1 through the
+    tiled GPU kernels, as a forward convolution with the flipped weight;
+    weight and bias gradients and the other input gradients through the
+    naive GPU kernels; then the CPU; the vendor tier has no backward ops),
+    each result checked as the forward one is.
 
     Errors: ``TypeError`` for other dtypes or non-tensors, ``ValueError``
     for shapes, devices and parameters the chain does not take,
@@ -342,11 +344,13 @@ def conv_transpose3d(
     dilation: Any = 1,
 ) -> torch.Tensor:
     """``torch.nn.functional.conv_transpose3d`` (same signature) through
-    rocm-safe's chain: the naive GPU kernel (the gather form of the input
-    gradient, which a transposed convolution is), then the CPU, each result
-    checked (NaN/Inf scan, sampled points against an f64 reference) before
-    it is returned; the vendor tier is skipped (its bindings have no
-    backward-data call) and the tiled tier too (no tiled kernel for it).
+    rocm-safe's chain: at stride 1 (no ``output_padding``, at least 8
+    output channels per group) the tiled GPU kernel (a forward convolution
+    with the flipped weight), else the naive GPU kernel (the gather form of
+    the input gradient, which a transposed convolution is), then the CPU,
+    each result checked (NaN/Inf scan, sampled points against an f64
+    reference) before it is returned; the vendor tier is skipped (its
+    bindings have no backward-data call).
 
     Input ``[N, C_in, D, H, W]`` (or unbatched ``[C_in, D, H, W]``), weight
     ``[C_in, C_out/groups, KD, KH, KW]``, optional bias ``[C_out]``, all

@@ -4,10 +4,13 @@
 //!
 //! A backward problem ([`Conv3dBackwardProblem`]) goes down the tiers that
 //! take it ([`Conv3dTier::support_backward`]): the vendor tier is skipped
-//! as unavailable (the vendor bindings have no backward call), the tiled
-//! tier as unsupported (no tiled backward kernel), the naive tier runs the
-//! gather kernels of `hip-kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU
-//! tier the CPU kernels. Every result is checked as a forward output is:
+//! as unavailable (the vendor bindings have no backward call); the tiled
+//! tier serves the input gradient (and `conv_transpose3d`) at stride 1 as
+//! the forward convolution of `dy` with the flipped weight
+//! ([`Conv3dGeometry::data_grad_as_forward`], [`super::TiledTier`]) and
+//! skips the rest as unsupported; the naive tier runs the gather kernels
+//! of `hip-kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU tier the CPU
+//! kernels. Every result is checked as a forward output is:
 //! the non-finite scan (a NaN or infinity from finite operands fails the
 //! tier unless the f64 reference there is beyond the f32 range:
 //! [`Error::Conv3dOverflow`]) and sampled points recomputed in f64
@@ -16,8 +19,8 @@
 //!
 //! On device memory ([`Conv3dChain::backward_device`],
 //! [`Conv3dChain::backward_bias_device`],
-//! [`Conv3dChain::conv_transpose3d_device`]) the naive tier of the
-//! stream's device reads and writes in place on the caller's stream and
+//! [`Conv3dChain::conv_transpose3d_device`]) the tiled and naive tiers of
+//! the stream's device read and write in place on the caller's stream and
 //! the checks run on the device (`conv3d_bwd_check_*`), read back in one
 //! small copy, as [`Conv3dChain::run_device`] does.
 
