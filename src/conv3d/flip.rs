@@ -45,11 +45,11 @@ impl Conv3dGeometry {
             return Err("zero-size tensors are not sent to a device");
         }
         let mut padding = [0usize; 3];
-        for a in 0..3 {
+        for (a, flipped) in padding.iter_mut().enumerate() {
             let reach = (self.kernel[a] - 1)
                 .checked_mul(p.dilation[a])
                 .ok_or("a dilated kernel offset overflows")?;
-            padding[a] = reach.checked_sub(p.padding[a]).ok_or(
+            *flipped = reach.checked_sub(p.padding[a]).ok_or(
                 "a padding above dilation * (kernel - 1) (the flipped padding would be negative)",
             )?;
             // Stride 1: the forward formula's output is input + 2 pad - reach.
