@@ -74,6 +74,9 @@ static __device__ inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((
 static __device__ inline float __uint_as_float(unsigned int x) {
     return __builtin_bit_cast(float, x);
 }
+static __device__ inline unsigned int __float_as_uint(float x) {
+    return __builtin_bit_cast(unsigned int, x);
+}
 static __device__ inline float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 // Relaxed, device (agent) scope, as HIP's atomicAdd.
 static __device__ inline unsigned long long atomicAdd(unsigned long long* p,
