@@ -1,16 +1,18 @@
-//! The tiled tier's input gradient and `conv_transpose3d` at stride 1: the
-//! forward convolution of `dy` with the flipped weight
+//! The tiled tier's input gradient and `conv_transpose3d`: the forward
+//! convolution of `dy` (spread by the stride where there is one,
+//! `conv3d_zero_insert_*`) with the flipped weight
 //! (`Conv3dGeometry::data_grad_as_forward`, `conv3d_flip_weight_*`), run by
 //! the tiled kernels.
 //!
-//! The flip kernel against its index formula; the tiled tier serving the
-//! input gradient and the transposed convolution (f32 and bf16, groups,
-//! dilation, padding, the transposed convolution's bias in f32 and bf16)
-//! equal to the f64 reference, on the host (`run_backward`) and on device
-//! memory; what it refuses (weight and bias gradients, strides above 1,
-//! output_padding, a padding beyond the kernel's reach, too few channels
-//! per group) going to the naive tier with the reason in the report; and
-//! faults in its kernels (the flip failing, writing garbage or a NaN; the
+//! The flip and zero-insertion kernels against their index formulas; the
+//! tiled tier serving the input gradient and the transposed convolution
+//! (f32 and bf16, groups, dilation, padding, strides, output_padding, the
+//! transposed convolution's bias in f32 and bf16) equal to the f64
+//! reference, on the host (`run_backward`) and on device memory; what it
+//! refuses (weight and bias gradients, a stride product above 8, a padding
+//! beyond the kernel's reach, too few channels per group) going to the
+//! naive tier with the reason in the report; and faults in its kernels
+//! (the flip or the zero insertion failing, writing garbage or a NaN; the
 //! tiled kernel failing) falling to the naive tier. Each runs on the host
 //! backend here and, with `--include-ignored`, on a CUDA or HIP device; the
 //! Wan-VAE-sized shapes run on a GPU only.
@@ -180,7 +182,7 @@ fn params(padding: [usize; 3], dilation: [usize; 3], groups: usize) -> Conv3dPar
 }
 
 /// Cases the tiled tier serves: input gradients and transposed
-/// convolutions at stride 1, at least 8 result channels per group.
+/// convolutions, at least 8 result channels per group.
 fn served_cases() -> Vec<(&'static str, Operands)> {
     vec![
         (
@@ -213,6 +215,40 @@ fn served_cases() -> Vec<(&'static str, Operands)> {
             ),
         ),
         (
+            "grad stride 2, padding 1",
+            Operands::grad(
+                params([1; 3], [1; 3], 1).with_stride([2; 3]),
+                [1, 8, 7, 8, 9],
+                [8, 8, 3, 3, 3],
+            ),
+        ),
+        (
+            "grad stride per axis, dilation, groups 2, rounded-down output",
+            Operands::grad(
+                params([0, 1, 2], [1, 2, 1], 2).with_stride([1, 2, 3]),
+                [2, 16, 5, 8, 10],
+                [4, 8, 2, 3, 3],
+            ),
+        ),
+        (
+            "transpose stride 2, output_padding 1, bias",
+            Operands::transpose(
+                params([1; 3], [1; 3], 1).with_stride([2; 3]),
+                [1, 0, 1],
+                [1, 6, 3, 4, 3],
+                [6, 8, 3, 3, 3],
+            ),
+        ),
+        (
+            "transpose stride 1, output_padding 1 (dilation 2), bias",
+            Operands::transpose(
+                params([1; 3], [2; 3], 1),
+                [1, 0, 1],
+                [1, 6, 3, 4, 5],
+                [6, 8, 3, 3, 3],
+            ),
+        ),
+        (
             "transpose groups 2, dilation, bias",
             Operands::transpose(
                 params([1, 1, 2], [1, 1, 2], 2),
@@ -227,7 +263,7 @@ fn served_cases() -> Vec<(&'static str, Operands)> {
 /// The tiled tier serves every case (host and device entry points; f32
 /// and bf16 operands; f32 and bf16 biases on the device), equal to the f64
 /// reference; the vendor tier was skipped, nothing failed.
-fn tiled_serves_data_and_transpose_at_stride_1(dev: &Device) {
+fn tiled_serves_data_and_transpose(dev: &Device) {
     let chain = chain(dev);
     for (name, ops) in served_cases() {
         for bf in [false, true] {
@@ -295,16 +331,15 @@ fn assert_tiled_skipped(what: &str, report: &Conv3dReport, why: &str) {
 }
 
 /// What the tiled tier refuses goes to the naive tier, the reason in the
-/// report: weight and bias gradients, stride 2, an output_padding, a
-/// padding beyond `dilation * (k - 1)`, fewer than 8 input channels per
-/// group.
+/// report: weight and bias gradients, a stride product above 8, a padding
+/// beyond `dilation * (k - 1)`, fewer than 8 input channels per group.
 fn refused_calls_go_to_the_naive_tier(dev: &Device) {
     let chain = chain(dev);
     let base = Operands::grad(params([1; 3], [1; 3], 1), [1, 8, 4, 5, 6], [12, 8, 3, 3, 3]);
     let with_op = |op| Operands::new(op, base.g, false, 51);
-    let stride2 = {
+    let stride3 = {
         let g = Conv3dGeometry::new(
-            params([1; 3], [1; 3], 1).with_stride([1, 2, 1]),
+            params([1; 3], [1; 3], 1).with_stride([3, 3, 1]),
             &[1, 8, 4, 5, 6],
             &[12, 8, 3, 3, 3],
         )
@@ -322,17 +357,7 @@ fn refused_calls_go_to_the_naive_tier(dev: &Device) {
             with_op(Conv3dBackwardOp::Bias),
             "serves only the input gradient",
         ),
-        ("stride 2", stride2, "a stride above 1"),
-        (
-            "output_padding 1",
-            Operands::transpose(
-                params([1; 3], [2; 3], 1),
-                [1, 0, 0],
-                [1, 6, 3, 4, 5],
-                [6, 8, 3, 3, 3],
-            ),
-            "output_padding",
-        ),
+        ("stride 3 x 3 x 1", stride3, "a stride product above 8"),
         (
             "padding beyond the kernel's reach",
             Operands::grad(params([1; 3], [1; 3], 1), [1, 8, 4, 4, 4], [8, 8, 1, 1, 1]),
@@ -383,6 +408,16 @@ fn tiled_fault_falls_to_naive(open: Open<'_>, kind: FaultKind, check: &dyn Fn(&F
         [1, 6, 3, 4, 5],
         [6, 8, 3, 3, 3],
     );
+    tiled_fault_falls_to_naive_on(open, &ops, kind, check);
+}
+
+/// [`tiled_fault_falls_to_naive`] on `ops`.
+fn tiled_fault_falls_to_naive_on(
+    open: Open<'_>,
+    ops: &Operands,
+    kind: FaultKind,
+    check: &dyn Fn(&Failure) -> bool,
+) {
     for bf in [false, true] {
         for device_path in [false, true] {
             let plan = FaultPlan {
@@ -444,6 +479,31 @@ fn flip_nan_is_caught(open: Open<'_>) {
         kind,
         &|f| matches!(f, Failure::NonFinite { value, .. } if value.is_nan()),
     );
+}
+
+/// The zero insertion failing, or writing garbage (a strided transposed
+/// convolution: the insertion is its first backward kernel).
+fn zero_insert_faults_fall_to_naive(open: Open<'_>) {
+    let ops = Operands::transpose(
+        params([1; 3], [1; 3], 1).with_stride([2; 3]),
+        [1, 0, 1],
+        [1, 6, 3, 4, 3],
+        [6, 8, 3, 3, 3],
+    );
+    let kind = FaultKind::Conv3dBackwardLaunchFailure;
+    tiled_fault_falls_to_naive_on(open, &ops, kind, &|f| {
+        matches!(
+            f,
+            Failure::Error(Error::InjectedFault {
+                fault: FaultKind::Conv3dBackwardLaunchFailure,
+                op: "conv3d_zero_insert"
+            })
+        )
+    });
+    let kind = FaultKind::Conv3dBackwardWritesGarbage;
+    tiled_fault_falls_to_naive_on(open, &ops, kind, &|f| {
+        matches!(f, Failure::ValueMismatch { .. })
+    });
 }
 
 /// The tiled kernel itself failing in the backward path.
@@ -511,10 +571,64 @@ fn flip_kernel_matches_the_index_formula(dev: &Device) {
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
 }
 
+/// `Stream::conv3d_zero_insert` (f32 and bf16) writes `dy[n, k, z/sd,
+/// y/sh, x/sw]` at multiples of the stride inside `dy`, zero elsewhere,
+/// computed here index by index; refuses a destination too small for the
+/// stride.
+fn zero_insert_kernel_matches_the_index_formula(dev: &Device) {
+    let g = Conv3dGeometry::new(
+        params([1, 0, 1], [1; 3], 1).with_stride([2, 3, 1]),
+        &[2, 3, 7, 8, 5],
+        &[4, 3, 3, 2, 3],
+    )
+    .unwrap();
+    let [od, oh, ow] = g.output;
+    let expanded = [(od - 1) * 2 + 2, (oh - 1) * 3 + 1, ow + 1];
+    let planes = g.batch * g.out_channels;
+    let zvol: usize = expanded.iter().product();
+    let dy = values(g.output_len(), 71);
+    let mut want = vec![0f32; planes * zvol];
+    for nk in 0..planes {
+        for z in 0..expanded[0] {
+            for y in 0..expanded[1] {
+                for x in 0..expanded[2] {
+                    let hit = z % 2 == 0 && y % 3 == 0 && z / 2 < od && y / 3 < oh && x < ow;
+                    if hit {
+                        let at = ((nk * expanded[0] + z) * expanded[1] + y) * expanded[2] + x;
+                        want[at] = dy[((nk * od + z / 2) * oh + y / 3) * ow + x];
+                    }
+                }
+            }
+        }
+    }
+    let s = dev.stream().unwrap();
+    let dyd = s.clone_htod(&dy).unwrap();
+    // Filled with garbage first: every element is written.
+    let mut out = s.clone_htod(&vec![7f32; want.len()]).unwrap();
+    s.conv3d_zero_insert(&g, expanded, &dyd.view(), &mut out.view_mut())
+        .unwrap();
+    assert_eq!(out.to_vec().unwrap(), want);
+    let dyb = to_bf16(&dy);
+    let dybd = s.clone_htod(&dyb).unwrap();
+    let mut outb = s.clone_htod(&vec![bf16::ONE; want.len()]).unwrap();
+    s.conv3d_zero_insert(&g, expanded, &dybd.view(), &mut outb.view_mut())
+        .unwrap();
+    assert_eq!(outb.to_vec().unwrap(), to_bf16(&want));
+    let small = [(od - 1) * 2, expanded[1], expanded[2]];
+    let mut o2 = s
+        .alloc_zeros::<f32>(planes * small.iter().product::<usize>())
+        .unwrap();
+    let e = s
+        .conv3d_zero_insert(&g, small, &dyd.view(), &mut o2.view_mut())
+        .unwrap_err();
+    assert!(matches!(e, Error::Conv3dParam { .. }), "{e}");
+}
+
 /// Wan 2.1 VAE-sized calls on a GPU: the input gradient of a 96 -> 96
-/// k3 p1 convolution of a 1x96x5x40x52 input, and the transposed
-/// convolution of that shape with a bias, f32 and bf16, host and device
-/// entry points: served by the tiled tier, equal to the f64 reference at
+/// k3 p1 convolution of a 1x96x5x40x52 input, the transposed convolution
+/// of that shape with a bias, and a stride-2 transposed convolution (96
+/// channels, 1x96x3x20x26 to 1x96x6x40x52, output_padding 1: zero
+/// insertion), f32 and bf16, host and device entry points: served by the tiled tier, equal to the f64 reference at
 /// 4096 sampled points. Prints the device path's time next to the naive
 /// tier's (informational).
 fn wan_vae_like_data_and_transpose(dev: &Device) {
@@ -531,6 +645,15 @@ fn wan_vae_like_data_and_transpose(dev: &Device) {
         (
             "wan transpose",
             Operands::transpose(params([1; 3], [1; 3], 1), [0; 3], shape, w),
+        ),
+        (
+            "wan transpose stride 2",
+            Operands::transpose(
+                params([1; 3], [1; 3], 1).with_stride([2; 3]),
+                [1; 3],
+                [1, 96, 3, 20, 26],
+                w,
+            ),
         ),
     ];
     for (name, ops) in cases {
@@ -584,12 +707,14 @@ fn assert_sampled_close(what: &str, p: &Conv3dBackwardProblem<'_>, out: &[f32]) 
 }
 
 per_device!(
-    tiled_serves_data_and_transpose_at_stride_1,
+    tiled_serves_data_and_transpose,
     refused_calls_go_to_the_naive_tier,
     flip_launch_failure_falls_to_naive,
     flip_garbage_is_a_mismatch,
     flip_nan_is_caught,
     tiled_kernel_failure_falls_to_naive,
-    flip_kernel_matches_the_index_formula;
+    zero_insert_faults_fall_to_naive,
+    flip_kernel_matches_the_index_formula,
+    zero_insert_kernel_matches_the_index_formula;
     gpu_only: wan_vae_like_data_and_transpose,
 );

@@ -1,7 +1,9 @@
 //! The input gradient at stride 1 as a forward convolution: the geometry
 //! ([`Conv3dGeometry::data_grad_as_forward`]) and the weight it reads
 //! ([`flip_weight`], the CPU definition of the device kernel
-//! `conv3d_flip_weight_*`).
+//! `conv3d_flip_weight_*`); and a strided one as a stride-1 one of `dy`
+//! spread by the stride ([`Conv3dGeometry::data_grad_unstrided`],
+//! [`zero_insert`], the CPU definition of `conv3d_zero_insert_*`).
 //!
 //! For a forward convolution `g` with stride 1 on every axis, input
 //! `[N, C, D, H, W]`, weight `W` `[K, C/G, KD, KH, KW]` and `dy`
@@ -15,6 +17,12 @@
 //! (`Cg = C/G`, `Kg = K/G`). Tap `a` of output point `z` reads
 //! `dy[z - (dil*(k-1) - pad) + a*dil] = dy[z + pad - (k-1-a)*dil]`: the
 //! gather of the input gradient at tap `k-1-a`.
+//!
+//! With a stride `s`, `dx[z] = sum over taps t of dy[o] * W[t]` where `o *
+//! s = z + pad - t * dil`: the stride-1 input gradient of `dy` with zeros
+//! inserted (`dyz[o * s] = dy[o]`, zero elsewhere), its size the stride-1
+//! output `D + 2 * pad - dil * (k - 1)` (which also covers a transposed
+//! convolution's `output_padding`: the extra positions are zeros).
 
 use rayon::prelude::*;
 
@@ -78,6 +86,96 @@ impl Conv3dGeometry {
         }
         Ok(fwd)
     }
+}
+
+impl Conv3dGeometry {
+    /// The stride-1 convolution whose input gradient, of `dy` spread by the
+    /// stride ([`zero_insert`] into this geometry's output size), is this
+    /// one's: the same input, weight, padding, dilation and groups, stride
+    /// 1, so its output is `D + 2 * padding - dilation * (k - 1)` per axis
+    /// (at least `(OD - 1) * stride + 1`; more where the forward formula
+    /// rounded down or the transposed convolution has an `output_padding`,
+    /// the extra positions zero). For a stride-1 geometry without
+    /// `output_padding` it is the geometry itself.
+    ///
+    /// Errors (the reason): a zero size; shapes that do not make a valid
+    /// stride-1 convolution; an output whose zero-inserted size exceeds
+    /// the stride-1 output (cannot happen for a validated geometry).
+    pub fn data_grad_unstrided(&self) -> std::result::Result<Conv3dGeometry, &'static str> {
+        if self.output.contains(&0) || self.input.contains(&0) || self.kernel.contains(&0) {
+            return Err("zero-size tensors are not sent to a device");
+        }
+        let params = Conv3dParams {
+            stride: [1; 3],
+            ..self.params
+        };
+        let g1 = Conv3dGeometry::new(params, &self.input_shape(), &self.weight_shape())
+            .map_err(|_| "the unstrided convolution's shapes are not valid")?;
+        for a in 0..3 {
+            let last = (self.output[a] - 1).checked_mul(self.params.stride[a]);
+            if last.is_none_or(|v| v >= g1.output[a]) {
+                return Err("the zero-inserted dy does not fit the unstrided output");
+            }
+        }
+        Ok(g1)
+    }
+}
+
+/// `dy` (`[N, K, OD, OH, OW]` of the forward convolution `g`) spread by
+/// `g`'s stride into `out` (`[N, K, ZD, ZH, ZW]`, `expanded` = `[ZD, ZH,
+/// ZW]`): `out[n, k, z, y, x] = dy[n, k, z/sd, y/sh, x/sw]` where each
+/// coordinate is a multiple of its stride and the quotient inside `dy`,
+/// else zero. What `conv3d_zero_insert_*` computes on a device.
+///
+/// Errors: [`Error::LengthMismatch`] when `dy` or `out` is not its shape's
+/// length.
+pub fn zero_insert<T: Copy + Default + Send + Sync>(
+    g: &Conv3dGeometry,
+    expanded: [usize; 3],
+    dy: &[T],
+    out: &mut [T],
+) -> Result<()> {
+    let planes = g.batch * g.out_channels;
+    let zvol: usize = expanded.iter().product();
+    for (op, expected, actual) in [
+        ("conv3d zero insertion source", g.output_len(), dy.len()),
+        (
+            "conv3d zero insertion destination",
+            planes * zvol,
+            out.len(),
+        ),
+    ] {
+        if expected != actual {
+            return Err(Error::LengthMismatch {
+                op,
+                expected,
+                actual,
+                tensor: None,
+            });
+        }
+    }
+    let [od, oh, ow] = g.output;
+    let [zh, zw] = [expanded[1], expanded[2]];
+    let [sd, sh, sw] = g.params.stride;
+    if zvol == 0 {
+        return Ok(());
+    }
+    crate::par::install(|| {
+        out.par_chunks_mut(zvol)
+            .enumerate()
+            .for_each(|(nk, plane)| {
+                plane.fill(T::default());
+                let src = &dy[nk * od * oh * ow..][..od * oh * ow];
+                for (i, &v) in src.iter().enumerate() {
+                    let (z, y, x) = (i / (oh * ow), i / ow % oh, i % ow);
+                    let at = (z * sd * zh + y * sh) * zw + x * sw;
+                    if let Some(d) = plane.get_mut(at) {
+                        *d = v;
+                    }
+                }
+            })
+    });
+    Ok(())
 }
 
 /// `w` (`[K, C/G, KD, KH, KW]` of the forward convolution `g`) flipped
@@ -193,5 +291,37 @@ mod tests {
         let t =
             Conv3dGeometry::transposed(params, [0; 3], &[1, 8, 4, 4, 4], &[8, 8, 3, 3, 3]).unwrap();
         assert_eq!(t.data_grad_as_forward().unwrap().output, t.input);
+    }
+
+    #[test]
+    fn data_grad_unstrided_keeps_every_dy_point_and_the_input() {
+        let params = Conv3dParams::default()
+            .with_stride([2, 3, 1])
+            .with_padding([1, 0, 1]);
+        // The stride-1 output D + 2p - (k - 1): 7 + 2 - 2 = 7 = (4 - 1) * 2 + 1
+        // (d); 9 - 1 = 8 = (3 - 1) * 3 + 2 (h: the forward formula rounded down).
+        let g = Conv3dGeometry::new(params, &[1, 8, 7, 9, 5], &[4, 8, 3, 2, 3]).unwrap();
+        assert_eq!(g.output, [4, 3, 5]);
+        let g1 = g.data_grad_unstrided().unwrap();
+        assert_eq!(g1.params.stride, [1; 3]);
+        assert_eq!(g1.output, [7, 8, 5]);
+        assert_eq!((g1.input, g1.kernel), (g.input, g.kernel));
+        for a in 0..3 {
+            assert!((g.output[a] - 1) * g.params.stride[a] < g1.output[a]);
+        }
+        // A stride-1 geometry is its own.
+        let s1 = Conv3dGeometry::new(Conv3dParams::default(), &[1, 8, 4, 4, 4], &[8, 8, 3, 3, 3])
+            .unwrap();
+        assert_eq!(s1.data_grad_unstrided().unwrap(), s1);
+        let dy: Vec<u16> = (1..=g.output_len() as u16).collect();
+        let mut out = vec![9u16; 4 * 7 * 8 * 5];
+        zero_insert(&g, g1.output, &dy, &mut out).unwrap();
+        assert_eq!(out.iter().filter(|&&v| v != 0).count(), dy.len());
+        // dy[k=1, 2, 1, 3] at (4, 3, 3).
+        assert_eq!(
+            out[((7 + 4) * 8 + 3) * 5 + 3],
+            dy[((4 + 2) * 3 + 1) * 5 + 3]
+        );
+        assert!(zero_insert(&g, g1.output, &dy[1..], &mut out).is_err());
     }
 }

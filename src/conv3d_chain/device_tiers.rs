@@ -362,22 +362,28 @@ impl Conv3dTier for VendorTier {
 /// calls, grid limits, zero sizes).
 ///
 /// Of the backward ops it serves the input gradient (and so
-/// `conv_transpose3d`) at stride 1, as the forward convolution of `dy`
-/// with the flipped weight ([`Conv3dGeometry::data_grad_as_forward`]):
+/// `conv_transpose3d`) as the forward convolution of `dy` with the flipped
+/// weight ([`Conv3dGeometry::data_grad_as_forward`]):
 /// `conv3d_flip_weight_*` flips the weight into a buffer the tier keeps,
 /// then the forward path lays it out and runs the tiled kernel (SIMT f32
 /// and bf16, or the bf16 tensor-core kernel), the transposed
 /// convolution's bias added by the kernel; all on the caller's stream,
-/// with no host copy and no wait. Weight and bias gradients, strides above
-/// 1, an `output_padding`, a padding above `dilation * (k - 1)` and what
-/// the tiled kernel does not take of the flipped convolution (fewer than 8
-/// input channels per group of the forward one, ...) are unsupported: the
-/// naive tier's gather kernels serve them.
+/// with no host copy and no wait. With a stride above 1, or a transposed
+/// convolution's `output_padding`, `conv3d_zero_insert_*` first spreads
+/// `dy` by the stride into a second kept buffer, zeros between and after
+/// ([`Conv3dGeometry::data_grad_unstrided`]): the tiled kernel then does
+/// `stride product` times the multiply-adds the gather needs, so strides
+/// whose product is above [`TILED_MAX_STRIDE_PRODUCT`] are left to the
+/// naive tier. Weight and bias gradients, a padding above `dilation * (k -
+/// 1)` and what the tiled kernel does not take of the flipped convolution
+/// (fewer than 8 input channels per group of the forward one, ...) are
+/// unsupported too: the naive tier's gather kernels serve them.
 #[derive(Debug)]
 pub struct TiledTier {
     device: Device,
     layouts: LayoutScratch,
     flips: LayoutScratch,
+    inserted: LayoutScratch,
 }
 
 impl TiledTier {
@@ -387,13 +393,41 @@ impl TiledTier {
             device,
             layouts: LayoutScratch::default(),
             flips: LayoutScratch::default(),
+            inserted: LayoutScratch::default(),
         }
     }
 
-    /// The input gradient of `g` into `out` on `s` (this device's): the
-    /// weight flipped into the kept buffer, then the tiled forward
-    /// convolution of `dy` with it (see the type's docs).
+    /// The input gradient of `g` into `out` on `s` (this device's): `dy`
+    /// spread by the stride into a kept buffer where `g` needs it, then
+    /// [`Self::flipped`] (see the type's docs).
     fn data_views<T: Element + Default>(
+        &self,
+        s: &Stream,
+        g: &Conv3dGeometry,
+        (dy, w): ViewOperands<'_, '_, T>,
+        bias: Option<DeviceView<'_, f32>>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let g1 = g
+            .data_grad_unstrided()
+            .map_err(|reason| crate::Error::Conv3dTier {
+                tier: "tiled",
+                reason,
+            })?;
+        if g1 == *g {
+            return self.flipped(s, g, (dy, w), bias, out);
+        }
+        self.inserted
+            .with_buffer::<T>(s, g1.output_len(), |spread| {
+                s.conv3d_zero_insert(g, g1.output, dy, spread)?;
+                self.flipped(s, &g1, (&spread.as_view(), w), bias, out)
+            })
+    }
+
+    /// The input gradient of `g` (stride 1, its output the forward
+    /// formula's) into `out` on `s`: the weight flipped into the kept
+    /// buffer, then the tiled forward convolution of `dy` with it.
+    fn flipped<T: Element + Default>(
         &self,
         s: &Stream,
         g: &Conv3dGeometry,
@@ -451,10 +485,15 @@ fn tiled_support(g: &Conv3dGeometry) -> Support {
     }
 }
 
+/// The largest product of the strides whose input gradient the tiled tier
+/// takes: zero insertion makes the tiled kernel do that many times the
+/// multiply-adds of the gather form (2 x 2 x 2: 8).
+pub const TILED_MAX_STRIDE_PRODUCT: usize = 8;
+
 /// Why the tiled tier takes no weight or bias gradient.
 const TILED_DATA_ONLY: &str = concat!(
-    "the tiled tier serves only the input gradient (stride 1, as a forward convolution ",
-    "with the flipped weight): the naive tier's gather kernels serve weight and bias gradients"
+    "the tiled tier serves only the input gradient (as a forward convolution with the ",
+    "flipped weight): the naive tier's gather kernels serve weight and bias gradients"
 );
 
 /// Whether the tiled tier takes backward `op` of `g` (see [`TiledTier`]).
@@ -465,7 +504,21 @@ fn tiled_backward_support(op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
     if let Some(why) = op.unsupported(g) {
         return Support::Unsupported(why.into());
     }
-    let fwd = match g.data_grad_as_forward() {
+    let strides = g
+        .params
+        .stride
+        .iter()
+        .try_fold(1usize, |p, &v| p.checked_mul(v));
+    if strides.is_none_or(|p| p > TILED_MAX_STRIDE_PRODUCT) {
+        return Support::Unsupported(format!(
+            "a stride product above {TILED_MAX_STRIDE_PRODUCT} (zero insertion would make the tiled \
+             kernel do that many times the gather's multiply-adds): the naive tier serves"
+        ));
+    }
+    let fwd = match g
+        .data_grad_unstrided()
+        .and_then(|g1| g1.data_grad_as_forward())
+    {
         Ok(fwd) => fwd,
         Err(why) => {
             return Support::Unsupported(format!(
@@ -517,15 +570,15 @@ impl Conv3dTier for TiledTier {
         let op = Op::Kernel(Conv3dKernel::Tiled);
         run_device_on(&self.device, op, self, &self.layouts, ops, out)
     }
-    /// The input gradient at stride 1 (no `output_padding`, padding at
-    /// most `dilation * (k - 1)`, a flipped convolution the tiled kernel
-    /// takes); weight and bias gradients are unsupported (see
-    /// [`TiledTier`]).
+    /// The input gradient (strides whose product is at most
+    /// [`TILED_MAX_STRIDE_PRODUCT`], padding at most `dilation * (k - 1)`,
+    /// a flipped convolution the tiled kernel takes); weight and bias
+    /// gradients are unsupported (see [`TiledTier`]).
     fn support_backward(&self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
         tiled_backward_support(op, g)
     }
-    /// Through the device: uploads, flips, runs the tiled kernel,
-    /// downloads.
+    /// Through the device: uploads, spreads `dy` (strided), flips, runs
+    /// the tiled kernel, downloads.
     fn run_backward(&self, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
         use Conv3dData::{BF16, F32};
         match (p.op, p.grad_output, p.other) {
@@ -534,8 +587,9 @@ impl Conv3dTier for TiledTier {
             (op, _, _) => Err(tiled_backward_refused(op)),
         }
     }
-    /// On operands of this device: the flip, the layout and the tiled
-    /// kernel on the caller's stream, in place; otherwise the host path.
+    /// On operands of this device: the zero insertion (strided), the flip,
+    /// the layout and the tiled kernel on the caller's stream, in place;
+    /// otherwise the host path.
     fn run_backward_device(
         &self,
         ops: &DeviceBackwardOperands<'_, '_>,

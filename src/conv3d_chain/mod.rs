@@ -60,7 +60,7 @@ mod tier;
 pub use backward::{BackwardInputs, DeviceBackwardOperands};
 pub use chain::{Conv3dChain, Conv3dOptions};
 pub use device_run::{DeviceConv3dData, DeviceOperands};
-pub use device_tiers::{device_tiers, NaiveTier, TiledTier, VendorTier};
+pub use device_tiers::{device_tiers, NaiveTier, TiledTier, VendorTier, TILED_MAX_STRIDE_PRODUCT};
 pub use report::{Conv3dReport, TierAttempt, TierStats};
 pub use tier::{Conv3dTier, CpuTier, Support, TierKind, UnavailableTier};
 

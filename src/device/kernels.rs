@@ -86,6 +86,8 @@ pub(crate) enum Kernel {
     Conv3dGuardDecide,
     Conv3dFlipWeightU32,
     Conv3dFlipWeightU16,
+    Conv3dZeroInsertU32,
+    Conv3dZeroInsertU16,
     /// Optional (CUDA sm_80+ only): not in [`Kernel::all`].
     Conv3dTiledBf16Mma,
 }
@@ -94,7 +96,7 @@ pub(crate) enum Kernel {
 impl Kernel {
     /// The kernels that are not conversions, in the order they are loaded
     /// after the conversion table's ([`Kernel::all`]).
-    const FIXED: [Kernel; 26] = [
+    const FIXED: [Kernel; 28] = [
         Kernel::FingerprintSum,
         Kernel::NonfiniteF32,
         Kernel::NonfiniteBf16,
@@ -121,6 +123,8 @@ impl Kernel {
         Kernel::Conv3dGuardDecide,
         Kernel::Conv3dFlipWeightU32,
         Kernel::Conv3dFlipWeightU16,
+        Kernel::Conv3dZeroInsertU32,
+        Kernel::Conv3dZeroInsertU16,
     ];
 
     /// Every kernel a backend loads (and every code object must hold): the
@@ -172,6 +176,8 @@ impl Kernel {
             | Kernel::Conv3dGuardDecide
             | Kernel::Conv3dFlipWeightU32
             | Kernel::Conv3dFlipWeightU16
+            | Kernel::Conv3dZeroInsertU32
+            | Kernel::Conv3dZeroInsertU16
             | Kernel::Conv3dTiledBf16Mma => KernelModule::Conv3d,
         }
     }
@@ -216,6 +222,8 @@ impl Kernel {
             Kernel::Conv3dGuardDecide => "conv3d_guard_decide",
             Kernel::Conv3dFlipWeightU32 => "conv3d_flip_weight_u32",
             Kernel::Conv3dFlipWeightU16 => "conv3d_flip_weight_u16",
+            Kernel::Conv3dZeroInsertU32 => "conv3d_zero_insert_u32",
+            Kernel::Conv3dZeroInsertU16 => "conv3d_zero_insert_u16",
             Kernel::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
@@ -410,7 +418,8 @@ impl KernelCall {
             | KernelOp::Conv3dGuardDecide { .. }
             | KernelOp::Conv3dBackward { .. }
             | KernelOp::Conv3dBackwardCheck { .. }
-            | KernelOp::Conv3dFlipWeight { .. } => {
+            | KernelOp::Conv3dFlipWeight { .. }
+            | KernelOp::Conv3dZeroInsert { .. } => {
                 return Err(Error::BackendUnsupported {
                     backend: "gpu",
                     op: op.name(),

@@ -107,12 +107,14 @@ pub enum FaultKind {
     /// The conv3d chain's device check (`device::KernelOp::Conv3dCheck`) fails.
     Conv3dCheckFailure,
     /// A conv3d backward kernel (`device::KernelOp::Conv3dBackward`, or
-    /// the tiled tier's `device::KernelOp::Conv3dFlipWeight`) fails.
+    /// the tiled tier's `device::KernelOp::Conv3dFlipWeight` and
+    /// `device::KernelOp::Conv3dZeroInsert`) fails.
     Conv3dBackwardLaunchFailure,
-    /// A conv3d backward kernel (or the weight flip) writes garbage
-    /// (finite values).
+    /// A conv3d backward kernel (or the weight flip, the zero insertion)
+    /// writes garbage (finite values).
     Conv3dBackwardWritesGarbage,
-    /// A conv3d backward kernel (or the weight flip) writes a NaN.
+    /// A conv3d backward kernel (or the weight flip, the zero insertion)
+    /// writes a NaN.
     Conv3dBackwardWritesNonFinite,
 }
 

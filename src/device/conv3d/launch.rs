@@ -5,7 +5,7 @@
 
 use super::{
     Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch,
-    Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch,
+    Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dZeroInsertLaunch,
 };
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::device::info::DevicePtr;
@@ -429,6 +429,38 @@ impl KernelCall {
             .into_iter()
             .map(KernelArg::U64)
             .collect(),
+        ))
+    }
+}
+
+impl KernelCall {
+    /// `conv3d_zero_insert_{u32,u16}(const T* dy, T* out, u64 total, u64
+    /// od, u64 oh, u64 ow, u64 zd, u64 zh, u64 zw, u64 sd, u64 sh, u64 sw)`,
+    /// one output element per thread (grid-stride over `total`, the
+    /// destination's length).
+    pub(crate) fn conv3d_zero_insert(a: &Conv3dZeroInsertLaunch, mps: u32) -> Result<KernelCall> {
+        let k = match a.dtype {
+            DType::F32 => Kernel::Conv3dZeroInsertU32,
+            DType::BF16 => Kernel::Conv3dZeroInsertU16,
+            other => {
+                return Err(Error::Conv3dDType {
+                    tensor: "grad_output",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let g = &a.geometry;
+        let total = a.len() as u64;
+        let [od, oh, ow] = g.output.map(|v| v as u64);
+        let [zd, zh, zw] = a.expanded.map(|v| v as u64);
+        let [sd, sh, sw] = g.params.stride.map(|v| v as u64);
+        let args = [a.src.0, a.dst.0, total, od, oh, ow, zd, zh, zw, sd, sh, sw];
+        Ok(Self::one_d(
+            k,
+            total,
+            mps,
+            args.into_iter().map(KernelArg::U64).collect(),
         ))
     }
 }

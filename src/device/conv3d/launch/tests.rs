@@ -256,3 +256,43 @@ fn flip_calls_carry_the_channels_per_group_and_kernel() {
         assert_eq!(k.module(), KernelModule::Conv3d);
     }
 }
+
+#[test]
+fn zero_insert_calls_carry_both_sizes_and_the_stride() {
+    let params = Conv3dParams::default().with_stride([2, 1, 3]);
+    let g =
+        crate::conv3d::Conv3dGeometry::new(params, &[2, 4, 7, 6, 10], &[5, 4, 3, 3, 3]).unwrap();
+    assert_eq!(g.output, [3, 4, 3]);
+    let a = Conv3dZeroInsertLaunch {
+        geometry: g,
+        expanded: [5, 4, 8],
+        dtype: DType::F32,
+        src: DevicePtr(256),
+        dst: DevicePtr(512),
+    };
+    let total = 2 * 5 * 5 * 4 * 8;
+    assert_eq!(a.len(), total);
+    let c = KernelCall::conv3d_zero_insert(&a, 4).unwrap();
+    assert_eq!(c.kernel, Kernel::Conv3dZeroInsertU32);
+    assert_eq!(c.kernel.symbol(), "conv3d_zero_insert_u32");
+    assert_eq!(c.grid, [(total as u32).div_ceil(256), 1, 1]);
+    let want = [256, 512, total as u64, 3, 4, 3, 5, 4, 8, 2, 1, 3].map(KernelArg::U64);
+    assert_eq!(c.args, want);
+    let b = Conv3dZeroInsertLaunch {
+        dtype: DType::BF16,
+        ..a
+    };
+    assert_eq!(
+        KernelCall::conv3d_zero_insert(&b, 4).unwrap().kernel,
+        Kernel::Conv3dZeroInsertU16
+    );
+    let bad = Conv3dZeroInsertLaunch {
+        dtype: DType::I8,
+        ..a
+    };
+    assert!(KernelCall::conv3d_zero_insert(&bad, 4).is_err());
+    for k in [Kernel::Conv3dZeroInsertU32, Kernel::Conv3dZeroInsertU16] {
+        assert!(Kernel::all().contains(&k));
+        assert_eq!(k.module(), KernelModule::Conv3d);
+    }
+}
