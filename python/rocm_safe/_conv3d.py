@@ -132,10 +132,12 @@ def conv3d(
     of their device; on the CPU it runs on rocm-safe's host backend. The
     output is allocated by torch. Differentiable: when an input needs
     gradients the call is a ``torch.autograd.Function`` whose backward runs
-    the chain's backward ops (the input gradient at stride 1 through the
-    tiled GPU kernels, as a forward convolution with the flipped weight;
-    weight and bias gradients and the other input gradients through the
-    naive GPU kernels; then the CPU; the vendor tier has no backward ops),
+    the chain's backward ops (the input gradient through the tiled GPU
+    kernels, as a forward convolution with the flipped weight, where the
+    strides' product is at most 8 and there are at least 8 input channels
+    per group; weight and bias gradients and the other input gradients
+    through the naive GPU kernels; then the CPU; the vendor tier has no
+    backward ops),
     each result checked as the forward one is.
 
     Errors: ``TypeError`` for other dtypes or non-tensors, ``ValueError``
@@ -344,9 +346,10 @@ def conv_transpose3d(
     dilation: Any = 1,
 ) -> torch.Tensor:
     """``torch.nn.functional.conv_transpose3d`` (same signature) through
-    rocm-safe's chain: at stride 1 (no ``output_padding``, at least 8
-    output channels per group) the tiled GPU kernel (a forward convolution
-    with the flipped weight), else the naive GPU kernel (the gather form of
+    rocm-safe's chain: where the strides' product is at most 8 and there
+    are at least 8 output channels per group, the tiled GPU kernel (a
+    forward convolution of the input spread by the stride with the flipped
+    weight), else the naive GPU kernel (the gather form of
     the input gradient, which a transposed convolution is), then the CPU,
     each result checked (NaN/Inf scan, sampled points against an f64
     reference) before it is returned; the vendor tier is skipped (its

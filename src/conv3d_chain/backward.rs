@@ -5,10 +5,10 @@
 //! A backward problem ([`Conv3dBackwardProblem`]) goes down the tiers that
 //! take it ([`Conv3dTier::support_backward`]): the vendor tier is skipped
 //! as unavailable (the vendor bindings have no backward call); the tiled
-//! tier serves the input gradient (and `conv_transpose3d`) at stride 1 as
-//! the forward convolution of `dy` with the flipped weight
-//! ([`Conv3dGeometry::data_grad_as_forward`], [`super::TiledTier`]) and
-//! skips the rest as unsupported; the naive tier runs the gather kernels
+//! tier serves the input gradient (and `conv_transpose3d`) as the forward
+//! convolution of `dy` (spread by the stride where there is one) with the
+//! flipped weight ([`Conv3dGeometry::data_grad_as_forward`],
+//! [`super::TiledTier`]) and skips the rest as unsupported; the naive tier runs the gather kernels
 //! of `hip-kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU tier the CPU
 //! kernels. Every result is checked as a forward output is:
 //! the non-finite scan (a NaN or infinity from finite operands fails the

@@ -40,7 +40,7 @@
 //!   [`Conv3dChain::backward_device`], [`Conv3dChain::backward_bias_device`],
 //!   [`Conv3dChain::conv_transpose3d_device`]) through the tiers that take
 //!   them ([`Conv3dTier::support_backward`]: the tiled GPU kernels for the
-//!   input gradient at stride 1, the naive GPU kernels and the CPU), with
+//!   input gradient, the naive GPU kernels and the CPU), with
 //!   the same checks and reports.
 //!
 // Files (for readers of the source, not of the rustdoc):
