@@ -50,10 +50,11 @@ fn zero_size(g: &Conv3dGeometry) -> Option<Support> {
         .map(|why| Support::Unsupported(why.into()))
 }
 
-/// The device buffer a tier lays its weights out in, kept across calls,
-/// and the event after the last kernel that read it: a call on another
-/// stream waits for that event on the device (never on the host) before
-/// it overwrites the buffer.
+/// A device buffer a tier keeps across calls (the weight layout; the
+/// tiled tier's flipped weight and spread `dy` have one each), and the
+/// event after the last kernel that read it: a call on another stream
+/// waits for that event on the device (never on the host) before it
+/// overwrites the buffer.
 #[derive(Debug, Default)]
 pub(super) struct LayoutScratch {
     inner: Mutex<Option<(DeviceBuffer<u32>, Option<Event>)>>,
@@ -86,7 +87,7 @@ impl LayoutScratch {
         let Some((buf, last)) = guard.as_mut() else {
             return Err(crate::Error::Conv3dTier {
                 tier: "tiled",
-                reason: "no weight layout buffer",
+                reason: "no kept device buffer",
             });
         };
         if let Some(ev) = last.as_ref() {
