@@ -15,7 +15,7 @@
 //! by the backend per call and reversible; the flip belongs to another
 //! convolution (other shape, other geometry), is chosen by the tiled tier
 //! for a backward op only, and is faulted as a backward kernel
-//! ([`crate::device::faults`]).
+//! (`device::faults`).
 
 use super::layout::check_len;
 use crate::conv3d::{flip_weight, zero_insert, Conv3dGeometry};
