@@ -1,4 +1,6 @@
-// The conv3d gradient kernels (dx, dw, db) and their sampled-point check.
+// The conv3d gradient kernels (dx, dw, db), their sampled-point check, and
+// the flipped weight and zero-inserted dy through which the tiled kernels
+// compute dx.
 // Part of the conv3d module: included by conv3d.hip after rs_conv3d_args
 // and the shared helpers (rs_ld, rs_bits16, rs_tap_range); not compiled
 // on its own.
@@ -332,3 +334,66 @@ KERNEL void RS_HIP_BLOCK(256)
     rs_conv3d_bwd_check<rs_u16>(dy, other, bias, bias_kind, out, res, a, op, nsamples, seed,
                                 located);
 }
+
+// ------------------------------------------------------------ flipped weight
+//
+// conv3d_flip_weight_{u32,u16}: the weight W [K][Cg][KD][KH][KW] of the
+// forward convolution (Cg = C/G, Kg = K/G) as the weight W' [C][Kg][KD][KH][KW]
+// of the forward convolution that computes its input gradient at stride 1
+// (dy convolved with W', padding dil*(k-1) - pad): input and output channels
+// swapped within each group, every tap flipped,
+//   W'[g*Cg + c][k][a][b][e] = W[g*Kg + k][c][KD-1-a][KH-1-b][KW-1-e].
+// One output element per thread (grid-stride over total = C * Kg * taps),
+// 64-bit indices; f32 and bf16 move as their bits.
+#define RS_FLIP_KERNEL(NAME, T)                                                              \
+    KERNEL void NAME(const T* __restrict__ w, T* __restrict__ out, rs_u64 total, rs_u64 cg,   \
+                     rs_u64 kg, rs_u64 kd, rs_u64 kh, rs_u64 kw) {                            \
+        for (rs_u64 o = rs_tid(); o < total; o += rs_nthreads()) {                            \
+            rs_u64 t = o;                                                                     \
+            const rs_u64 e = t % kw;                                                          \
+            t /= kw;                                                                          \
+            const rs_u64 b = t % kh;                                                          \
+            t /= kh;                                                                          \
+            const rs_u64 a = t % kd;                                                          \
+            t /= kd;                                                                          \
+            const rs_u64 k = t % kg;                                                          \
+            const rs_u64 cc = t / kg;                                                         \
+            const rs_u64 grp = cc / cg;                                                       \
+            const rs_u64 c = cc - grp * cg;                                                   \
+            const rs_u64 row = (grp * kg + k) * cg + c;                                       \
+            out[o] = w[((row * kd + (kd - 1 - a)) * kh + (kh - 1 - b)) * kw + (kw - 1 - e)]; \
+        }                                                                                     \
+    }
+RS_FLIP_KERNEL(conv3d_flip_weight_u32, rs_u32)
+RS_FLIP_KERNEL(conv3d_flip_weight_u16, rs_u16)
+
+// ------------------------------------------------------------ zero insertion
+//
+// conv3d_zero_insert_{u32,u16}: dy [NK][OD][OH][OW] (NK = N * K) spread by
+// the stride into out [NK][ZD][ZH][ZW] (Z* >= (O* - 1) * s* + 1):
+//   out[nk][z][y][x] = dy[nk][z/sd][y/sh][x/sw] where z % sd == 0 and
+//   z / sd < OD (likewise y, x), else 0,
+// so that the input gradient of a strided convolution is the stride-1 one
+// of `out` (the tiled tier's path: then flipped, conv3d_flip_weight_*). One
+// output element per thread (grid-stride over total = NK * ZD * ZH * ZW),
+// every element written; 64-bit indices.
+#define RS_ZERO_INSERT_KERNEL(NAME, T)                                                       \
+    KERNEL void NAME(const T* __restrict__ dy, T* __restrict__ out, rs_u64 total, rs_u64 od, \
+                     rs_u64 oh, rs_u64 ow, rs_u64 zd, rs_u64 zh, rs_u64 zw, rs_u64 sd,        \
+                     rs_u64 sh, rs_u64 sw) {                                                  \
+        for (rs_u64 o = rs_tid(); o < total; o += rs_nthreads()) {                            \
+            rs_u64 t = o;                                                                     \
+            const rs_u64 x = t % zw;                                                          \
+            t /= zw;                                                                          \
+            const rs_u64 y = t % zh;                                                          \
+            t /= zh;                                                                          \
+            const rs_u64 z = t % zd;                                                          \
+            const rs_u64 nk = t / zd;                                                         \
+            const rs_u64 iz = z / sd, iy = y / sh, ix = x / sw;                               \
+            const bool hit = z == iz * sd && y == iy * sh && x == ix * sw && iz < od &&       \
+                             iy < oh && ix < ow;                                              \
+            out[o] = hit ? dy[((nk * od + iz) * oh + iy) * ow + ix] : (T)0;                   \
+        }                                                                                     \
+    }
+RS_ZERO_INSERT_KERNEL(conv3d_zero_insert_u32, rs_u32)
+RS_ZERO_INSERT_KERNEL(conv3d_zero_insert_u16, rs_u16)

@@ -18,7 +18,9 @@ use common::hip_scenarios::{
 };
 use common::hip_standin::{scenario, Launch, PointerArg, Standin};
 use half::{bf16, f16};
-use rocm_safe::conv3d::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem};
+use rocm_safe::conv3d::{
+    Conv3dBackwardProblem, Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem,
+};
 use rocm_safe::conv3d_chain::Conv3dChain;
 use rocm_safe::device::Conv3dKernel;
 use rocm_safe::diagnostics::{read_code_object, CodeObjectInfo, KernelResources};
@@ -402,7 +404,7 @@ fn check_every_launch(arch: &str) -> R {
     }
     launched.push("fingerprint_sum_u8".into());
 
-    // Non-finite scans: (ptr, n, clamp, counts).
+    // Non-finite scans: (ptr, n, clamp, counts, gate).
     for (name, p) in [
         ("nonfinite_f32", ptr(f.device_ptr())),
         ("nonfinite_bf16", ptr(bf_out.device_ptr())),
@@ -428,13 +430,16 @@ fn check_every_launch(arch: &str) -> R {
                     Want::U64(n as u64),
                     Want::U32(u32::from(clamp)),
                     Want::AnyPtr,
+                    // No gate.
+                    Want::Ptr(0),
                 ],
             )?;
         }
         launched.push(name.into());
     }
 
-    // conv3d: (x, w, bias, y, rs_conv3d_args by value), with and without a bias.
+    // conv3d: (x, w, bias, y, rs_conv3d_args by value; the tiled kernels
+    // also gate, y_bf16), with and without a bias.
     let g = Conv3dProblem::new(
         Conv3dParams {
             stride: [1, 2, 1],
@@ -493,17 +498,18 @@ fn check_every_launch(arch: &str) -> R {
                 })?
             };
             let bias_ptr = if with_bias { ptr(bias.device_ptr()) } else { 0 };
-            check_launch(
-                &l[0],
-                kernel(&name)?,
-                &[
-                    Want::Ptr(x_ptr),
-                    Want::Ptr(w_ptr),
-                    Want::Ptr(bias_ptr),
-                    Want::Ptr(ptr(y.device_ptr())),
-                    Want::Bytes(conv3d_struct(&g, with_bias)),
-                ],
-            )?;
+            let mut want = vec![
+                Want::Ptr(x_ptr),
+                Want::Ptr(w_ptr),
+                Want::Ptr(bias_ptr),
+                Want::Ptr(ptr(y.device_ptr())),
+                Want::Bytes(conv3d_struct(&g, with_bias)),
+            ];
+            if kind == Conv3dKernel::Tiled {
+                // No gate, an f32 output.
+                want.extend([Want::Ptr(0), Want::U64(0)]);
+            }
+            check_launch(&l[0], kernel(&name)?, &want)?;
         }
         launched.push(name);
     }
@@ -548,7 +554,34 @@ fn check_every_launch(arch: &str) -> R {
     Conv3dChain::for_device(&dev)
         .run(&p)
         .map_err(err("conv3d chain"))?;
+    // A strided input gradient the tiled tier takes: its zero insertion,
+    // weight flip, layout and tiled kernel launch (the stand-in runs none,
+    // so the checks fail it and the tiers after it serve).
+    let (bx, bw) = ([1usize, 16, 5, 6, 7], [8usize, 16, 3, 3, 3]);
+    let params = Conv3dParams::default()
+        .with_stride([2, 1, 2])
+        .with_padding([1; 3]);
+    let bg = Conv3dGeometry::new(params, &bx, &bw).map_err(err("backward geometry"))?;
+    let dy = vec![0.5f32; bg.output_len()];
+    let bwt = vec![0.25f32; bw.iter().product()];
+    let bp = Conv3dBackwardProblem::data(
+        params,
+        &bx,
+        &bw,
+        Conv3dData::F32(&dy),
+        Conv3dData::F32(&bwt),
+    )
+    .map_err(err("backward problem"))?;
+    Conv3dChain::for_device(&dev)
+        .run_backward(&bp)
+        .map_err(err("conv3d backward chain"))?;
     let chain = st.launches().split_off(before);
+    for name in ["conv3d_zero_insert_u32", "conv3d_flip_weight_u32"] {
+        ensure!(
+            chain.iter().any(|l| l.name == name),
+            "the backward chain did not launch {name}"
+        );
+    }
     ensure!(!chain.is_empty(), "the chain launched nothing");
     for l in &chain {
         let k = kernel(&l.name)?;

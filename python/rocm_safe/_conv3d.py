@@ -133,10 +133,12 @@ def conv3d(
     output is allocated by torch. Differentiable: when an input needs
     gradients the call is a ``torch.autograd.Function`` whose backward runs
     the chain's backward ops (input and weight gradients through the vendor
-    library's backward calls where it has them, in f32, then the naive GPU
-    kernels, then the CPU; the bias gradient through the naive kernel, then
-    the CPU; the tiled tier has no backward ops), each result checked as the
-    forward one is.
+    library's backward calls where it has them, in f32; the input gradient
+    then through the tiled GPU kernels, as a forward convolution with the
+    flipped weight, where the strides' product is at most 8 and there are
+    at least 8 input channels per group; every op then through the naive
+    GPU kernels, then the CPU; the bias gradient through the naive kernel,
+    then the CPU), each result checked as the forward one is.
 
     Errors: ``TypeError`` for other dtypes or non-tensors, ``ValueError``
     for shapes, devices and parameters the chain does not take,
@@ -345,12 +347,14 @@ def conv_transpose3d(
 ) -> torch.Tensor:
     """``torch.nn.functional.conv_transpose3d`` (same signature) through
     rocm-safe's chain: the vendor library's backward-data call (cuDNN /
-    MIOpen, in f32; bf16 operands widened first; the bias added after),
+    MIOpen, in f32; bf16 operands widened first; the bias added after;
+    skipped where ``output_padding`` reaches the stride, which the libraries
+    refuse), then, where the strides' product is at most 8 and there are at
+    least 8 output channels per group, the tiled GPU kernel (a forward
+    convolution of the input spread by the stride with the flipped weight),
     then the naive GPU kernel (the gather form of the input gradient, which
     a transposed convolution is), then the CPU, each result checked (NaN/Inf
-    scan, sampled points against an f64 reference) before it is returned;
-    the tiled tier is skipped (no tiled kernel for it), the vendor tier too
-    where ``output_padding`` reaches the stride (the libraries refuse it).
+    scan, sampled points against an f64 reference) before it is returned.
 
     Input ``[N, C_in, D, H, W]`` (or unbatched ``[C_in, D, H, W]``), weight
     ``[C_in, C_out/groups, KD, KH, KW]``, optional bias ``[C_out]``, all

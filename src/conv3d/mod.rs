@@ -16,6 +16,10 @@
 //!   convolution ([`Conv3dGeometry::transposed`]), their f64 references
 //!   ([`backward_reference_point`]) and CPU kernels
 //!   ([`conv3d_backward_cpu`]).
+//! - `flip.rs`: the input gradient at stride 1 as a forward convolution
+//!   ([`Conv3dGeometry::data_grad_as_forward`], [`flip_weight`]) and a
+//!   strided one as a stride-1 one ([`Conv3dGeometry::data_grad_unstrided`],
+//!   [`zero_insert`]), which the chain's tiled tier runs.
 //!
 //! This module sits below [`device`](crate::device) (whose host backend
 //! runs the CPU kernel and whose kernels take a [`Conv3dGeometry`]); it
@@ -23,6 +27,7 @@
 
 mod backward;
 mod cpu;
+mod flip;
 mod params;
 mod reference;
 
@@ -31,5 +36,6 @@ pub use backward::{
     Conv3dBackwardProblem,
 };
 pub use cpu::{conv3d_cpu, conv3d_cpu_with, release_cpu_scratch, CpuKernel};
+pub use flip::{flip_weight, zero_insert};
 pub use params::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem, ShapeDim};
 pub use reference::{reference, reference_point, sample_index, RefPoint};

@@ -10,10 +10,13 @@
 //! widened on the device first; a `conv_transpose3d` bias is added after)
 //! and is skipped as unsupported for the bias gradient (no library call)
 //! and as unavailable where its library, or the library's backward calls,
-//! are absent (always on the host backend); the tiled tier is skipped as
-//! unsupported (no tiled backward kernel); the naive tier runs the gather
-//! kernels of `hip-kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU tier the
-//! CPU kernels. Every result is checked as a forward output is:
+//! are absent (always on the host backend); the tiled tier serves the
+//! input gradient (and `conv_transpose3d`) as the forward convolution of
+//! `dy` (spread by the stride where there is one) with the flipped weight
+//! ([`Conv3dGeometry::data_grad_as_forward`], [`super::TiledTier`]) and
+//! skips the rest as unsupported; the naive tier runs the gather kernels
+//! of `hip-kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU tier the CPU
+//! kernels. Every result is checked as a forward output is:
 //! the non-finite scan (a NaN or infinity from finite operands fails the
 //! tier unless the f64 reference there is beyond the f32 range:
 //! [`Error::Conv3dOverflow`]) and sampled points recomputed in f64
@@ -22,7 +25,7 @@
 //!
 //! On device memory ([`Conv3dChain::backward_device`],
 //! [`Conv3dChain::backward_bias_device`],
-//! [`Conv3dChain::conv_transpose3d_device`]) the vendor and naive tiers of
+//! [`Conv3dChain::conv_transpose3d_device`]) the vendor, tiled and naive tiers of
 //! the stream's device read and write in place on the caller's stream and
 //! the checks run on the device (`conv3d_bwd_check_*`), read back in one
 //! small copy, as [`Conv3dChain::run_device`] does.

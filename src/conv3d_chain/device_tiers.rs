@@ -16,7 +16,9 @@
 //! layout, whatever the caller does with its memory; it costs one read and
 //! one write of the weight (for the largest Wan 2.1 VAE layer, 384 x 384 x
 //! 27 f32 = 16 MB, about 10 us of H100 bandwidth against tens of ms of
-//! convolution), and no host work.
+//! convolution), and no host work. The tiled tier's input gradient
+//! flips the weight on the device the same way, every call, into a second
+//! kept buffer ([`TiledTier`]).
 
 use std::sync::Mutex;
 
@@ -49,32 +51,31 @@ fn zero_size(g: &Conv3dGeometry) -> Option<Support> {
         .map(|why| Support::Unsupported(why.into()))
 }
 
-/// The device buffer a tier lays its weights out in, kept across calls,
-/// and the event after the last kernel that read it: a call on another
-/// stream waits for that event on the device (never on the host) before
-/// it overwrites the buffer.
+/// A device buffer a tier keeps across calls (the weight layout; the
+/// tiled tier's flipped weight and spread `dy` have one each), and the
+/// event after the last kernel that read it: a call on another stream
+/// waits for that event on the device (never on the host) before it
+/// overwrites the buffer.
 #[derive(Debug, Default)]
 pub(super) struct LayoutScratch {
     inner: Mutex<Option<(DeviceBuffer<u32>, Option<Event>)>>,
 }
 
 impl LayoutScratch {
-    /// Lays `w` out in `layout` on `s` into the kept buffer (grown when
-    /// needed) and calls `run` with the laid-out weight, then records that
-    /// the buffer is in use up to here on `s`.
-    fn with_layout<T: Element>(
+    /// Calls `run` with the first `len` elements of the kept buffer (grown
+    /// when needed), typed as `T`, after `s` waited (on the device) for the
+    /// last call that used it; then records that the buffer is in use up
+    /// to here on `s`.
+    fn with_buffer<T: Element>(
         &self,
         s: &Stream,
-        layout: Conv3dWeightLayout,
-        g: &Conv3dGeometry,
-        w: &DeviceView<'_, T>,
-        run: impl FnOnce(&DeviceView<'_, T>) -> Result<()>,
+        len: usize,
+        run: impl FnOnce(&mut DeviceViewMut<'_, T>) -> Result<()>,
     ) -> Result<()> {
         let mut guard = self
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let len = layout.len(g);
         let words = (len * std::mem::size_of::<T>()).div_ceil(4);
         let fits = guard
             .as_ref()
@@ -87,7 +88,7 @@ impl LayoutScratch {
         let Some((buf, last)) = guard.as_mut() else {
             return Err(crate::Error::Conv3dTier {
                 tier: "tiled",
-                reason: "no weight layout buffer",
+                reason: "no kept device buffer",
             });
         };
         if let Some(ev) = last.as_ref() {
@@ -96,8 +97,7 @@ impl LayoutScratch {
         let mut all = buf.view_mut();
         let mut typed = all.cast_mut::<T>()?;
         let mut dst = typed.slice_mut(..len)?;
-        s.conv3d_arrange_weight(layout, g, w, &mut dst)?;
-        let result = run(&dst.as_view());
+        let result = run(&mut dst);
         let ev = match last.take() {
             Some(ev) => ev,
             None => s.device().event()?,
@@ -105,6 +105,23 @@ impl LayoutScratch {
         s.record(&ev)?;
         *last = Some(ev);
         result
+    }
+
+    /// Lays `w` out in `layout` on `s` into the kept buffer (grown when
+    /// needed) and calls `run` with the laid-out weight, then records that
+    /// the buffer is in use up to here on `s`.
+    fn with_layout<T: Element>(
+        &self,
+        s: &Stream,
+        layout: Conv3dWeightLayout,
+        g: &Conv3dGeometry,
+        w: &DeviceView<'_, T>,
+        run: impl FnOnce(&DeviceView<'_, T>) -> Result<()>,
+    ) -> Result<()> {
+        self.with_buffer(s, layout.len(g), |dst| {
+            s.conv3d_arrange_weight(layout, g, w, dst)?;
+            run(&dst.as_view())
+        })
     }
 }
 
@@ -394,10 +411,30 @@ impl Conv3dTier for VendorTier {
 /// The tiled implicit-GEMM kernel on a device as a tier. Skips what the
 /// kernel does not take ([`Conv3dKernel::unsupported`]: depthwise-like
 /// calls, grid limits, zero sizes).
+///
+/// Of the backward ops it serves the input gradient (and so
+/// `conv_transpose3d`) as the forward convolution of `dy` with the flipped
+/// weight ([`Conv3dGeometry::data_grad_as_forward`]):
+/// `conv3d_flip_weight_*` flips the weight into a buffer the tier keeps,
+/// then the forward path lays it out and runs the tiled kernel (SIMT f32
+/// and bf16, or the bf16 tensor-core kernel), the transposed
+/// convolution's bias added by the kernel; all on the caller's stream,
+/// with no host copy and no wait. With a stride above 1, or a transposed
+/// convolution's `output_padding`, `conv3d_zero_insert_*` first spreads
+/// `dy` by the stride into a second kept buffer, zeros between and after
+/// ([`Conv3dGeometry::data_grad_unstrided`]): the tiled kernel then does
+/// `stride product` times the multiply-adds the gather needs, so strides
+/// whose product is above [`TILED_MAX_STRIDE_PRODUCT`] are left to the
+/// naive tier. Weight and bias gradients, a padding above `dilation * (k -
+/// 1)` and what the tiled kernel does not take of the flipped convolution
+/// (fewer than 8 input channels per group of the forward one, ...) are
+/// unsupported too: the naive tier's gather kernels serve them.
 #[derive(Debug)]
 pub struct TiledTier {
     device: Device,
     layouts: LayoutScratch,
+    flips: LayoutScratch,
+    inserted: LayoutScratch,
 }
 
 impl TiledTier {
@@ -406,7 +443,89 @@ impl TiledTier {
         TiledTier {
             device,
             layouts: LayoutScratch::default(),
+            flips: LayoutScratch::default(),
+            inserted: LayoutScratch::default(),
         }
+    }
+
+    /// The input gradient of `g` into `out` on `s` (this device's): `dy`
+    /// spread by the stride into a kept buffer where `g` needs it, then
+    /// [`Self::flipped`] (see the type's docs).
+    fn data_views<T: Element + Default>(
+        &self,
+        s: &Stream,
+        g: &Conv3dGeometry,
+        (dy, w): ViewOperands<'_, '_, T>,
+        bias: Option<DeviceView<'_, f32>>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let g1 = g
+            .data_grad_unstrided()
+            .map_err(|reason| crate::Error::Conv3dTier {
+                tier: "tiled",
+                reason,
+            })?;
+        if g1 == *g {
+            return self.flipped(s, g, (dy, w), bias, out);
+        }
+        self.inserted
+            .with_buffer::<T>(s, g1.output_len(), |spread| {
+                s.conv3d_zero_insert(g, g1.output, dy, spread)?;
+                self.flipped(s, &g1, (&spread.as_view(), w), bias, out)
+            })
+    }
+
+    /// The input gradient of `g` (stride 1, its output the forward
+    /// formula's) into `out` on `s`: the weight flipped into the kept
+    /// buffer, then the tiled forward convolution of `dy` with it.
+    fn flipped<T: Element + Default>(
+        &self,
+        s: &Stream,
+        g: &Conv3dGeometry,
+        (dy, w): ViewOperands<'_, '_, T>,
+        bias: Option<DeviceView<'_, f32>>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        let fwd = g
+            .data_grad_as_forward()
+            .map_err(|reason| crate::Error::Conv3dTier {
+                tier: "tiled",
+                reason,
+            })?;
+        let op = Op::Kernel(Conv3dKernel::Tiled);
+        self.flips.with_buffer::<T>(s, w.len(), |flipped| {
+            s.conv3d_flip_weight(g, w, flipped)?;
+            let operands = (dy, &flipped.as_view());
+            run_views(s, op, &fwd, &self.layouts, operands, bias, out)
+        })
+    }
+
+    /// Uploads the operands of an input gradient, runs [`Self::data_views`]
+    /// on a stream of this device and downloads the result into `out`.
+    fn data_host<T: Element + Default>(
+        &self,
+        p: &Conv3dBackwardProblem<'_>,
+        (dy, w): (&[T], &[T]),
+        out: &mut [f32],
+    ) -> Result<()> {
+        let s = self.device.stream()?;
+        let g = &p.geometry;
+        let dyd = s.clone_htod(dy)?;
+        let wd = s.clone_htod(w)?;
+        let bd = match p.bias {
+            Some(b) => {
+                let v: Vec<f32> = (0..g.in_channels)
+                    .map(|c| b.get_f32(c).unwrap_or(0.0))
+                    .collect();
+                Some(s.clone_htod(&v)?)
+            }
+            None => None,
+        };
+        let mut y = s.alloc_zeros::<f32>(p.output_len())?;
+        let bias = bd.as_ref().map(|b| b.view());
+        self.data_views(&s, g, (&dyd.view(), &wd.view()), bias, &mut y.view_mut())?;
+        // Waits for the stream.
+        y.copy_dtoh(out)
     }
 }
 
@@ -414,6 +533,67 @@ fn tiled_support(g: &Conv3dGeometry) -> Support {
     match Conv3dKernel::Tiled.unsupported(g) {
         Some(why) => Support::Unsupported(why.into()),
         None => Support::Yes,
+    }
+}
+
+/// The largest product of the strides whose input gradient the tiled tier
+/// takes: zero insertion makes the tiled kernel do that many times the
+/// multiply-adds of the gather form (2 x 2 x 2: 8).
+pub const TILED_MAX_STRIDE_PRODUCT: usize = 8;
+
+/// Why the tiled tier takes no weight or bias gradient.
+const TILED_DATA_ONLY: &str = concat!(
+    "the tiled tier serves only the input gradient (as a forward convolution with the ",
+    "flipped weight): the naive tier's gather kernels serve weight and bias gradients"
+);
+
+/// Whether the tiled tier takes backward `op` of `g` (see [`TiledTier`]).
+fn tiled_backward_support(op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
+    if op != Conv3dBackwardOp::Data {
+        return Support::Unsupported(TILED_DATA_ONLY.into());
+    }
+    if let Some(why) = op.unsupported(g) {
+        return Support::Unsupported(why.into());
+    }
+    let strides = g
+        .params
+        .stride
+        .iter()
+        .try_fold(1usize, |p, &v| p.checked_mul(v));
+    if strides.is_none_or(|p| p > TILED_MAX_STRIDE_PRODUCT) {
+        return Support::Unsupported(format!(
+            "a stride product above {TILED_MAX_STRIDE_PRODUCT} (zero insertion would make the tiled \
+             kernel do that many times the gather's multiply-adds): the naive tier serves"
+        ));
+    }
+    let fwd = match g
+        .data_grad_unstrided()
+        .and_then(|g1| g1.data_grad_as_forward())
+    {
+        Ok(fwd) => fwd,
+        Err(why) => {
+            return Support::Unsupported(format!(
+                "the input gradient as a forward convolution: {why} (the naive tier serves)"
+            ))
+        }
+    };
+    match Conv3dKernel::Tiled.unsupported(&fwd) {
+        Some(why) => Support::Unsupported(format!(
+            "the input gradient's flipped forward convolution: {why} (the naive tier serves)"
+        )),
+        None => Support::Yes,
+    }
+}
+
+/// The refusal of backward operands the tiled tier does not take.
+fn tiled_backward_refused(op: Conv3dBackwardOp) -> crate::Error {
+    crate::Error::Conv3dTier {
+        tier: "tiled",
+        reason: if op == Conv3dBackwardOp::Data {
+            "the input gradient takes dy and the weight of one dtype (f32 or bf16)"
+        } else {
+            "the tiled tier serves only the input gradient"
+        },
     }
 }
 
@@ -441,12 +621,45 @@ impl Conv3dTier for TiledTier {
         let op = Op::Kernel(Conv3dKernel::Tiled);
         run_device_on(&self.device, op, self, &self.layouts, ops, out)
     }
-    /// Unsupported: there is no tiled backward kernel (the naive tier's
-    /// gather kernels serve).
-    fn support_backward(&self, _: Conv3dBackwardOp, _: &Conv3dGeometry) -> Support {
-        Support::Unsupported(
-            "no tiled backward kernel: the naive tier's gather kernels serve".into(),
-        )
+    /// The input gradient (strides whose product is at most
+    /// [`TILED_MAX_STRIDE_PRODUCT`], padding at most `dilation * (k - 1)`,
+    /// a flipped convolution the tiled kernel takes); weight and bias
+    /// gradients are unsupported (see [`TiledTier`]).
+    fn support_backward(&self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
+        tiled_backward_support(op, g)
+    }
+    /// Through the device: uploads, spreads `dy` (strided), flips, runs
+    /// the tiled kernel, downloads.
+    fn run_backward(&self, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
+        use Conv3dData::{BF16, F32};
+        match (p.op, p.grad_output, p.other) {
+            (Conv3dBackwardOp::Data, F32(dy), Some(F32(w))) => self.data_host(p, (dy, w), out),
+            (Conv3dBackwardOp::Data, BF16(dy), Some(BF16(w))) => self.data_host(p, (dy, w), out),
+            (op, _, _) => Err(tiled_backward_refused(op)),
+        }
+    }
+    /// On operands of this device: the zero insertion (strided), the flip,
+    /// the layout and the tiled kernel on the caller's stream, in place;
+    /// otherwise the host path.
+    fn run_backward_device(
+        &self,
+        ops: &DeviceBackwardOperands<'_, '_>,
+        out: &mut DeviceViewMut<'_, f32>,
+    ) -> Result<()> {
+        if !ops.stream.device().same(&self.device) {
+            return run_backward_on_host_then_copy(self, ops, out);
+        }
+        use DeviceConv3dData::{BF16, F32};
+        let (s, g) = (ops.stream, &ops.geometry);
+        match (ops.op, ops.grad_output, ops.other) {
+            (Conv3dBackwardOp::Data, F32(dy), Some(F32(w))) => {
+                self.data_views(s, g, (&dy, &w), ops.bias, out)
+            }
+            (Conv3dBackwardOp::Data, BF16(dy), Some(BF16(w))) => {
+                self.data_views(s, g, (&dy, &w), ops.bias, out)
+            }
+            (op, _, _) => Err(tiled_backward_refused(op)),
+        }
     }
 }
 

@@ -40,8 +40,9 @@
 //!   [`Conv3dChain::backward_device`], [`Conv3dChain::backward_bias_device`],
 //!   [`Conv3dChain::conv_transpose3d_device`]) through the tiers that take
 //!   them ([`Conv3dTier::support_backward`]: the vendor library's backward
-//!   calls for the data and weight gradients, the naive GPU kernels, the
-//!   CPU), with the same checks and reports.
+//!   calls for the data and weight gradients, the tiled GPU kernels for the
+//!   input gradient, the naive GPU kernels, the CPU), with the same checks
+//!   and reports.
 //! - A guard over another library's output ([`Conv3dGuard`]): checked on
 //!   the device and, where wrong, rewritten by the tiled kernel behind a
 //!   device-side gate, with no host wait; the verdicts come back later.
@@ -65,7 +66,7 @@ mod tier;
 pub use backward::{BackwardInputs, DeviceBackwardOperands};
 pub use chain::{Conv3dChain, Conv3dOptions};
 pub use device_run::{DeviceConv3dData, DeviceOperands};
-pub use device_tiers::{device_tiers, NaiveTier, TiledTier, VendorTier};
+pub use device_tiers::{device_tiers, NaiveTier, TiledTier, VendorTier, TILED_MAX_STRIDE_PRODUCT};
 pub use guard::{Conv3dGuard, GuardOperand, GuardRecord, Guarded, GuardedOutput, GUARD_SLOTS};
 pub use report::{Conv3dReport, TierAttempt, TierStats};
 pub use tier::{Conv3dTier, CpuTier, Support, TierKind, UnavailableTier};

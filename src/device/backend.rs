@@ -26,8 +26,9 @@
 //! ```
 
 use super::conv3d::{
-    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dGuardDecide,
-    Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
+    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch,
+    Conv3dGuardDecide, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
+    Conv3dZeroInsertLaunch,
 };
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
@@ -389,6 +390,23 @@ pub enum KernelOp<'a> {
         /// The check.
         args: &'a Conv3dBackwardCheckLaunch,
     },
+    /// A conv3d weight flipped into the weight of the forward convolution
+    /// that computes its input gradient at stride 1
+    /// (`conv3d_flip_weight_{u32,u16}`; see [`Conv3dFlipLaunch`]): the
+    /// tiled tier's backward path. Reads the weight, writes every element
+    /// of the destination.
+    Conv3dFlipWeight {
+        /// The flip.
+        args: &'a Conv3dFlipLaunch,
+    },
+    /// `dy` spread by the stride into a larger buffer, zeros between
+    /// (`conv3d_zero_insert_{u32,u16}`; see [`Conv3dZeroInsertLaunch`]): a
+    /// strided input gradient as a stride-1 one, the tiled tier's backward
+    /// path. Reads `dy`, writes every element of the destination.
+    Conv3dZeroInsert {
+        /// The insertion.
+        args: &'a Conv3dZeroInsertLaunch,
+    },
 }
 
 impl KernelOp<'_> {
@@ -408,6 +426,8 @@ impl KernelOp<'_> {
             KernelOp::Conv3dBackward { .. } => "conv3d_backward",
             KernelOp::Conv3dBackwardCheck { .. } => "conv3d_backward_check",
             KernelOp::Conv3dBackwardVendor { .. } => "conv3d_backward_vendor",
+            KernelOp::Conv3dFlipWeight { .. } => "conv3d_flip_weight",
+            KernelOp::Conv3dZeroInsert { .. } => "conv3d_zero_insert",
         }
     }
 }

@@ -19,9 +19,9 @@
 //! | `Conv3dWritesNonFinite` | conv3d kernels and vendor calls | the call runs, then one output point (at a seeded place) is set to NaN |
 //! | `VendorNoAlgorithm` | vendor conv3d calls, forward and backward | the call fails as MIOpen's "no suitable algorithm" does ([`Error::InjectedFault`]) |
 //! | `Conv3dCheckFailure` | the conv3d chain's device checks | the check fails ([`Error::InjectedFault`]): the output it was to check is not trusted |
-//! | `Conv3dBackwardLaunchFailure` | conv3d backward kernels (gradients, transposed convolution) and vendor backward calls | the call fails ([`Error::InjectedFault`]) |
-//! | `Conv3dBackwardWritesGarbage` | conv3d backward kernels and vendor backward calls | the call runs, then its whole result is overwritten with seeded finite values of magnitude up to 1e4 |
-//! | `Conv3dBackwardWritesNonFinite` | conv3d backward kernels and vendor backward calls | the call runs, then one result element (at a seeded place) is set to NaN |
+//! | `Conv3dBackwardLaunchFailure` | conv3d backward kernels (gradients, transposed convolution), vendor backward calls, and the tiled tier's weight flip and zero insertion (`conv3d_flip_weight`, `conv3d_zero_insert`) | the call fails ([`Error::InjectedFault`]) |
+//! | `Conv3dBackwardWritesGarbage` | conv3d backward kernels, vendor backward calls, the weight flip and the zero insertion | the call runs, then its whole result (the flipped weight, the spread `dy`) is overwritten with seeded finite values of magnitude up to 1e4 |
+//! | `Conv3dBackwardWritesNonFinite` | conv3d backward kernels, vendor backward calls, the weight flip and the zero insertion | the call runs, then one result element (at a seeded place) is set to NaN |
 //!
 //! Which operations are hit is decided by each rule's [`When`], counting
 //! the operations a kind applies to; [`When::Random`] draws from a
@@ -420,6 +420,17 @@ struct OutputRange {
     gate: Option<DevicePtr>,
 }
 
+/// The faults of the tiled tier's backward steps (the weight flip, the
+/// zero insertion): those of the backward kernels, since their result (the
+/// flipped weight, the spread `dy`) is what the convolution after them
+/// reads.
+const TILED_BACKWARD: OutputFaults = OutputFaults {
+    launch: FaultKind::Conv3dBackwardLaunchFailure,
+    zeros: None,
+    garbage: FaultKind::Conv3dBackwardWritesGarbage,
+    nan: FaultKind::Conv3dBackwardWritesNonFinite,
+};
+
 /// The fault kinds of one kind of kernel that writes an f32 output.
 #[derive(Debug, Clone, Copy)]
 struct OutputFaults {
@@ -566,6 +577,30 @@ unsafe impl<B: Backend> Backend for Faults<B> {
                 // SAFETY: as above: the result range is the caller's.
                 return unsafe {
                     self.output_faults(name, kinds, out, s, || self.inner.run(op, s))
+                };
+            }
+            KernelOp::Conv3dFlipWeight { args } => {
+                let out = OutputRange {
+                    ptr: args.dst,
+                    n: args.len(),
+                    bf16: args.dtype == crate::dtype::DType::BF16,
+                    gate: None,
+                };
+                // SAFETY: as above: the destination range is the caller's.
+                return unsafe {
+                    self.output_faults(name, TILED_BACKWARD, out, s, || self.inner.run(op, s))
+                };
+            }
+            KernelOp::Conv3dZeroInsert { args } => {
+                let out = OutputRange {
+                    ptr: args.dst,
+                    n: args.len(),
+                    bf16: args.dtype == crate::dtype::DType::BF16,
+                    gate: None,
+                };
+                // SAFETY: as above: the destination range is the caller's.
+                return unsafe {
+                    self.output_faults(name, TILED_BACKWARD, out, s, || self.inner.run(op, s))
                 };
             }
             KernelOp::Conv3dCheck { .. }

@@ -493,6 +493,12 @@ unsafe impl<R: Runtime> Backend for Gpu<R> {
                 return Ok(());
             }
             KernelOp::Conv3dLayout { args } => KernelCall::conv3d_layout(args, self.mps())?,
+            KernelOp::Conv3dFlipWeight { args } => {
+                KernelCall::conv3d_flip_weight(args, self.mps())?
+            }
+            KernelOp::Conv3dZeroInsert { args } => {
+                KernelCall::conv3d_zero_insert(args, self.mps())?
+            }
             KernelOp::Conv3dGuardDecide { args } => KernelCall::conv3d_guard_decide(args)?,
             KernelOp::Conv3dBackward { args } => KernelCall::conv3d_backward(args)?,
             KernelOp::Conv3dBackwardCheck { args } => {

@@ -84,6 +84,10 @@ pub(crate) enum Kernel {
     Conv3dBwdCheckF32,
     Conv3dBwdCheckBf16,
     Conv3dGuardDecide,
+    Conv3dFlipWeightU32,
+    Conv3dFlipWeightU16,
+    Conv3dZeroInsertU32,
+    Conv3dZeroInsertU16,
     /// Optional (CUDA sm_80+ only): not in [`Kernel::all`].
     Conv3dTiledBf16Mma,
 }
@@ -92,7 +96,7 @@ pub(crate) enum Kernel {
 impl Kernel {
     /// The kernels that are not conversions, in the order they are loaded
     /// after the conversion table's ([`Kernel::all`]).
-    const FIXED: [Kernel; 24] = [
+    const FIXED: [Kernel; 28] = [
         Kernel::FingerprintSum,
         Kernel::NonfiniteF32,
         Kernel::NonfiniteBf16,
@@ -117,6 +121,10 @@ impl Kernel {
         Kernel::Conv3dBwdCheckF32,
         Kernel::Conv3dBwdCheckBf16,
         Kernel::Conv3dGuardDecide,
+        Kernel::Conv3dFlipWeightU32,
+        Kernel::Conv3dFlipWeightU16,
+        Kernel::Conv3dZeroInsertU32,
+        Kernel::Conv3dZeroInsertU16,
     ];
 
     /// Every kernel a backend loads (and every code object must hold): the
@@ -166,6 +174,10 @@ impl Kernel {
             | Kernel::Conv3dBwdCheckF32
             | Kernel::Conv3dBwdCheckBf16
             | Kernel::Conv3dGuardDecide
+            | Kernel::Conv3dFlipWeightU32
+            | Kernel::Conv3dFlipWeightU16
+            | Kernel::Conv3dZeroInsertU32
+            | Kernel::Conv3dZeroInsertU16
             | Kernel::Conv3dTiledBf16Mma => KernelModule::Conv3d,
         }
     }
@@ -208,6 +220,10 @@ impl Kernel {
             Kernel::Conv3dBwdCheckF32 => "conv3d_bwd_check_f32",
             Kernel::Conv3dBwdCheckBf16 => "conv3d_bwd_check_bf16",
             Kernel::Conv3dGuardDecide => "conv3d_guard_decide",
+            Kernel::Conv3dFlipWeightU32 => "conv3d_flip_weight_u32",
+            Kernel::Conv3dFlipWeightU16 => "conv3d_flip_weight_u16",
+            Kernel::Conv3dZeroInsertU32 => "conv3d_zero_insert_u32",
+            Kernel::Conv3dZeroInsertU16 => "conv3d_zero_insert_u16",
             Kernel::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
@@ -408,7 +424,9 @@ impl KernelCall {
             | KernelOp::Conv3dGuardDecide { .. }
             | KernelOp::Conv3dBackward { .. }
             | KernelOp::Conv3dBackwardVendor { .. }
-            | KernelOp::Conv3dBackwardCheck { .. } => {
+            | KernelOp::Conv3dBackwardCheck { .. }
+            | KernelOp::Conv3dFlipWeight { .. }
+            | KernelOp::Conv3dZeroInsert { .. } => {
                 return Err(Error::BackendUnsupported {
                     backend: "gpu",
                     op: op.name(),

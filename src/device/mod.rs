@@ -114,9 +114,9 @@ pub use backend::{Backend, CopyOp, Driver, KernelOp};
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
 pub use conv3d::{
     tiled_weight_layout, CheckBias, CheckedPoint, Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch,
-    Conv3dCheckLaunch, Conv3dGuardDecide, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch,
-    Conv3dWeightLayout, GuardVerdict, GuardWords, CHECK_MAX_SAMPLES, CHECK_WORDS, VERDICT_MISMATCH,
-    VERDICT_NON_FINITE, VERDICT_WORDS,
+    Conv3dCheckLaunch, Conv3dFlipLaunch, Conv3dGuardDecide, Conv3dKernel, Conv3dLaunch,
+    Conv3dLayoutLaunch, Conv3dWeightLayout, Conv3dZeroInsertLaunch, GuardVerdict, GuardWords,
+    CHECK_MAX_SAMPLES, CHECK_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
 };
 pub(crate) use device_handle::WeakDevice;
 pub use device_handle::{open_backend, open_backend_with, Device};

@@ -107,13 +107,16 @@ pub enum FaultKind {
     VendorNoAlgorithm,
     /// The conv3d chain's device check (`device::KernelOp::Conv3dCheck`) fails.
     Conv3dCheckFailure,
-    /// A conv3d backward kernel (`device::KernelOp::Conv3dBackward`) or
-    /// vendor backward call (`Conv3dBackwardVendor`) fails.
+    /// A conv3d backward kernel (`device::KernelOp::Conv3dBackward`), a
+    /// vendor backward call (`device::KernelOp::Conv3dBackwardVendor`), or
+    /// the tiled tier's `device::KernelOp::Conv3dFlipWeight` and
+    /// `device::KernelOp::Conv3dZeroInsert` fails.
     Conv3dBackwardLaunchFailure,
-    /// A conv3d backward kernel or vendor backward call writes garbage
-    /// (finite values).
+    /// A conv3d backward kernel, vendor backward call, weight flip or zero
+    /// insertion writes garbage (finite values).
     Conv3dBackwardWritesGarbage,
-    /// A conv3d backward kernel or vendor backward call writes a NaN.
+    /// A conv3d backward kernel, vendor backward call, weight flip or zero
+    /// insertion writes a NaN.
     Conv3dBackwardWritesNonFinite,
 }
 

@@ -4,7 +4,10 @@
 //! layout the kernels read (`layout.rs`), the host backend's emulation of
 //! the kernels (`host.rs`), and the chain's device check and weight
 //! layouts made on the device (`check.rs`: [`Stream::conv3d_check`],
-//! [`Stream::conv3d_arrange_weight`]).
+//! [`Stream::conv3d_arrange_weight`]), the backward ops (`backward.rs`)
+//! and the flipped weight and zero-inserted `dy` of the tiled input
+//! gradient (`flip.rs`: [`Stream::conv3d_flip_weight`],
+//! [`Stream::conv3d_zero_insert`]).
 //!
 //! Every backend computes the same thing: input `[N, C, D, H, W]` and weight
 //! `[K, C/G, KD, KH, KW]` in f32 or bf16 (widened exactly), an optional f32
@@ -12,6 +15,7 @@
 
 mod backward;
 mod check;
+mod flip;
 mod gate;
 mod host;
 mod launch;
@@ -23,6 +27,8 @@ pub(crate) use check::{host_conv3d_check, host_conv3d_layout};
 pub use check::{
     CheckBias, CheckedPoint, Conv3dCheckLaunch, Conv3dLayoutLaunch, CHECK_MAX_SAMPLES, CHECK_WORDS,
 };
+pub(crate) use flip::{host_conv3d_flip, host_conv3d_zero_insert};
+pub use flip::{Conv3dFlipLaunch, Conv3dZeroInsertLaunch};
 pub(crate) use gate::{host_gate_closed, host_guard_decide};
 pub use gate::{
     Conv3dGuardDecide, GuardVerdict, GuardWords, VERDICT_MISMATCH, VERDICT_NON_FINITE,

@@ -1,0 +1,293 @@
+//! The flipped weight on a device ([`Conv3dFlipLaunch`],
+//! [`Stream::conv3d_flip_weight`]): a conv3d weight as the weight of the
+//! forward convolution that computes its input gradient at stride 1
+//! ([`Conv3dGeometry::data_grad_as_forward`]), made by
+//! `conv3d_flip_weight_{u32,u16}`, and the host backend's emulation
+//! ([`flip_weight`]); and `dy` spread by the stride
+//! ([`Conv3dZeroInsertLaunch`], [`Stream::conv3d_zero_insert`],
+//! `conv3d_zero_insert_{u32,u16}`, emulated by [`zero_insert`]), which
+//! makes a strided input gradient a stride-1 one
+//! ([`Conv3dGeometry::data_grad_unstrided`]).
+//!
+//! The flip is its own [`KernelOp`] rather than another
+//! [`super::Conv3dWeightLayout`]:
+//! a layout is the same convolution's weight arranged for a kernel, chosen
+//! by the backend per call and reversible; the flip belongs to another
+//! convolution (other shape, other geometry), is chosen by the tiled tier
+//! for a backward op only, and is faulted as a backward kernel
+//! (`device::faults`).
+
+use super::layout::check_len;
+use crate::conv3d::{flip_weight, zero_insert, Conv3dGeometry};
+use crate::convert::Element;
+use crate::device::backend::KernelOp;
+use crate::device::buffer::{DeviceView, DeviceViewMut};
+use crate::device::info::DevicePtr;
+use crate::device::stream::Stream;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// One flip of a conv3d weight ([`KernelOp::Conv3dFlipWeight`]): the
+/// standard-layout weight at `src` (`geometry.weight_shape()` elements of
+/// `dtype`, `[K, C/G, KD, KH, KW]`) into `[C, K/G, KD, KH, KW]` at `dst`
+/// (as many elements, every one written): `dst[g*Cg + c, k, a, b, e] =
+/// src[g*Kg + k, c, KD-1-a, KH-1-b, KW-1-e]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv3dFlipLaunch {
+    /// The forward convolution whose weight is flipped.
+    pub geometry: Conv3dGeometry,
+    /// The elements' dtype (F32 or BF16).
+    pub dtype: DType,
+    /// The standard-layout weight.
+    pub src: DevicePtr,
+    /// The flipped weight.
+    pub dst: DevicePtr,
+}
+
+impl Conv3dFlipLaunch {
+    /// Elements of the weight (source and destination alike).
+    pub fn len(&self) -> usize {
+        self.geometry.weight_shape().iter().product()
+    }
+
+    /// Whether the weight has no elements (never launched).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One zero insertion ([`KernelOp::Conv3dZeroInsert`]): `dy` at `src`
+/// (`geometry.output_len()` elements of `dtype`, `[N, K, OD, OH, OW]`)
+/// spread by `geometry`'s stride into `[N, K, ZD, ZH, ZW]` at `dst`
+/// (`expanded` = `[ZD, ZH, ZW]`, every element written):
+/// `dst[n, k, z, y, x] = src[n, k, z/sd, y/sh, x/sw]` where each
+/// coordinate is a multiple of its stride and the quotient inside `dy`,
+/// else zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv3dZeroInsertLaunch {
+    /// The forward convolution whose `dy` is spread (its output and stride).
+    pub geometry: Conv3dGeometry,
+    /// The destination's spatial size, each at least `(O - 1) * s + 1`.
+    pub expanded: [usize; 3],
+    /// The elements' dtype (F32 or BF16).
+    pub dtype: DType,
+    /// `dy`.
+    pub src: DevicePtr,
+    /// The spread `dy`.
+    pub dst: DevicePtr,
+}
+
+impl Conv3dZeroInsertLaunch {
+    /// Elements of the destination.
+    pub fn len(&self) -> usize {
+        let g = &self.geometry;
+        g.batch * g.out_channels * self.expanded.iter().product::<usize>()
+    }
+
+    /// Whether the destination has no elements (never launched).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Stream {
+    /// Queues the spread of `src` (`dy` of the forward convolution `g`) by
+    /// `g`'s stride into `dst` (`[N, K, expanded...]`) on this stream:
+    /// zeros everywhere but at multiples of the stride (see
+    /// [`zero_insert`]). With `expanded` the output of
+    /// [`Conv3dGeometry::data_grad_unstrided`], the input gradient of `g`
+    /// is that stride-1 geometry's input gradient of `dst`.
+    ///
+    /// Errors: [`Error::Conv3dDType`] for a `T` other than f32 and bf16;
+    /// [`Error::DeviceMismatch`]; [`Error::LengthMismatch`] for a view that
+    /// is not its shape's length; [`Error::Conv3dParam`] for an `expanded`
+    /// size below `(O - 1) * s + 1` on some axis (or overflowing);
+    /// [`Error::Conv3dTier`] for a zero-size call; the backend's launch
+    /// error.
+    pub fn conv3d_zero_insert<T: Element>(
+        &self,
+        g: &Conv3dGeometry,
+        expanded: [usize; 3],
+        src: &DeviceView<'_, T>,
+        dst: &mut DeviceViewMut<'_, T>,
+    ) -> Result<()> {
+        const OP: &str = "conv3d_zero_insert";
+        if !matches!(T::DTYPE, DType::F32 | DType::BF16) {
+            return Err(Error::Conv3dDType {
+                tensor: "grad_output",
+                dtype: T::DTYPE,
+                expected: DType::F32,
+            });
+        }
+        self.check_device(OP, src.device())?;
+        self.check_device(OP, dst.device())?;
+        let fits = (0..3).all(|a| {
+            g.output[a]
+                .saturating_sub(1)
+                .checked_mul(g.params.stride[a])
+                .is_some_and(|last| last < expanded[a])
+        });
+        let len = expanded
+            .iter()
+            .try_fold(g.batch * g.out_channels, |n, &e| n.checked_mul(e));
+        let Some(len) = len.filter(|_| fits) else {
+            return Err(Error::Conv3dParam {
+                param: "zero insertion size",
+                value: expanded.to_vec(),
+                reason: "must hold (output - 1) * stride + 1 on every axis",
+            });
+        };
+        check_len("conv3d zero insertion source", g.output_len(), src.len())?;
+        check_len("conv3d zero insertion destination", len, dst.len())?;
+        if src.is_empty() || len == 0 {
+            return Err(Error::Conv3dTier {
+                tier: "tiled",
+                reason: "zero-size tensors are not sent to a device",
+            });
+        }
+        let launch = Conv3dZeroInsertLaunch {
+            geometry: *g,
+            expanded,
+            dtype: T::DTYPE,
+            src: src.device_ptr(),
+            dst: dst.device_ptr(),
+        };
+        // SAFETY: `src` and `dst` are live ranges of this stream's device
+        // of `dy`'s and the destination's lengths (checked), aligned to
+        // their element; `dst` is borrowed mutably, so it does not overlap
+        // `src`; not empty.
+        unsafe {
+            self.backend()
+                .run(&KernelOp::Conv3dZeroInsert { args: &launch }, self.raw())
+        }
+    }
+
+    /// Queues the flip of `src` (the standard-layout weight of the forward
+    /// convolution `g`) into `dst` on this stream: the weight of
+    /// [`Conv3dGeometry::data_grad_as_forward`], in the standard layout of
+    /// that convolution (see [`flip_weight`] for the formula).
+    ///
+    /// Errors: [`Error::Conv3dDType`] for a `T` other than f32 and bf16;
+    /// [`Error::DeviceMismatch`]; [`Error::LengthMismatch`] for a view that
+    /// is not the weight's length; [`Error::Conv3dTier`] for a zero-size
+    /// weight; the backend's launch error.
+    pub fn conv3d_flip_weight<T: Element>(
+        &self,
+        g: &Conv3dGeometry,
+        src: &DeviceView<'_, T>,
+        dst: &mut DeviceViewMut<'_, T>,
+    ) -> Result<()> {
+        const OP: &str = "conv3d_flip_weight";
+        if !matches!(T::DTYPE, DType::F32 | DType::BF16) {
+            return Err(Error::Conv3dDType {
+                tensor: "weight",
+                dtype: T::DTYPE,
+                expected: DType::F32,
+            });
+        }
+        self.check_device(OP, src.device())?;
+        self.check_device(OP, dst.device())?;
+        let len = g.weight_shape().iter().product();
+        check_len("conv3d flip source", len, src.len())?;
+        check_len("conv3d flip destination", len, dst.len())?;
+        if len == 0 {
+            return Err(Error::Conv3dTier {
+                tier: "tiled",
+                reason: "zero-size tensors are not sent to a device",
+            });
+        }
+        let launch = Conv3dFlipLaunch {
+            geometry: *g,
+            dtype: T::DTYPE,
+            src: src.device_ptr(),
+            dst: dst.device_ptr(),
+        };
+        // SAFETY: `src` and `dst` are live ranges of this stream's device
+        // of the weight's length (checked), aligned to their element; `dst`
+        // is borrowed mutably, so it does not overlap `src`; not empty.
+        unsafe {
+            self.backend()
+                .run(&KernelOp::Conv3dFlipWeight { args: &launch }, self.raw())
+        }
+    }
+}
+
+/// The host backend's [`KernelOp::Conv3dFlipWeight`]: [`flip_weight`].
+///
+/// # Safety
+/// As [`crate::device::Backend::run`]: `src` and `dst` are live host
+/// allocations of the weight's length, `dst` exclusive.
+pub(crate) unsafe fn host_conv3d_flip(a: &Conv3dFlipLaunch) -> Result<()> {
+    let n = a.len();
+    if n == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's guarantees (host "device" addresses are host
+    // addresses); the element size matches the dtype.
+    unsafe {
+        match a.dtype {
+            DType::F32 => flip_typed::<u32>(a, n),
+            DType::BF16 => flip_typed::<u16>(a, n),
+            other => Err(Error::Conv3dDType {
+                tensor: "weight",
+                dtype: other,
+                expected: DType::F32,
+            }),
+        }
+    }
+}
+
+/// # Safety
+/// As [`host_conv3d_flip`], with `n` elements of `T`'s size each way.
+unsafe fn flip_typed<T: Copy + Send + Sync>(a: &Conv3dFlipLaunch, n: usize) -> Result<()> {
+    // SAFETY: the caller's guarantees.
+    let (src, dst) = unsafe {
+        (
+            std::slice::from_raw_parts(a.src.0 as usize as *const T, n),
+            std::slice::from_raw_parts_mut(a.dst.0 as usize as *mut T, n),
+        )
+    };
+    flip_weight(&a.geometry, src, dst)
+}
+
+/// The host backend's [`KernelOp::Conv3dZeroInsert`]: [`zero_insert`].
+///
+/// # Safety
+/// As [`crate::device::Backend::run`]: `src` holds `dy`, `dst` the
+/// destination's length, exclusive.
+pub(crate) unsafe fn host_conv3d_zero_insert(a: &Conv3dZeroInsertLaunch) -> Result<()> {
+    let (n, m) = (a.geometry.output_len(), a.len());
+    if n == 0 || m == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's guarantees; the element size matches the dtype.
+    unsafe {
+        match a.dtype {
+            DType::F32 => insert_typed::<u32>(a, n, m),
+            DType::BF16 => insert_typed::<u16>(a, n, m),
+            other => Err(Error::Conv3dDType {
+                tensor: "grad_output",
+                dtype: other,
+                expected: DType::F32,
+            }),
+        }
+    }
+}
+
+/// # Safety
+/// As [`host_conv3d_zero_insert`], with `n` source and `m` destination
+/// elements of `T`'s size.
+unsafe fn insert_typed<T: Copy + Default + Send + Sync>(
+    a: &Conv3dZeroInsertLaunch,
+    n: usize,
+    m: usize,
+) -> Result<()> {
+    // SAFETY: the caller's guarantees.
+    let (src, dst) = unsafe {
+        (
+            std::slice::from_raw_parts(a.src.0 as usize as *const T, n),
+            std::slice::from_raw_parts_mut(a.dst.0 as usize as *mut T, m),
+        )
+    };
+    zero_insert(&a.geometry, a.expanded, src, dst)
+}
