@@ -678,9 +678,12 @@ KERNEL void conv3d_widen_bias_bf16(const rs_u16* src, float* y, const float* bia
 //   packed == 0: [G][R][KG]   (conv3d_tiled_*; total = G * KG * R)
 //   packed != 0: [G][rows][cols], zero where m >= KG or r >= R
 //                (conv3d_tiled_bf16_mma; total = G * rows * cols)
+// With a gate (prelude.h: rs_gate_closed), only when it is open.
 #define RS_LAYOUT_KERNEL(NAME, T)                                                          \
     KERNEL void NAME(const T* __restrict__ w, T* __restrict__ out, rs_u64 total, rs_u64 kg, \
-                     rs_u64 r, rs_u64 rows, rs_u64 cols, rs_u64 packed) {                   \
+                     rs_u64 r, rs_u64 rows, rs_u64 cols, rs_u64 packed,                     \
+                     const rs_u64* gate) {                                                  \
+        if (rs_gate_closed(gate)) return;                                                   \
         for (rs_u64 o = rs_tid(); o < total; o += rs_nthreads()) {                          \
             if (packed == 0) {                                                              \
                 const rs_u64 m = o % kg;                                                    \

@@ -354,3 +354,48 @@ per_device!(
     a_failed_repair_is_reported,
     a_check_that_cannot_run_is_an_error,
 );
+
+/// A gated weight layout is made only when its gate is open; the standard
+/// layout (a copy) refuses a gate.
+#[test]
+fn gated_layouts_run_only_when_open() {
+    use rocm_safe::conv3d::Conv3dGeometry;
+    use rocm_safe::device::Conv3dWeightLayout;
+    let dev = Device::open(rocm_safe::device::BackendKind::Host, 0).unwrap();
+    let s = dev.stream().unwrap();
+    let g =
+        Conv3dGeometry::new(Conv3dParams::default(), &[1, 4, 3, 3, 3], &[6, 4, 3, 3, 3]).unwrap();
+    let w: Vec<f32> = (0..6 * 4 * 27).map(|i| i as f32).collect();
+    let wd = s.clone_htod(&w).unwrap();
+    let layout = Conv3dWeightLayout::TiledTransposed;
+    let want = layout.arrange(&g, &w).unwrap();
+    for open in [0u64, 1] {
+        let gate = s.clone_htod(&[open]).unwrap();
+        let mut dst = s.alloc_zeros::<f32>(layout.len(&g)).unwrap();
+        s.conv3d_arrange_weight_gated(
+            layout,
+            &g,
+            &wd.view(),
+            &mut dst.view_mut(),
+            Some(&gate.view()),
+        )
+        .unwrap();
+        let got = dst.to_vec().unwrap();
+        if open == 1 {
+            assert_eq!(&got[..], &*want);
+        } else {
+            assert!(got.iter().all(|&v| v == 0.0));
+        }
+        let mut std_dst = s.alloc_zeros::<f32>(w.len()).unwrap();
+        let e = s
+            .conv3d_arrange_weight_gated(
+                Conv3dWeightLayout::Standard,
+                &g,
+                &wd.view(),
+                &mut std_dst.view_mut(),
+                Some(&gate.view()),
+            )
+            .unwrap_err();
+        assert!(matches!(e, Error::Conv3dTier { .. }), "{e}");
+    }
+}

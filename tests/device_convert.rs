@@ -714,7 +714,11 @@ fn nonfinite_counts_at_every_position_and_offset(dev: &Device) {
     let n = 37;
     for at in 0..n {
         let mut xs = vec![1.5f32; n];
-        xs[at] = if at % 2 == 0 { f32::NAN } else { -f32::INFINITY };
+        xs[at] = if at % 2 == 0 {
+            f32::NAN
+        } else {
+            -f32::INFINITY
+        };
         let hb: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
         let hh: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
         let (d, db, dh) = (

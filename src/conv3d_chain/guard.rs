@@ -477,7 +477,7 @@ fn check_output(
 }
 
 /// The tiled kernel over `out`, behind `gate`, with the weight laid out
-/// (ungated: one read and write of the weight) where the kernel asks.
+/// (behind the gate too) where the kernel asks.
 fn repair(
     s: &Stream,
     p: &Plan<'_, '_>,
@@ -495,7 +495,7 @@ fn repair(
                     let mut all = buf.view_mut();
                     let mut typed = all.cast_mut::<$t>()?;
                     let mut dst = typed.slice_mut(..p.layout.len(g))?;
-                    s.conv3d_arrange_weight(p.layout, g, &$w, &mut dst)?;
+                    s.conv3d_arrange_weight_gated(p.layout, g, &$w, &mut dst, gate)?;
                     s.conv3d_tiled_gated(g, (&$x, &dst.as_view(), p.bias_f32), $y, gate)
                 }
             }

@@ -75,6 +75,9 @@ pub struct Conv3dLayoutLaunch {
     pub src: DevicePtr,
     /// The destination.
     pub dst: DevicePtr,
+    /// A gate (one `u64`): the layout is made only when it is non-zero as
+    /// the kernel starts (the guarded fallback's repair); `None` always.
+    pub gate: Option<DevicePtr>,
 }
 
 /// One sampled point as the device check read it back.
@@ -289,7 +292,36 @@ impl Stream {
         src: &DeviceView<'_, T>,
         dst: &mut DeviceViewMut<'_, T>,
     ) -> Result<()> {
+        self.conv3d_arrange_weight_gated(layout, g, src, dst, None)
+    }
+
+    /// [`Stream::conv3d_arrange_weight`] behind a `gate` (one `u64` of this
+    /// device: the layout is made only when it is non-zero as the kernel
+    /// starts; the guarded fallback's repair). The standard layout (a
+    /// copy) takes no gate.
+    ///
+    /// Errors: as [`Stream::conv3d_arrange_weight`];
+    /// [`Error::LengthMismatch`] for a gate that is not one element;
+    /// [`Error::Conv3dTier`] for a gate on the standard layout.
+    pub fn conv3d_arrange_weight_gated<T: Element>(
+        &self,
+        layout: Conv3dWeightLayout,
+        g: &Conv3dGeometry,
+        src: &DeviceView<'_, T>,
+        dst: &mut DeviceViewMut<'_, T>,
+        gate: Option<&DeviceView<'_, u64>>,
+    ) -> Result<()> {
         const OP: &str = "conv3d_layout";
+        if let Some(gv) = gate {
+            self.check_device(OP, gv.device())?;
+            check_len("conv3d layout gate", 1, gv.len())?;
+            if layout == Conv3dWeightLayout::Standard {
+                return Err(Error::Conv3dTier {
+                    tier: "layout",
+                    reason: "the standard layout is a copy and takes no gate",
+                });
+            }
+        }
         let packed = matches!(layout, Conv3dWeightLayout::TiledPacked { .. });
         if !matches!(T::DTYPE, DType::F32 | DType::BF16) || (packed && T::DTYPE != DType::BF16) {
             return Err(Error::Conv3dDType {
@@ -321,6 +353,7 @@ impl Stream {
             layout,
             src: src.device_ptr(),
             dst: dst.device_ptr(),
+            gate: gate.map(|gv| gv.device_ptr()),
         };
         // SAFETY: `src` and `dst` are live ranges of this stream's device
         // of the weight's and the layout's lengths (checked), aligned to
@@ -440,6 +473,10 @@ pub(crate) unsafe fn host_conv3d_check(a: &Conv3dCheckLaunch) -> Result<()> {
 /// As [`host_conv3d_check`]: `src` holds the weight, `dst` the layout's
 /// length, exclusive.
 pub(crate) unsafe fn host_conv3d_layout(a: &Conv3dLayoutLaunch) -> Result<()> {
+    // SAFETY: a gate is one live u64 (the caller's guarantee).
+    if unsafe { super::gate::host_gate_closed(a.gate) } {
+        return Ok(());
+    }
     let g = &a.geometry;
     let (n, m) = (g.weight_shape().iter().product(), a.layout.len(g));
     match a.dtype {

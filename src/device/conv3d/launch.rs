@@ -352,7 +352,7 @@ impl KernelCall {
     }
 
     /// `conv3d_layout_{u32,u16}(const T* w, T* out, u64 total, u64 kg, u64
-    /// r, u64 rows, u64 cols, u64 packed)`, one output element per thread
+    /// r, u64 rows, u64 cols, u64 packed, const u64* gate)`, one output element per thread
     /// (grid-stride).
     pub(crate) fn conv3d_layout(a: &Conv3dLayoutLaunch, mps: u32) -> Result<KernelCall> {
         let g = &a.geometry;
@@ -384,10 +384,20 @@ impl KernelCall {
             k,
             total,
             mps,
-            [a.src.0, a.dst.0, total, kg, r, rows, cols, packed]
-                .into_iter()
-                .map(KernelArg::U64)
-                .collect(),
+            [
+                a.src.0,
+                a.dst.0,
+                total,
+                kg,
+                r,
+                rows,
+                cols,
+                packed,
+                a.gate.map_or(0, |g| g.0),
+            ]
+            .into_iter()
+            .map(KernelArg::U64)
+            .collect(),
         ))
     }
 }
