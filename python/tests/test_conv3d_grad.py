@@ -153,7 +153,25 @@ def test_conv_transpose3d_and_its_gradients_match_torch(device, kw):
     out = rt.conv_transpose3d(xb[0], wb, bb, **kw)
     assert out.dtype == torch.bfloat16 and out.shape == ref.shape[1:]
     torch.testing.assert_close(out.double(), ref64[0], rtol=2e-2, atol=5e-2)
-    assert "naive: served" in rt.last_conv3d_report()
+    # The vendor library's backward-data call on a GPU (cuDNN, MIOpen) where
+    # it takes the call, else the naive kernel (6 output channels: too few
+    # for the tiled tier).
+    report = rt.last_conv3d_report()
+    served = "naive" if device == "cpu" or "output_padding" in kw and _pad_reaches_stride(kw) else None
+    if served is not None:
+        assert f"{served}: served" in report, report
+    else:
+        assert any(f"{t}: served" in report for t in ("cudnn", "miopen", "naive")), report
+
+
+def _pad_reaches_stride(kw):
+    """Whether ``output_padding`` reaches the stride on an axis (the vendor
+    libraries refuse it)."""
+    s = kw.get("stride", 1)
+    s = (s, s, s) if isinstance(s, int) else tuple(s)
+    p = kw.get("output_padding", 0)
+    p = (p, p, p) if isinstance(p, int) else tuple(p)
+    return any(a >= b for a, b in zip(p, s))
 
 
 def test_conv_transpose3d_refuses_what_the_chain_does_not_take():
