@@ -26,12 +26,20 @@ def main():
     ap.add_argument("dtype", nargs="?", default="bfloat16")
     ap.add_argument("--latent", default="1,16,3,60,104")
     ap.add_argument("--cprofile", action="store_true", help="the host's time per function in one decode")
+    ap.add_argument(
+        "--micro",
+        action="store_true",
+        help="the host's time per conv3d call on a tiny shape (GPU time negligible): torch, fallback, verify",
+    )
     a = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
     import rocm_safe.torch as rst
 
     dtype = getattr(torch, a.dtype)
+    if a.micro:
+        micro(dtype, rst)
+        return
     torch.manual_seed(0)
     vae = AutoencoderKLWan().to("cuda", dtype).eval()
     z = torch.randn([int(v) for v in a.latent.split(",")], device="cuda", dtype=dtype)
@@ -76,6 +84,42 @@ def main():
             pstats.Stats(pr).sort_stats("tottime").print_stats(14)
         if mode is not None:
             print("   ", {k: v for k, v in rst.conv3d_stats().items() if k in ("guarded", "repaired", "verified", "calls", "unguarded")})
+
+
+def micro(dtype, rst):
+    """Microseconds of host time per F.conv3d call, 2000 calls on a tiny
+    shape (the GPU finishes each before the host has issued the next)."""
+    F = torch.nn.functional
+    x = torch.randn(1, 8, 4, 6, 6, device="cuda", dtype=dtype)
+    w = torch.randn(8, 8, 3, 3, 3, device="cuda", dtype=dtype)
+    b = torch.randn(8, device="cuda", dtype=dtype)
+    for mode in (None, "fallback", "verify"):
+        if mode is not None:
+            rst.install_conv3d_fallback(mode=mode)
+        with torch.no_grad():
+            for _ in range(200):
+                F.conv3d(x, w, b, padding=1)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(2000):
+                F.conv3d(x, w, b, padding=1)
+            host = time.perf_counter() - t
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+        print(f"micro {dtype} mode={mode}: host {host / 2000 * 1e6:.1f} us/call, wall {wall / 2000 * 1e6:.1f} us/call")
+        if mode == "fallback":
+            import cProfile
+            import pstats
+
+            pr = cProfile.Profile()
+            pr.enable()
+            with torch.no_grad():
+                for _ in range(500):
+                    F.conv3d(x, w, b, padding=1)
+            pr.disable()
+            pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+        if mode is not None:
+            rst.conv3d_stats()
 
 
 if __name__ == "__main__":

@@ -195,11 +195,19 @@ def conv3d(
     return result.squeeze(0) if unbatched else result
 
 
+try:  # the raw handle without a Stream object (what Triton reads too)
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+except ImportError:  # pragma: no cover - older or CPU-only builds
+    _raw_stream = None
+
+
 def _device_and_stream(device: torch.device) -> Tuple[str, int]:
     """The native device name and torch's current stream handle (0 on
     the CPU)."""
     if device.type == "cuda":
         index = torch.cuda.current_device() if device.index is None else device.index
+        if _raw_stream is not None:
+            return f"cuda:{index}", int(_raw_stream(index))
         return f"cuda:{index}", int(torch.cuda.current_stream(device).cuda_stream)
     return "cpu", 0
 
