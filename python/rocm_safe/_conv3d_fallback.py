@@ -389,9 +389,19 @@ def _dispatch(kind: str, orig, chain_fn, verify_fn, args: Tuple):
         return to_chain(e, "fell_back_on_error")
     if not takes or not isinstance(out, torch.Tensor) or not out.is_floating_point():
         return out
+    # "verify": spot checks of torch's output, the first calls of each
+    # signature, then one in _VERIFY_EVERY (decided once per call, for the
+    # guard or for the synchronous check below).
+    check_now = None
+    if current == "verify":
+        seen = _verify_seen.get(sig, 0)
+        _verify_seen[sig] = seen + 1
+        check_now = seen < _VERIFY_FIRST or seen % _VERIFY_EVERY == 0
     if kind == "conv3d":
-        why = _unguardable(out, input, weight, bias) or _guard(out, args, sig, current == "verify")
+        why = _unguardable(out, input, weight, bias) or _guard(out, args, sig, bool(check_now))
         if why is None:
+            if check_now is False:
+                _counts["verify_skipped"] += 1
             return out
         _unguarded[why] = _unguarded.get(why, 0) + 1
     if not _all_finite(out):
@@ -400,12 +410,9 @@ def _dispatch(kind: str, orig, chain_fn, verify_fn, args: Tuple):
         _failed_signatures.add(sig)
         return to_chain(None, "fell_back_on_non_finite")
     if current == "verify":
-        # Spot checks: the first calls of each signature, then one in
-        # _VERIFY_EVERY (each check waits for the output; checking every
-        # call would cost far more than the conv).
-        seen = _verify_seen.get(sig, 0)
-        _verify_seen[sig] = seen + 1
-        if seen >= _VERIFY_FIRST and seen % _VERIFY_EVERY != 0:
+        # (Each synchronous check waits for the output; checking every call
+        # would cost far more than the conv.)
+        if not check_now:
             _counts["verify_skipped"] += 1
             return out
         _counts["verified"] += 1
@@ -440,9 +447,9 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
       chain's (its backward ops, checked).
     - ``"verify"``: as ``"fallback"``, and torch's finite output is also
       spot-checked on the device at the chain's sampled points against an
-      f64 recomputation: on a GPU every guarded call (below, no wait);
-      elsewhere, where each check waits for one small read-back, the first
-      two calls of each call signature (shapes, dtype, parameters, device),
+      f64 recomputation (on a GPU queued behind torch's kernel with no
+      wait, below; elsewhere one small read-back each): the first two
+      calls of each call signature (shapes, dtype, parameters, device),
       then one in sixteen, so the checks cost a few percent of the conv
       once a model's signatures are known. A float32 output on a GPU where
       torch allows TF32 is held to TF32's precision (``2e-3`` of each
@@ -460,7 +467,7 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
 
     On a GPU, ``"fallback"`` and ``"verify"`` guard torch's conv3d
     output without waiting for it: the NaN/Inf count (and in ``"verify"``
-    the sampled points, every call) run on the device after torch's
+    the spot checks' sampled points) run on the device after torch's
     kernel, the device decides, and rocm-safe's tiled kernel rewrites a
     wrong output in place behind that decision (a kernel that reads a flag
     and returns at once when it is clear). The host learns the verdicts
@@ -584,8 +591,8 @@ def conv3d_stats() -> Dict[str, Any]:
       ``direct`` (calls sent to the chain without calling torch: every
       call in ``"replace"``, remembered signatures in the others),
       ``remembered`` (signatures whose torch call failed),
-      ``guarded`` (GPU calls checked on the device with no wait; each is
-      also in ``verified`` in ``"verify"``), ``repaired`` (of those,
+      ``guarded`` (GPU calls checked on the device with no wait; their
+      spot checks are in ``verified`` and ``verify_skipped``), ``repaired`` (of those,
       rewritten by the tiled kernel), ``repair_failed`` (a repair that
       failed its own check: that output was wrong), ``unguarded`` (why
       conv3d calls were checked synchronously instead: reason -> count),
