@@ -59,6 +59,101 @@ pub(crate) fn import_data<'a>(imp: &'a Imported, what: &str) -> PyResult<DeviceC
     }
 }
 
+/// The capsules of one call whose operands are an input, a weight, an
+/// optional bias and an output, imported for one device (`op` names them
+/// in errors), and what every such call needs besides.
+pub(crate) struct Call {
+    pub(crate) dev: Device,
+    pub(crate) x: Imported,
+    pub(crate) w: Imported,
+    pub(crate) b: Option<Imported>,
+    pub(crate) y: Imported,
+}
+
+/// A call's Python operands: input, weight, bias, output.
+pub(crate) type PyOperands<'a, 'py> = (
+    &'a Bound<'py, PyAny>,
+    &'a Bound<'py, PyAny>,
+    Option<&'a Bound<'py, PyAny>>,
+    &'a Bound<'py, PyAny>,
+);
+
+impl Call {
+    /// Opens `device` and takes the capsules (errors: `ValueError` /
+    /// `TypeError` for a device or capsule the chain does not take).
+    pub(crate) fn take(
+        op: &'static str,
+        device: &str,
+        backend: Option<&str>,
+        (input, weight, bias, out): PyOperands<'_, '_>,
+    ) -> PyResult<Call> {
+        let dev = device_of(device, backend)?;
+        let what = |t: &str| format!("{op} {t}");
+        let x = take_capsule(&dev, input, &what("input"))?;
+        let w = take_capsule(&dev, weight, &what("weight"))?;
+        let b = bias
+            .map(|b| take_capsule(&dev, b, &what("bias")))
+            .transpose()?;
+        let y = take_capsule(&dev, out, &what("output"))?;
+        Ok(Call { dev, x, w, b, y })
+    }
+
+    /// `TypeError` unless the output is float32 (`who` names the call).
+    pub(crate) fn f32_output(&self, who: &str) -> PyResult<()> {
+        if self.y.dtype() == DType::F32 {
+            Ok(())
+        } else {
+            Err(PyTypeError::new_err(format!(
+                "{who} output: must be float32"
+            )))
+        }
+    }
+
+    /// The stream the call runs on ([`call_stream`]).
+    pub(crate) fn stream(&self, raw: u64) -> PyResult<Stream> {
+        call_stream(&self.dev, raw)
+    }
+}
+
+/// Input, weight and bias as the chain takes them, and the input's and
+/// weight's shapes (`op` names them in errors).
+pub(crate) fn operands_of<'a>(
+    x: &'a Imported,
+    w: &'a Imported,
+    b: Option<&'a Imported>,
+    op: &str,
+) -> PyResult<CallOperands<'a>> {
+    let what = |t: &str| format!("{op} {t}");
+    let xd = import_data(x, &what("input"))?;
+    let wd = import_data(w, &what("weight"))?;
+    let bd = b.map(|b| import_data(b, &what("bias"))).transpose()?;
+    Ok((xd, wd, bd, x.shape().to_vec(), w.shape().to_vec()))
+}
+
+/// Input, weight, bias, the input's shape and the weight's shape.
+pub(crate) type CallOperands<'a> = (
+    DeviceConv3dData<'a>,
+    DeviceConv3dData<'a>,
+    Option<DeviceConv3dData<'a>>,
+    Vec<u64>,
+    Vec<u64>,
+);
+
+/// The parameters of a call.
+pub(crate) fn params(
+    stride: [usize; 3],
+    padding: [usize; 3],
+    dilation: [usize; 3],
+    groups: usize,
+) -> Conv3dParams {
+    Conv3dParams {
+        stride,
+        padding,
+        dilation,
+        groups,
+    }
+}
+
 /// `conv3d(device, stream, input, weight, bias, out, stride, padding,
 /// dilation, groups, backend=None)`: the conv3d chain on tensors borrowed
 /// through DLPack capsules (`out`: f32, the output's shape, written in
@@ -83,41 +178,13 @@ pub fn conv3d(
     groups: usize,
     backend: Option<&str>,
 ) -> PyResult<(String, String)> {
-    let dev = device_of(device, backend)?;
-    let x = take_capsule(&dev, input, "conv3d input")?;
-    let w = take_capsule(&dev, weight, "conv3d weight")?;
-    let b = bias
-        .map(|b| take_capsule(&dev, b, "conv3d bias"))
-        .transpose()?;
-    let mut y = take_capsule(&dev, out, "conv3d output")?;
-    if y.dtype() != DType::F32 {
-        return Err(PyTypeError::new_err("conv3d output: must be float32"));
-    }
-    let s = if dev.kind() == BackendKind::Host {
-        dev.stream()
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
-    } else {
-        // SAFETY: `stream` is PyTorch's current stream of this device
-        // (`torch.cuda.current_stream(device).cuda_stream`, 0 for the
-        // default stream), made in the primary context the device uses; the
-        // caller keeps it alive for the call, and the `Stream` is dropped
-        // before this returns (never destroyed by rocm-safe).
-        unsafe { Stream::from_raw(&dev, RawStream(stream)) }
-    };
-    let params = Conv3dParams {
-        stride,
-        padding,
-        dilation,
-        groups,
-    };
-    let chain = chain_of(&dev);
-    let xd = import_data(&x, "conv3d input")?;
-    let wd = import_data(&w, "conv3d weight")?;
-    let bd = b
-        .as_ref()
-        .map(|b| import_data(b, "conv3d bias"))
-        .transpose()?;
-    let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+    let call = Call::take("conv3d", device, backend, (input, weight, bias, out))?;
+    call.f32_output("conv3d")?;
+    let s = call.stream(stream)?;
+    let params = params(stride, padding, dilation, groups);
+    let chain = chain_of(&call.dev);
+    let Call { x, w, b, mut y, .. } = call;
+    let (xd, wd, bd, xs, ws) = operands_of(&x, &w, b.as_ref(), "conv3d")?;
     let mut yv = y
         .view_mut::<f32>()
         .map_err(|e| PyValueError::new_err(format!("conv3d output: {e}")))?;
@@ -158,36 +225,12 @@ pub fn conv3d_verify(
     backend: Option<&str>,
     rel_tol: Option<f64>,
 ) -> PyResult<Option<String>> {
-    let dev = device_of(device, backend)?;
-    let x = take_capsule(&dev, input, "conv3d input")?;
-    let w = take_capsule(&dev, weight, "conv3d weight")?;
-    let b = bias
-        .map(|b| take_capsule(&dev, b, "conv3d bias"))
-        .transpose()?;
-    let y = take_capsule(&dev, out, "conv3d output")?;
-    let s = if dev.kind() == BackendKind::Host {
-        dev.stream()
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
-    } else {
-        // SAFETY: as in `conv3d`: torch's current stream of this device,
-        // alive for the call; the `Stream` is dropped before this returns.
-        unsafe { Stream::from_raw(&dev, RawStream(stream)) }
-    };
-    let params = Conv3dParams {
-        stride,
-        padding,
-        dilation,
-        groups,
-    };
-    let chain = chain_of(&dev);
-    let xd = import_data(&x, "conv3d input")?;
-    let wd = import_data(&w, "conv3d weight")?;
-    let bd = b
-        .as_ref()
-        .map(|b| import_data(b, "conv3d bias"))
-        .transpose()?;
-    let yd = import_data(&y, "conv3d output")?;
-    let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+    let call = Call::take("conv3d", device, backend, (input, weight, bias, out))?;
+    let s = call.stream(stream)?;
+    let params = params(stride, padding, dilation, groups);
+    let chain = chain_of(&call.dev);
+    let (xd, wd, bd, xs, ws) = operands_of(&call.x, &call.w, call.b.as_ref(), "conv3d")?;
+    let yd = import_data(&call.y, "conv3d output")?;
     let r = py.detach(|| match rel_tol {
         None => chain.verify_device(&s, params, xd, &xs, wd, &ws, bd, yd),
         Some(rel) => chain.verify_device_within(&s, params, (xd, &xs), (wd, &ws), bd, yd, rel),
@@ -329,33 +372,18 @@ pub fn conv_transpose3d(
     groups: usize,
     backend: Option<&str>,
 ) -> PyResult<(String, String)> {
-    let dev = device_of(device, backend)?;
-    let x = take_capsule(&dev, input, "conv_transpose3d input")?;
-    let w = take_capsule(&dev, weight, "conv_transpose3d weight")?;
-    let b = bias
-        .map(|b| take_capsule(&dev, b, "conv_transpose3d bias"))
-        .transpose()?;
-    let mut y = take_capsule(&dev, out, "conv_transpose3d output")?;
-    if y.dtype() != DType::F32 {
-        return Err(PyTypeError::new_err(
-            "conv_transpose3d output: must be float32",
-        ));
-    }
-    let s = call_stream(&dev, stream)?;
-    let params = Conv3dParams {
-        stride,
-        padding,
-        dilation,
-        groups,
-    };
-    let chain = chain_of(&dev);
-    let xd = import_data(&x, "conv_transpose3d input")?;
-    let wd = import_data(&w, "conv_transpose3d weight")?;
-    let bd = b
-        .as_ref()
-        .map(|b| import_data(b, "conv_transpose3d bias"))
-        .transpose()?;
-    let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+    let call = Call::take(
+        "conv_transpose3d",
+        device,
+        backend,
+        (input, weight, bias, out),
+    )?;
+    call.f32_output("conv_transpose3d")?;
+    let s = call.stream(stream)?;
+    let params = params(stride, padding, dilation, groups);
+    let chain = chain_of(&call.dev);
+    let Call { x, w, b, mut y, .. } = call;
+    let (xd, wd, bd, xs, ws) = operands_of(&x, &w, b.as_ref(), "conv_transpose3d")?;
     let mut yv = y
         .view_mut::<f32>()
         .map_err(|e| PyValueError::new_err(format!("conv_transpose3d output: {e}")))?;
@@ -389,36 +417,21 @@ pub fn conv_transpose3d_verify(
     groups: usize,
     backend: Option<&str>,
 ) -> PyResult<Option<String>> {
-    let dev = device_of(device, backend)?;
-    let x = take_capsule(&dev, input, "conv_transpose3d input")?;
-    let w = take_capsule(&dev, weight, "conv_transpose3d weight")?;
-    let b = bias
-        .map(|b| take_capsule(&dev, b, "conv_transpose3d bias"))
-        .transpose()?;
-    let y = take_capsule(&dev, out, "conv_transpose3d output")?;
-    if y.dtype() != DType::F32 {
-        return Err(PyTypeError::new_err(
-            "conv_transpose3d_verify output: must be float32",
-        ));
-    }
-    let s = call_stream(&dev, stream)?;
-    let params = Conv3dParams {
-        stride,
-        padding,
-        dilation,
-        groups,
-    };
-    let chain = chain_of(&dev);
-    let xd = import_data(&x, "conv_transpose3d input")?;
-    let wd = import_data(&w, "conv_transpose3d weight")?;
-    let bd = b
-        .as_ref()
-        .map(|b| import_data(b, "conv_transpose3d bias"))
-        .transpose()?;
+    let call = Call::take(
+        "conv_transpose3d",
+        device,
+        backend,
+        (input, weight, bias, out),
+    )?;
+    call.f32_output("conv_transpose3d_verify")?;
+    let s = call.stream(stream)?;
+    let params = params(stride, padding, dilation, groups);
+    let chain = chain_of(&call.dev);
+    let Call { x, w, b, y, .. } = call;
+    let (xd, wd, bd, xs, ws) = operands_of(&x, &w, b.as_ref(), "conv_transpose3d")?;
     let yv = y
         .view::<f32>()
         .map_err(|e| PyValueError::new_err(format!("conv_transpose3d output: {e}")))?;
-    let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
     let r = py.detach(|| {
         chain.verify_conv_transpose3d_device(&s, params, output_padding, xd, &xs, wd, &ws, bd, yv)
     });

@@ -5,17 +5,16 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
-use rocm_safe::conv3d::Conv3dParams;
 use rocm_safe::conv3d_chain::{Conv3dGuard, GuardRecord, Guarded, GuardedOutput};
-use rocm_safe::device::{BackendKind, Device, GuardVerdict, RawStream, Stream};
+use rocm_safe::device::{Device, GuardVerdict};
 use rocm_safe::DType;
 
-use crate::conv3d::{chain_of, import_data};
+use crate::conv3d::{chain_of, operands_of, params, Call};
 use crate::errors::op_to_py;
-use crate::interop::{device_of, lock, take_capsule};
+use crate::interop::{device_of, lock};
 
 type Guards = Mutex<Vec<(Device, Arc<Conv3dGuard>)>>;
 
@@ -104,41 +103,18 @@ pub fn conv3d_guard(
     samples: usize,
     rel_tol: f64,
 ) -> PyResult<(Option<u64>, Vec<PyRecord>)> {
-    let dev = device_of(device, backend)?;
-    let x = take_capsule(&dev, input, "conv3d input")?;
-    let w = take_capsule(&dev, weight, "conv3d weight")?;
-    let b = bias
-        .map(|b| take_capsule(&dev, b, "conv3d bias"))
-        .transpose()?;
-    let mut y = take_capsule(&dev, out, "conv3d output")?;
-    let s = if dev.kind() == BackendKind::Host {
-        dev.stream()
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
-    } else {
-        // SAFETY: `stream` is PyTorch's current stream of this device, made
-        // in the primary context the device uses and kept alive by the
-        // caller for the call; the `Stream` is dropped before this returns
-        // (never destroyed by rocm-safe). The work queued on it reads the
-        // operands and writes `out`, which torch keeps alive until that
-        // stream has passed it (its caching allocator reuses memory in
-        // stream order).
-        unsafe { Stream::from_raw(&dev, RawStream(stream)) }
-    };
-    let params = Conv3dParams {
-        stride,
-        padding,
-        dilation,
-        groups,
-    };
-    let chain = chain_of(&dev);
-    let guard = guard_of(&dev);
-    let xd = import_data(&x, "conv3d input")?;
-    let wd = import_data(&w, "conv3d weight")?;
-    let bd = b
-        .as_ref()
-        .map(|b| import_data(b, "conv3d bias"))
-        .transpose()?;
-    let (xs, ws) = (x.shape().to_vec(), w.shape().to_vec());
+    let call = Call::take("conv3d", device, backend, (input, weight, bias, out))?;
+    // The work queued on `s` outlives this call (nothing waits for it): it
+    // reads the operands and writes `out` on torch's current stream, the
+    // stream torch orders those tensors' memory by (its caching allocator
+    // hands freed memory out again in stream order), so it is done with
+    // them before that memory is reused.
+    let s = call.stream(stream)?;
+    let params = params(stride, padding, dilation, groups);
+    let chain = chain_of(&call.dev);
+    let guard = guard_of(&call.dev);
+    let Call { x, w, b, mut y, .. } = call;
+    let (xd, wd, bd, xs, ws) = operands_of(&x, &w, b.as_ref(), "conv3d")?;
     let map = |e: rocm_safe::Error| PyValueError::new_err(format!("conv3d output: {e}"));
     let out = match y.dtype() {
         DType::F32 => GuardedOutput::F32(y.view_mut().map_err(map)?),
