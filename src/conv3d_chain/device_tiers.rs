@@ -541,16 +541,18 @@ fn tiled_support(g: &Conv3dGeometry) -> Support {
 /// multiply-adds of the gather form (2 x 2 x 2: 8).
 pub const TILED_MAX_STRIDE_PRODUCT: usize = 8;
 
-/// Why the tiled tier takes no weight or bias gradient.
-const TILED_DATA_ONLY: &str = concat!(
-    "the tiled tier serves only the input gradient (as a forward convolution with the ",
-    "flipped weight): the naive tier's gather kernels serve weight and bias gradients"
+/// Why the tiled tier takes no bias gradient.
+const TILED_NO_BIAS: &str = concat!(
+    "the bias gradient is a reduction of dy, not a GEMM: the naive tier's kernel serves ",
+    "(the tiled tier serves the input and weight gradients)"
 );
 
 /// Whether the tiled tier takes backward `op` of `g` (see [`TiledTier`]).
 fn tiled_backward_support(op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
-    if op != Conv3dBackwardOp::Data {
-        return Support::Unsupported(TILED_DATA_ONLY.into());
+    match op {
+        Conv3dBackwardOp::Bias => return Support::Unsupported(TILED_NO_BIAS.into()),
+        Conv3dBackwardOp::Weight => return super::tiled_wgrad::weight_support(g),
+        _ => {}
     }
     if let Some(why) = op.unsupported(g) {
         return Support::Unsupported(why.into());
@@ -589,10 +591,14 @@ fn tiled_backward_support(op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
 fn tiled_backward_refused(op: Conv3dBackwardOp) -> crate::Error {
     crate::Error::Conv3dTier {
         tier: "tiled",
-        reason: if op == Conv3dBackwardOp::Data {
-            "the input gradient takes dy and the weight of one dtype (f32 or bf16)"
-        } else {
-            "the tiled tier serves only the input gradient"
+        reason: match op {
+            Conv3dBackwardOp::Data => {
+                "the input gradient takes dy and the weight of one dtype (f32 or bf16)"
+            }
+            Conv3dBackwardOp::Weight => {
+                "the weight gradient takes the input and dy of one dtype (f32 or bf16)"
+            }
+            _ => "the tiled tier serves the input and weight gradients, not the bias gradient",
         },
     }
 }
@@ -635,6 +641,9 @@ impl Conv3dTier for TiledTier {
         match (p.op, p.grad_output, p.other) {
             (Conv3dBackwardOp::Data, F32(dy), Some(F32(w))) => self.data_host(p, (dy, w), out),
             (Conv3dBackwardOp::Data, BF16(dy), Some(BF16(w))) => self.data_host(p, (dy, w), out),
+            (Conv3dBackwardOp::Weight, _, _) => {
+                super::tiled_wgrad::weight_on_host(&self.device, p, out)
+            }
             (op, _, _) => Err(tiled_backward_refused(op)),
         }
     }
@@ -658,6 +667,7 @@ impl Conv3dTier for TiledTier {
             (Conv3dBackwardOp::Data, BF16(dy), Some(BF16(w))) => {
                 self.data_views(s, g, (&dy, &w), ops.bias, out)
             }
+            (Conv3dBackwardOp::Weight, _, _) => super::tiled_wgrad::weight_on_device(ops, out),
             (op, _, _) => Err(tiled_backward_refused(op)),
         }
     }
