@@ -523,14 +523,18 @@ fn check_every_launch(arch: &str) -> R {
         let (x_ptr, dy_ptr);
         let l = if dtype == "f32" {
             let x = s.clone_htod(&vec![1f32; input_len]).map_err(err("x"))?;
-            let dy = s.clone_htod(&vec![0.5f32; g.output_len()]).map_err(err("dy"))?;
+            let dy = s
+                .clone_htod(&vec![0.5f32; g.output_len()])
+                .map_err(err("dy"))?;
             (x_ptr, dy_ptr) = (ptr(x.device_ptr()), ptr(dy.device_ptr()));
             launches_of(&st, &[&name], || {
                 s.conv3d_backward_weight_tiled(&g, &x.view(), &dy.view(), &mut dw.view_mut())
                     .map_err(err("conv3d_backward_weight_tiled"))
             })?
         } else {
-            let x = s.clone_htod(&vec![bf16::ONE; input_len]).map_err(err("x"))?;
+            let x = s
+                .clone_htod(&vec![bf16::ONE; input_len])
+                .map_err(err("x"))?;
             let dy = s
                 .clone_htod(&vec![bf16::ONE; g.output_len()])
                 .map_err(err("dy"))?;
