@@ -3,9 +3,10 @@
 //! `conv3d_bwd_weight_tiled_{f32,bf16}` in `hip-kernels/conv3d_wgrad.hip`):
 //! one implicit GEMM per group, `dw[g*Kg + m][(c, tap)] = sum over (n, o)
 //! of dy[n][g*Kg + m][o] * x[n][g*Cg + c][o * stride + tap * dilation -
-//! padding]`, on 64 x 64 tiles of `dw` with the reduction over `N * OD * OH
-//! * OW` split into chunks (split-K, [`tiled_wgrad_split`]) whose partial
-//! tiles are added into the zeroed result with float atomics; the launch
+//! padding]`, on 64 x 64 tiles of `dw` with the reduction over the batch
+//! and the output volume split into chunks (split-K,
+//! [`tiled_wgrad_split`]) whose partial tiles are added into the zeroed
+//! result with float atomics; the launch
 //! ([`KernelOp::Conv3dBackwardWeightTiled`]), its grid, and the host
 //! backend's emulation (the CPU kernels).
 
