@@ -32,6 +32,75 @@
 #define RS_WG_TK 16
 #define RS_WG_LD (RS_WG_TM + 4)
 
+// A thread's reduction index j = n * OSP + o, o = (od * OH + oh) * OW + ow,
+// moved on by whole slices without division.
+struct rs_wg_pos {
+    rs_u64 j, n, o, od, oh, ow;
+};
+
+RS_DEVICE void rs_wg_start(rs_wg_pos& p, const rs_conv3d_args& a, rs_u64 osp, rs_u64 j) {
+    p.j = j;
+    p.n = j / osp;
+    p.o = j - p.n * osp;
+    const rs_u64 ohw = a.oh * a.ow;
+    p.od = p.o / ohw;
+    p.oh = (p.o - p.od * ohw) / a.ow;
+    p.ow = p.o - p.od * ohw - p.oh * a.ow;
+}
+
+RS_DEVICE void rs_wg_advance(rs_wg_pos& p, const rs_conv3d_args& a, rs_u64 osp) {
+    p.j += RS_WG_TK;
+    p.o += RS_WG_TK;
+    while (p.o >= osp) {
+        p.o -= osp;
+        ++p.n;
+    }
+    p.ow += RS_WG_TK;
+    while (p.ow >= a.ow) {
+        p.ow -= a.ow;
+        ++p.oh;
+    }
+    while (p.oh >= a.oh) {
+        p.oh -= a.oh;
+        ++p.od;
+    }
+    while (p.od >= a.od) p.od -= a.od;
+}
+
+// What one thread loads of every slice: the dy rows (channel g*Kg + m, or
+// ~0 past Kg) and, per x column, the channel's offset and the tap's
+// offsets (padding included; ok false past the last column).
+struct rs_wg_cols {
+    rs_u64 a_row[4];
+    rs_u64 b_chan[4];
+    long long b_z[4], b_y[4], b_x[4];
+    bool b_ok[4];
+};
+
+// Loads this thread's elements of the slice at p (zeros past j_hi, outside
+// the input, past the tile) into ra (dy) and rb (gathered x).
+template <typename T>
+RS_DEVICE void rs_wg_load(const T* __restrict__ x, const T* __restrict__ dy,
+                          const rs_conv3d_args& a, const rs_wg_cols& c, const rs_wg_pos& p,
+                          rs_u64 j_hi, rs_u64 osp, rs_u64 dhw, float* ra, float* rb) {
+    const bool on = p.j < j_hi;
+    const rs_u64 dyb = p.n * a.k * osp + p.o;
+    const rs_u64 xb = p.n * a.c * dhw;
+    const rs_u64 hw = a.h * a.w;
+    const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
+    const long long pz = (long long)(p.od * a.sd), py = (long long)(p.oh * a.sh),
+                    px = (long long)(p.ow * a.sw);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        ra[q] = (on && c.a_row[q] != ~0ull) ? rs_ld(dy, dyb + c.a_row[q] * osp) : 0.0f;
+        float v = 0.0f;
+        const long long z = pz + c.b_z[q], yy = py + c.b_y[q], xx = px + c.b_x[q];
+        if (on && c.b_ok[q] && z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W)
+            v = rs_ld(x, xb + c.b_chan[q] + (rs_u64)z * hw + (rs_u64)yy * a.w + (rs_u64)xx);
+        rb[q] = v;
+    }
+}
+
 template <typename T>
 static __device__ __forceinline__ void rs_conv3d_bwd_weight_tiled(const T* __restrict__ x,
                                                                   const T* __restrict__ dy,
@@ -46,7 +115,7 @@ static __device__ __forceinline__ void rs_conv3d_bwd_weight_tiled(const T* __res
     const rs_u64 cols = cg * kvol;
     const rs_u64 osp = a.od * a.oh * a.ow;
     const rs_u64 total = a.n * osp;
-    const rs_u64 dhw = a.d * a.h * a.w, hw = a.h * a.w;
+    const rs_u64 dhw = a.d * a.h * a.w;
     const rs_u64 row_tiles = (kg + RS_WG_TM - 1) / RS_WG_TM;
     const rs_u64 g = (rs_u64)blockIdx.y / row_tiles;
     const rs_u64 m0 = ((rs_u64)blockIdx.y - g * row_tiles) * RS_WG_TM;
@@ -59,71 +128,27 @@ static __device__ __forceinline__ void rs_conv3d_bwd_weight_tiled(const T* __res
     // Loads: slice row kk = tid % 16 (consecutive threads, consecutive j:
     // consecutive dy elements), tile rows / columns lane + 16 q.
     const rs_u32 kk = tid & 15u, lane = tid >> 4;
-    rs_u64 a_row[4];  // dy channel (g*Kg + m), or ~0 when m >= Kg
-    rs_u64 b_chan[4];  // x channel offset (g*Cg + c) * DHW
-    long long b_z[4], b_y[4], b_x[4];  // the tap's offsets, padding included
-    bool b_ok[4];
+    rs_wg_cols c;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
         const rs_u64 m = m0 + lane + 16u * q;
-        a_row[q] = m < kg ? g * kg + m : ~0ull;
+        c.a_row[q] = m < kg ? g * kg + m : ~0ull;
         const rs_u64 col = n0 + lane + 16u * q;
-        b_ok[q] = col < cols;
-        const rs_u64 cc = b_ok[q] ? col : 0;
-        const rs_u64 c = cc / kvol;
-        const rs_u64 t = cc - c * kvol;
+        c.b_ok[q] = col < cols;
+        const rs_u64 cc = c.b_ok[q] ? col : 0;
+        const rs_u64 ci = cc / kvol;
+        const rs_u64 t = cc - ci * kvol;
         const rs_u64 td = t / khw;
         const rs_u64 th = (t - td * khw) / a.kw;
         const rs_u64 tw = t - td * khw - th * a.kw;
-        b_chan[q] = (g * cg + c) * dhw;
-        b_z[q] = (long long)(td * a.dd) - (long long)a.pd;
-        b_y[q] = (long long)(th * a.dh) - (long long)a.ph;
-        b_x[q] = (long long)(tw * a.dw) - (long long)a.pw;
+        c.b_chan[q] = (g * cg + ci) * dhw;
+        c.b_z[q] = (long long)(td * a.dd) - (long long)a.pd;
+        c.b_y[q] = (long long)(th * a.dh) - (long long)a.ph;
+        c.b_x[q] = (long long)(tw * a.dw) - (long long)a.pw;
     }
-    // This thread's j = j0 + kk as (n, o) and o as (od, oh, ow).
-    rs_u64 j = j_lo + kk;
-    rs_u64 n = j / osp, o = j - (j / osp) * osp;
-    rs_u64 od = o / (a.oh * a.ow);
-    rs_u64 oh = (o - od * a.oh * a.ow) / a.ow;
-    rs_u64 ow = o - od * a.oh * a.ow - oh * a.ow;
-    const long long D = (long long)a.d, H = (long long)a.h, W = (long long)a.w;
-
+    rs_wg_pos pos;
+    rs_wg_start(pos, a, osp, j_lo + kk);
     float ra[4], rb[4];
-    auto load = [&]() {
-        const bool on = j < j_hi;
-        const rs_u64 dyb = n * a.k * osp + o;
-        const rs_u64 xb = n * a.c * dhw;
-        const long long pz = (long long)(od * a.sd), py = (long long)(oh * a.sh),
-                        px = (long long)(ow * a.sw);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            ra[q] = (on && a_row[q] != ~0ull) ? rs_ld(dy, dyb + a_row[q] * osp) : 0.0f;
-            float v = 0.0f;
-            const long long z = pz + b_z[q], yy = py + b_y[q], xx = px + b_x[q];
-            if (on && b_ok[q] && z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W)
-                v = rs_ld(x, xb + b_chan[q] + (rs_u64)z * hw + (rs_u64)yy * a.w + (rs_u64)xx);
-            rb[q] = v;
-        }
-    };
-    // Moves this thread's j on by one slice.
-    auto advance = [&]() {
-        j += RS_WG_TK;
-        o += RS_WG_TK;
-        while (o >= osp) {
-            o -= osp;
-            ++n;
-        }
-        ow += RS_WG_TK;
-        while (ow >= a.ow) {
-            ow -= a.ow;
-            ++oh;
-        }
-        while (oh >= a.oh) {
-            oh -= a.oh;
-            ++od;
-        }
-        while (od >= a.od) od -= a.od;
-    };
 
     // Compute: rows ty * 4 + {0..3}, columns tx * 4 + {0..3}.
     const rs_u32 tx = tid & 15u, ty = tid >> 4;
@@ -131,9 +156,9 @@ static __device__ __forceinline__ void rs_conv3d_bwd_weight_tiled(const T* __res
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[i][c] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
 
-    load();
+    rs_wg_load(x, dy, a, c, pos, j_hi, osp, dhw, ra, rb);
     for (rs_u64 j0 = j_lo; j0 < j_hi; j0 += RS_WG_TK) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -142,8 +167,8 @@ static __device__ __forceinline__ void rs_conv3d_bwd_weight_tiled(const T* __res
         }
         __syncthreads();
         if (j0 + RS_WG_TK < j_hi) {
-            advance();
-            load();
+            rs_wg_advance(pos, a, osp);
+            rs_wg_load(x, dy, a, c, pos, j_hi, osp, dhw, ra, rb);
         }
 #pragma unroll
         for (int s = 0; s < RS_WG_TK; ++s) {
@@ -154,7 +179,7 @@ static __device__ __forceinline__ void rs_conv3d_bwd_weight_tiled(const T* __res
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int c = 0; c < 4; ++c) acc[i][c] = fmaf(am[i], bm[c], acc[i][c]);
+                for (int e = 0; e < 4; ++e) acc[i][e] = fmaf(am[i], bm[e], acc[i][e]);
         }
         __syncthreads();
     }
@@ -165,9 +190,9 @@ static __device__ __forceinline__ void rs_conv3d_bwd_weight_tiled(const T* __res
         if (m >= kg) continue;
         float* row = dw + (g * kg + m) * cols;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const rs_u64 col = n0 + tx * 4 + c;
-            if (col < cols) rs_atomic_add_f32(row + col, acc[i][c]);
+        for (int e = 0; e < 4; ++e) {
+            const rs_u64 col = n0 + tx * 4 + e;
+            if (col < cols) rs_atomic_add_f32(row + col, acc[i][e]);
         }
     }
 }
