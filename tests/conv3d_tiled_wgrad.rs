@@ -428,8 +428,8 @@ fn wan_vae_like_weight_gradient(dev: &Device) {
     wgrad_on_gpu("wan wgrad", dev, (&tiled, &naive), &w);
 }
 
-/// A long reduction split into many chunks on a GPU (batch 4 of 16 x 8 x
-/// 48 x 48, 16 -> 16 channels in 2 groups: few tiles, so the split count
+/// A long reduction split into many chunks on a GPU (batch 4 of 32 x 8 x
+/// 24 x 24, 32 -> 16 channels in 2 groups: few tiles, so the split count
 /// is high and chunks cross samples), as [`wan_vae_like_weight_gradient`].
 fn long_reduction_many_chunks(dev: &Device) {
     let tiled = chain(dev);
@@ -437,12 +437,17 @@ fn long_reduction_many_chunks(dev: &Device) {
     naive.options_mut().forbid = vec![TierKind::Vendor, TierKind::Tiled];
     let w = Wgrad::new(
         params([1; 3], [1; 3], [1; 3]).with_groups(2),
-        [4, 32, 8, 48, 48],
+        [4, 32, 8, 24, 24],
         [16, 16, 3, 3, 3],
         23,
     );
-    let split = tiled_wgrad_split(&w.g, dev.info().multiprocessors).unwrap();
-    assert!(split.grid[2] > 8, "{split:?}");
+    let mps = dev.info().multiprocessors;
+    let split = tiled_wgrad_split(&w.g, mps).unwrap();
+    let blocks: u64 = split.grid.iter().map(|&v| u64::from(v)).product();
+    assert!(
+        split.grid[2] > 1 && blocks >= 4 * u64::from(mps),
+        "{split:?} on {mps} multiprocessors"
+    );
     wgrad_on_gpu("long reduction", dev, (&tiled, &naive), &w);
 }
 

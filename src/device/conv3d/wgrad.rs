@@ -35,6 +35,9 @@ const MIN_CHUNK: usize = 256;
 const BLOCKS_PER_MP: usize = 4;
 /// The most blocks along grid y and z.
 const GRID_YZ_MAX: usize = 65_535;
+/// The most blocks along grid x: HIP counts a grid in threads (below
+/// 2^32), CUDA allows 2^31 - 1 blocks.
+const GRID_X_MAX: usize = (u32::MAX / BLOCK) as usize;
 /// The fewest output channels per group the tiled weight gradient takes.
 const MIN_OUT_PER_GROUP: usize = 8;
 
@@ -52,8 +55,9 @@ pub struct TiledWgradSplit {
 /// Why the tiled weight gradient cannot take `g`, if it cannot: zero-size
 /// tensors, fewer than 8 output channels per group (depthwise-like: a 64-row
 /// tile would be mostly padding; the naive kernel's block per element fits
-/// better), or more column tiles than the grid's x dimension holds, or
-/// more row tiles times groups than its y dimension.
+/// better), more column tiles than the grid's x dimension holds (2^24 - 1:
+/// HIP counts a grid's threads in 32 bits), or more row tiles times groups
+/// than its y dimension (65535).
 pub fn tiled_wgrad_unsupported(g: &Conv3dGeometry) -> Option<&'static str> {
     if let Some(why) = Conv3dBackwardOp::Weight.unsupported(g) {
         return Some(why);
@@ -65,7 +69,7 @@ pub fn tiled_wgrad_unsupported(g: &Conv3dGeometry) -> Option<&'static str> {
     }
     let taps: usize = g.kernel.iter().product();
     let cols = g.in_per_group().checked_mul(taps);
-    if cols.is_none_or(|c| c.div_ceil(TILE) > i32::MAX as usize) {
+    if cols.is_none_or(|c| c.div_ceil(TILE) > GRID_X_MAX) {
         return Some("more weight-gradient columns (C/G x taps) than the grid's x dimension holds");
     }
     let rows = g
@@ -307,5 +311,17 @@ mod tests {
         ));
         let g = geom([1, 8, 4, 4, 4], [8, 8, 3, 3, 3], Conv3dParams::default());
         assert_eq!(tiled_wgrad_unsupported(&g), None);
+        // Grid limits (shapes only: nothing is allocated).
+        let p = Conv3dParams::default().with_groups(65_536);
+        let g = geom([1, 1 << 19, 1, 1, 1], [1 << 19, 8, 1, 1, 1], p);
+        let why = tiled_wgrad_unsupported(&g).unwrap();
+        assert!(why.contains("y dimension"), "{why}");
+        let g = geom(
+            [1, 1 << 20, 16, 8, 8],
+            [8, 1 << 20, 16, 8, 8],
+            Conv3dParams::default(),
+        );
+        let why = tiled_wgrad_unsupported(&g).unwrap();
+        assert!(why.contains("x dimension"), "{why}");
     }
 }
