@@ -67,11 +67,12 @@ RS_DEVICE void rs_wg_advance(rs_wg_pos& p, const rs_conv3d_args& a, rs_u64 osp) 
     while (p.od >= a.od) p.od -= a.od;
 }
 
-// What one thread loads of every slice: the dy rows (channel g*Kg + m, or
-// ~0 past Kg) and, per x column, the channel's offset and the tap's
-// offsets (padding included; ok false past the last column).
+// What one thread loads of every slice: the offsets of its dy rows
+// (channel g*Kg + m times OSP, or ~0 past Kg) and, per x column, the
+// channel's offset and the tap's offsets (padding included; ok false past
+// the last column).
 struct rs_wg_cols {
-    rs_u64 a_row[4];
+    rs_u64 a_off[4];
     rs_u64 b_chan[4];
     long long b_z[4], b_y[4], b_x[4];
     bool b_ok[4];
@@ -92,7 +93,7 @@ RS_DEVICE void rs_wg_load(const T* __restrict__ x, const T* __restrict__ dy,
                     px = (long long)(p.ow * a.sw);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-        ra[q] = (on && c.a_row[q] != ~0ull) ? rs_ld(dy, dyb + c.a_row[q] * osp) : 0.0f;
+        ra[q] = (on && c.a_off[q] != ~0ull) ? rs_ld(dy, dyb + c.a_off[q]) : 0.0f;
         float v = 0.0f;
         const long long z = pz + c.b_z[q], yy = py + c.b_y[q], xx = px + c.b_x[q];
         if (on && c.b_ok[q] && z >= 0 && z < D && yy >= 0 && yy < H && xx >= 0 && xx < W)
@@ -132,7 +133,7 @@ static __device__ __forceinline__ void rs_conv3d_bwd_weight_tiled(const T* __res
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
         const rs_u64 m = m0 + lane + 16u * q;
-        c.a_row[q] = m < kg ? g * kg + m : ~0ull;
+        c.a_off[q] = m < kg ? (g * kg + m) * osp : ~0ull;
         const rs_u64 col = n0 + lane + 16u * q;
         c.b_ok[q] = col < cols;
         const rs_u64 cc = c.b_ok[q] ? col : 0;
