@@ -49,6 +49,7 @@ const KERNEL_FILES: &[&str] = &[
     "hip-kernels/conv3d_naive.hip",
     "hip-kernels/conv3d_check.hip",
     "hip-kernels/conv3d_backward.hip",
+    "hip-kernels/conv3d_wgrad.hip",
 ];
 /// The translation unit that includes every kernel file (HIP).
 const ENTRY: &str = "hip-kernels/kernels.hip";

@@ -18,7 +18,8 @@
 // reads the definitions above; none is compiled on its own):
 //   conv3d_naive.hip     conv3d_naive_{f32,bf16}
 //   conv3d_check.hip     conv3d_check_*, conv3d_locate_nonfinite_f32
-//   conv3d_backward.hip  conv3d_bwd_*
+//   conv3d_backward.hip  conv3d_bwd_* (the naive gradients), the flip, the zero insertion
+//   conv3d_wgrad.hip     conv3d_bwd_weight_tiled_* (the tiled weight gradient, split-K)
 #pragma once
 #include "prelude.h"
 #include "bf16.h"
@@ -705,3 +706,4 @@ RS_LAYOUT_KERNEL(conv3d_layout_u16, rs_u16)
 
 #include "conv3d_check.hip"
 #include "conv3d_backward.hip"
+#include "conv3d_wgrad.hip"

@@ -83,6 +83,10 @@ static __device__ inline unsigned long long atomicAdd(unsigned long long* p,
                                                       unsigned long long v) {
     return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
 }
+// Relaxed, device (agent) scope, as HIP's float atomicAdd.
+static __device__ inline float atomicAdd(float* p, float v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 // Relaxed, device (agent) scope, as HIP's atomicMax.
 static __device__ inline unsigned long long atomicMax(unsigned long long* p,
                                                       unsigned long long v) {

@@ -49,6 +49,9 @@ RS_DEVICE rs_u32 rs_clz32(rs_u32 x) { return (rs_u32)__clz((int)x); }
 
 // Exact 64-bit atomic add (wrapping), order-independent.
 RS_DEVICE void rs_atomic_add_u64(rs_u64* p, rs_u64 v) { atomicAdd(p, v); }
+// f32 atomic add (relaxed, device scope): the order of concurrent adds, and
+// so the rounding of the sum, is not fixed.
+RS_DEVICE void rs_atomic_add_f32(float* p, float v) { atomicAdd(p, v); }
 // 64-bit atomic maximum (unsigned), order-independent.
 RS_DEVICE void rs_atomic_max_u64(rs_u64* p, rs_u64 v) { atomicMax(p, v); }
 

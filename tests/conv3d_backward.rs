@@ -91,19 +91,35 @@ fn references_are_the_adjoints_of_the_forward_reference() {
 /// Whether the tiled tier takes backward `op` of `g` (written out here, not
 /// asked of the tier): the input gradient with a stride product of at most
 /// 8, a padding within `dilation * (k - 1)`, at least 8 input channels per
-/// group, no zero size (`tests/conv3d_tiled_backward.rs` tests that tier).
+/// group; the weight gradient with at least 8 output channels per group;
+/// no zero size (`tests/conv3d_tiled_backward.rs` and
+/// `tests/conv3d_tiled_wgrad.rs` test that tier).
 fn tiled_takes(op: Conv3dBackwardOp, g: &Conv3dGeometry) -> bool {
     let p = &g.params;
-    op == Conv3dBackwardOp::Data
-        && op.unsupported(g).is_none()
-        && p.stride.iter().product::<usize>() <= 8
-        && (0..3).all(|a| p.padding[a] <= p.dilation[a] * (g.kernel[a] - 1))
-        && g.in_per_group() >= 8
+    if op.unsupported(g).is_some() {
+        return false;
+    }
+    match op {
+        Conv3dBackwardOp::Data => {
+            p.stride.iter().product::<usize>() <= 8
+                && (0..3).all(|a| p.padding[a] <= p.dilation[a] * (g.kernel[a] - 1))
+                && g.in_per_group() >= 8
+        }
+        Conv3dBackwardOp::Weight => g.out_per_group() >= 8,
+        _ => false,
+    }
+}
+
+/// The common chain without the tiled tier: the naive tier's faults.
+fn naive_chain(dev: &Device) -> Conv3dChain {
+    let mut c = chain(dev);
+    c.options_mut().forbid.push(TierKind::Tiled);
+    c
 }
 
 /// The report's skips before the serving tier: vendor forbidden (the
 /// common chain's option: its tests are `tests/conv3d_vendor_backward.rs`),
-/// tiled unsupported (weight and bias gradients, too few channels) unless
+/// tiled unsupported (bias gradients, too few channels, ...) unless
 /// it served.
 fn assert_gpu_skips(report: &Conv3dReport) {
     let vendor = &report.attempts[0];
@@ -176,13 +192,14 @@ fn fault_case() -> Case {
 
 /// One fault on the first backward op: the naive tier fails as `check`
 /// says, the CPU serves the right result; on the host path and on the
-/// device path, for every op.
+/// device path, for every op (the tiled tier forbidden: its faults are
+/// `tests/conv3d_tiled_backward.rs`'s and `tests/conv3d_tiled_wgrad.rs`'s).
 fn naive_fault_falls_to_the_cpu(open: Open<'_>, kind: FaultKind, check: fn(&Failure) -> bool) {
     let gr = Grads::new(&fault_case());
     for op in OPS {
         for device_path in [false, true] {
             let (dev, h) = faulty(open, &[(kind, When::Nth(0))]);
-            let chain = chain(&dev);
+            let chain = naive_chain(&dev);
             let p = gr.problem(op, false);
             let (report, out) = if device_path {
                 let (r, out) = run_on_device(&chain, &dev, &p);
@@ -238,7 +255,7 @@ fn backward_check_failure_fails_the_tier(open: Open<'_>) {
     let gr = Grads::new(&fault_case());
     for op in OPS {
         let (dev, h) = faulty(open, &[(FaultKind::Conv3dCheckFailure, When::Nth(0))]);
-        let chain = chain(&dev);
+        let chain = naive_chain(&dev);
         let p = gr.problem(op, true);
         let (r, out) = run_on_device(&chain, &dev, &p);
         let report = r.unwrap();
@@ -265,7 +282,8 @@ fn every_tier_wrong_is_no_tier(open: Open<'_>) {
         open,
         &[(FaultKind::Conv3dBackwardWritesGarbage, When::Always)],
     );
-    // The naive tier only (the CPU has no device kernel to corrupt).
+    // The tiled and naive tiers only (the CPU has no device kernel to
+    // corrupt).
     let mut c = chain(&dev);
     c.options_mut().forbid = vec![TierKind::Cpu];
     let p = gr.problem(Conv3dBackwardOp::Weight, false);
@@ -274,9 +292,12 @@ fn every_tier_wrong_is_no_tier(open: Open<'_>) {
         panic!("{e}")
     };
     let failures: Vec<_> = report.failures().collect();
-    assert_eq!(failures.len(), 1, "{report}");
+    let kinds: Vec<_> = failures.iter().map(|f| f.0.kind).collect();
+    assert_eq!(kinds, [TierKind::Tiled, TierKind::Naive], "{report}");
     assert!(
-        matches!(failures[0].1, Failure::ValueMismatch { .. }),
+        failures
+            .iter()
+            .all(|f| matches!(f.1, Failure::ValueMismatch { .. })),
         "{report}"
     );
     let (r, _) = run_on_device(&c, &dev, &p);

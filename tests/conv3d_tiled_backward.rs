@@ -9,7 +9,7 @@
 //! (f32 and bf16, groups, dilation, padding, strides, output_padding, the
 //! transposed convolution's bias in f32 and bf16) equal to the f64
 //! reference, on the host (`run_backward`) and on device memory; what it
-//! refuses (weight and bias gradients, a stride product above 8, a padding
+//! refuses (the bias gradient, a stride product above 8, a padding
 //! beyond the kernel's reach, too few channels per group) going to the
 //! naive tier with the reason in the report; and faults in its kernels
 //! (the flip or the zero insertion failing, writing garbage or a NaN; the
@@ -331,8 +331,9 @@ fn assert_tiled_skipped(what: &str, report: &Conv3dReport, why: &str) {
 }
 
 /// What the tiled tier refuses goes to the naive tier, the reason in the
-/// report: weight and bias gradients, a stride product above 8, a padding
-/// beyond `dilation * (k - 1)`, fewer than 8 input channels per group.
+/// report: the bias gradient, a weight gradient of fewer than 8 output
+/// channels per group, a stride product above 8, a padding beyond
+/// `dilation * (k - 1)`, fewer than 8 input channels per group.
 fn refused_calls_go_to_the_naive_tier(dev: &Device) {
     let chain = chain(dev);
     let base = Operands::grad(params([1; 3], [1; 3], 1), [1, 8, 4, 5, 6], [12, 8, 3, 3, 3]);
@@ -346,16 +347,25 @@ fn refused_calls_go_to_the_naive_tier(dev: &Device) {
         .unwrap();
         Operands::new(Conv3dBackwardOp::Data, g, false, 52)
     };
+    let few_out = {
+        let g = Conv3dGeometry::new(
+            params([1; 3], [1; 3], 1),
+            &[1, 8, 4, 5, 6],
+            &[4, 8, 3, 3, 3],
+        )
+        .unwrap();
+        Operands::new(Conv3dBackwardOp::Weight, g, false, 53)
+    };
     let cases = [
         (
-            "weight gradient",
-            with_op(Conv3dBackwardOp::Weight),
-            "serves only the input gradient",
+            "weight gradient of 4 output channels",
+            few_out,
+            "the tiled weight gradient: fewer than 8 output channels per group",
         ),
         (
             "bias gradient",
             with_op(Conv3dBackwardOp::Bias),
-            "serves only the input gradient",
+            "the bias gradient is a reduction of dy",
         ),
         ("stride 3 x 3 x 1", stride3, "a stride product above 8"),
         (

@@ -146,6 +146,8 @@ fn kernels_that_assume_their_block_size_have_a_hip_launch_bound() {
         ("conv3d_backward.hip", "conv3d_bwd_bias_bf16"),
         ("conv3d_backward.hip", "conv3d_bwd_check_f32"),
         ("conv3d_backward.hip", "conv3d_bwd_check_bf16"),
+        ("conv3d_wgrad.hip", "conv3d_bwd_weight_tiled_f32"),
+        ("conv3d_wgrad.hip", "conv3d_bwd_weight_tiled_bf16"),
     ];
     let srcs = sources();
     for (file, kernel) in want {

@@ -22,7 +22,7 @@ use rocm_safe::conv3d::{
     Conv3dBackwardProblem, Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem,
 };
 use rocm_safe::conv3d_chain::Conv3dChain;
-use rocm_safe::device::Conv3dKernel;
+use rocm_safe::device::{tiled_wgrad_split, Conv3dKernel};
 use rocm_safe::diagnostics::{read_code_object, CodeObjectInfo, KernelResources};
 use rocm_safe::Error;
 
@@ -511,6 +511,56 @@ fn check_every_launch(arch: &str) -> R {
             }
             check_launch(&l[0], kernel(&name)?, &want)?;
         }
+        launched.push(name);
+    }
+    // The tiled weight gradient: (x, dy, dw, rs_conv3d_args without a
+    // bias, chunk) on the split-K grid (dw zeroed first by a memset, not a
+    // kernel).
+    let split = tiled_wgrad_split(&g, dev.info().multiprocessors).map_err(err("wgrad split"))?;
+    let mut dw = s.alloc::<f32>(weight_len).map_err(err("dw"))?;
+    for dtype in ["f32", "bf16"] {
+        let name = format!("conv3d_bwd_weight_tiled_{dtype}");
+        let (x_ptr, dy_ptr);
+        let l = if dtype == "f32" {
+            let x = s.clone_htod(&vec![1f32; input_len]).map_err(err("x"))?;
+            let dy = s
+                .clone_htod(&vec![0.5f32; g.output_len()])
+                .map_err(err("dy"))?;
+            (x_ptr, dy_ptr) = (ptr(x.device_ptr()), ptr(dy.device_ptr()));
+            launches_of(&st, &[&name], || {
+                s.conv3d_backward_weight_tiled(&g, &x.view(), &dy.view(), &mut dw.view_mut())
+                    .map_err(err("conv3d_backward_weight_tiled"))
+            })?
+        } else {
+            let x = s
+                .clone_htod(&vec![bf16::ONE; input_len])
+                .map_err(err("x"))?;
+            let dy = s
+                .clone_htod(&vec![bf16::ONE; g.output_len()])
+                .map_err(err("dy"))?;
+            (x_ptr, dy_ptr) = (ptr(x.device_ptr()), ptr(dy.device_ptr()));
+            launches_of(&st, &[&name], || {
+                s.conv3d_backward_weight_tiled(&g, &x.view(), &dy.view(), &mut dw.view_mut())
+                    .map_err(err("conv3d_backward_weight_tiled"))
+            })?
+        };
+        check_launch(
+            &l[0],
+            kernel(&name)?,
+            &[
+                Want::Ptr(x_ptr),
+                Want::Ptr(dy_ptr),
+                Want::Ptr(ptr(dw.device_ptr())),
+                Want::Bytes(conv3d_struct(&g, false)),
+                Want::U64(split.chunk),
+            ],
+        )?;
+        ensure!(
+            l[0].grid == split.grid,
+            "{name}: grid {:?}, expected {:?}",
+            l[0].grid,
+            split.grid
+        );
         launched.push(name);
     }
     s.synchronize().map_err(err("synchronize"))?;

@@ -136,8 +136,11 @@ def conv3d(
     library's backward calls where it has them, in f32; the input gradient
     then through the tiled GPU kernels, as a forward convolution with the
     flipped weight, where the strides' product is at most 8 and there are
-    at least 8 input channels per group; every op then through the naive
-    GPU kernels, then the CPU; the bias gradient through the naive kernel,
+    at least 8 input channels per group, and the weight gradient through the
+    tiled split-K kernel where there are at least 8 output channels per
+    group (float atomics: its last bits vary run to run); every op then
+    through the naive GPU kernels, then the CPU; the bias gradient through
+    the naive kernel,
     then the CPU), each result checked as the forward one is.
 
     Errors: ``TypeError`` for other dtypes or non-tensors, ``ValueError``

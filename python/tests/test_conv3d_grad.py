@@ -87,7 +87,8 @@ def test_conv3d_gradients_match_torch_and_float64(device, kw):
     # The forward call and the three backward ops ran through the chain's
     # GPU tiers: the data and weight gradients through the vendor library's
     # backward calls where it has them (cuDNN, MIOpen), the input gradient
-    # else through the tiled tier (8 input channels per group), the rest
+    # else through the tiled tier (8 input channels per group; the weight
+    # gradient: 8 output channels per group), the rest
     # through the naive kernels; the bias gradient through the naive kernel
     # always.
     gpu = sum(v["served"] for n, v in s.items() if n != "cpu")

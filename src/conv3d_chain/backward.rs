@@ -14,7 +14,11 @@
 //! input gradient (and `conv_transpose3d`) as the forward convolution of
 //! `dy` (spread by the stride where there is one) with the flipped weight
 //! ([`Conv3dGeometry::data_grad_as_forward`], [`super::TiledTier`]) and
-//! skips the rest as unsupported; the naive tier runs the gather kernels
+//! the weight gradient by its split-K kernel
+//! ([`crate::device::Stream::conv3d_backward_weight_tiled`]: float atomics,
+//! so not bit-reproducible run to run, checked as every tier is) where there
+//! are at least 8 output channels per group, and skips the rest (the bias
+//! gradient, ...) as unsupported; the naive tier runs the gather kernels
 //! of `hip-kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU tier the CPU
 //! kernels. Every result is checked as a forward output is:
 //! the non-finite scan (a NaN or infinity from finite operands fails the

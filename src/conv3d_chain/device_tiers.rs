@@ -18,7 +18,8 @@
 //! 27 f32 = 16 MB, about 10 us of H100 bandwidth against tens of ms of
 //! convolution), and no host work. The tiled tier's input gradient
 //! flips the weight on the device the same way, every call, into a second
-//! kept buffer ([`TiledTier`]).
+//! kept buffer ([`TiledTier`]); its weight gradient needs no buffer (the
+//! split-K kernel adds into the caller's zeroed result).
 
 use std::sync::Mutex;
 
@@ -425,10 +426,21 @@ impl Conv3dTier for VendorTier {
 /// ([`Conv3dGeometry::data_grad_unstrided`]): the tiled kernel then does
 /// `stride product` times the multiply-adds the gather needs, so strides
 /// whose product is above [`TILED_MAX_STRIDE_PRODUCT`] are left to the
-/// naive tier. Weight and bias gradients, a padding above `dilation * (k -
-/// 1)` and what the tiled kernel does not take of the flipped convolution
-/// (fewer than 8 input channels per group of the forward one, ...) are
-/// unsupported too: the naive tier's gather kernels serve them.
+/// naive tier. A padding above `dilation * (k - 1)` and what the tiled
+/// kernel does not take of the flipped convolution (fewer than 8 input
+/// channels per group of the forward one, ...) are unsupported too: the
+/// naive tier's gather kernel serves them.
+///
+/// The weight gradient is the split-K tiled kernel's
+/// ([`Stream::conv3d_backward_weight_tiled`]: one implicit GEMM per group
+/// on 64 x 64 tiles of `dw`, the reduction over the batch and the output
+/// volume split into chunks whose partial sums are added with float atomics
+/// into `dw`, zeroed first on the caller's stream; no host copy, no wait).
+/// Its result is therefore not bit-reproducible run to run; the chain's
+/// sampled f64 check applies to it as to every tier. Fewer than 8 output
+/// channels per group (depthwise-like) and grids past their limits
+/// ([`crate::device::tiled_wgrad_unsupported`]) are left to the naive tier,
+/// and so is the bias gradient (a reduction of `dy`, not a GEMM).
 #[derive(Debug)]
 pub struct TiledTier {
     device: Device,
@@ -541,16 +553,18 @@ fn tiled_support(g: &Conv3dGeometry) -> Support {
 /// multiply-adds of the gather form (2 x 2 x 2: 8).
 pub const TILED_MAX_STRIDE_PRODUCT: usize = 8;
 
-/// Why the tiled tier takes no weight or bias gradient.
-const TILED_DATA_ONLY: &str = concat!(
-    "the tiled tier serves only the input gradient (as a forward convolution with the ",
-    "flipped weight): the naive tier's gather kernels serve weight and bias gradients"
+/// Why the tiled tier takes no bias gradient.
+const TILED_NO_BIAS: &str = concat!(
+    "the bias gradient is a reduction of dy, not a GEMM: the naive tier's kernel serves ",
+    "(the tiled tier serves the input and weight gradients)"
 );
 
 /// Whether the tiled tier takes backward `op` of `g` (see [`TiledTier`]).
 fn tiled_backward_support(op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
-    if op != Conv3dBackwardOp::Data {
-        return Support::Unsupported(TILED_DATA_ONLY.into());
+    match op {
+        Conv3dBackwardOp::Bias => return Support::Unsupported(TILED_NO_BIAS.into()),
+        Conv3dBackwardOp::Weight => return super::tiled_wgrad::weight_support(g),
+        _ => {}
     }
     if let Some(why) = op.unsupported(g) {
         return Support::Unsupported(why.into());
@@ -589,10 +603,14 @@ fn tiled_backward_support(op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
 fn tiled_backward_refused(op: Conv3dBackwardOp) -> crate::Error {
     crate::Error::Conv3dTier {
         tier: "tiled",
-        reason: if op == Conv3dBackwardOp::Data {
-            "the input gradient takes dy and the weight of one dtype (f32 or bf16)"
-        } else {
-            "the tiled tier serves only the input gradient"
+        reason: match op {
+            Conv3dBackwardOp::Data => {
+                "the input gradient takes dy and the weight of one dtype (f32 or bf16)"
+            }
+            Conv3dBackwardOp::Weight => {
+                "the weight gradient takes the input and dy of one dtype (f32 or bf16)"
+            }
+            _ => "the tiled tier serves the input and weight gradients, not the bias gradient",
         },
     }
 }
@@ -623,24 +641,30 @@ impl Conv3dTier for TiledTier {
     }
     /// The input gradient (strides whose product is at most
     /// [`TILED_MAX_STRIDE_PRODUCT`], padding at most `dilation * (k - 1)`,
-    /// a flipped convolution the tiled kernel takes); weight and bias
-    /// gradients are unsupported (see [`TiledTier`]).
+    /// a flipped convolution the tiled kernel takes) and the weight
+    /// gradient (at least 8 output channels per group, grids within their
+    /// limits); the bias gradient is unsupported (see [`TiledTier`]).
     fn support_backward(&self, op: Conv3dBackwardOp, g: &Conv3dGeometry) -> Support {
         tiled_backward_support(op, g)
     }
     /// Through the device: uploads, spreads `dy` (strided), flips, runs
-    /// the tiled kernel, downloads.
+    /// the tiled kernel (the input gradient) or the split-K kernel (the
+    /// weight gradient), downloads.
     fn run_backward(&self, p: &Conv3dBackwardProblem<'_>, out: &mut [f32]) -> Result<()> {
         use Conv3dData::{BF16, F32};
         match (p.op, p.grad_output, p.other) {
             (Conv3dBackwardOp::Data, F32(dy), Some(F32(w))) => self.data_host(p, (dy, w), out),
             (Conv3dBackwardOp::Data, BF16(dy), Some(BF16(w))) => self.data_host(p, (dy, w), out),
+            (Conv3dBackwardOp::Weight, _, _) => {
+                super::tiled_wgrad::weight_on_host(&self.device, p, out)
+            }
             (op, _, _) => Err(tiled_backward_refused(op)),
         }
     }
     /// On operands of this device: the zero insertion (strided), the flip,
-    /// the layout and the tiled kernel on the caller's stream, in place;
-    /// otherwise the host path.
+    /// the layout and the tiled kernel (the input gradient), or the memset
+    /// and the split-K kernel (the weight gradient), on the caller's stream,
+    /// in place; otherwise the host path.
     fn run_backward_device(
         &self,
         ops: &DeviceBackwardOperands<'_, '_>,
@@ -658,6 +682,7 @@ impl Conv3dTier for TiledTier {
             (Conv3dBackwardOp::Data, BF16(dy), Some(BF16(w))) => {
                 self.data_views(s, g, (&dy, &w), ops.bias, out)
             }
+            (Conv3dBackwardOp::Weight, _, _) => super::tiled_wgrad::weight_on_device(ops, out),
             (op, _, _) => Err(tiled_backward_refused(op)),
         }
     }

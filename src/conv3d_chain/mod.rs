@@ -62,6 +62,7 @@ mod device_tiers;
 mod guard;
 mod report;
 mod tier;
+mod tiled_wgrad;
 
 pub use backward::{BackwardInputs, DeviceBackwardOperands};
 pub use chain::{Conv3dChain, Conv3dOptions};

@@ -399,6 +399,24 @@ pub enum KernelOp<'a> {
         /// The flip.
         args: &'a Conv3dFlipLaunch,
     },
+    /// The weight gradient `args` describes (op
+    /// [`Conv3dBackwardOp::Weight`](crate::conv3d::Conv3dBackwardOp::Weight))
+    /// by the tiled split-K kernel (`conv3d_bwd_weight_tiled_{f32,bf16}`;
+    /// see [`Stream::conv3d_backward_weight_tiled`](crate::device::Stream::conv3d_backward_weight_tiled)):
+    /// the f32 result written in full. A GPU backend zeroes the result on
+    /// the stream, then the kernel's blocks add their partial sums into it
+    /// with float atomics, so its last bits may differ run to run. The
+    /// host backend computes it on the CPU.
+    ///
+    /// Its own op rather than a kernel choice on
+    /// [`KernelOp::Conv3dBackward`]: that op is the naive kernels for every
+    /// gradient, this one exists for the weight gradient only (no invalid
+    /// tiled data / bias combination to refuse) and has another contract
+    /// (a memset first, atomics, not bit-reproducible).
+    Conv3dBackwardWeightTiled {
+        /// The call (op Weight).
+        args: &'a Conv3dBackwardLaunch,
+    },
     /// `dy` spread by the stride into a larger buffer, zeros between
     /// (`conv3d_zero_insert_{u32,u16}`; see [`Conv3dZeroInsertLaunch`]): a
     /// strided input gradient as a stride-1 one, the tiled tier's backward
@@ -426,6 +444,7 @@ impl KernelOp<'_> {
             KernelOp::Conv3dBackward { .. } => "conv3d_backward",
             KernelOp::Conv3dBackwardCheck { .. } => "conv3d_backward_check",
             KernelOp::Conv3dBackwardVendor { .. } => "conv3d_backward_vendor",
+            KernelOp::Conv3dBackwardWeightTiled { .. } => "conv3d_backward_weight_tiled",
             KernelOp::Conv3dFlipWeight { .. } => "conv3d_flip_weight",
             KernelOp::Conv3dZeroInsert { .. } => "conv3d_zero_insert",
         }

@@ -19,7 +19,7 @@
 //! | `Conv3dWritesNonFinite` | conv3d kernels and vendor calls | the call runs, then one output point (at a seeded place) is set to NaN |
 //! | `VendorNoAlgorithm` | vendor conv3d calls, forward and backward | the call fails as MIOpen's "no suitable algorithm" does ([`Error::InjectedFault`]) |
 //! | `Conv3dCheckFailure` | the conv3d chain's device checks | the check fails ([`Error::InjectedFault`]): the output it was to check is not trusted |
-//! | `Conv3dBackwardLaunchFailure` | conv3d backward kernels (gradients, transposed convolution), vendor backward calls, and the tiled tier's weight flip and zero insertion (`conv3d_flip_weight`, `conv3d_zero_insert`) | the call fails ([`Error::InjectedFault`]) |
+//! | `Conv3dBackwardLaunchFailure` | conv3d backward kernels (gradients, transposed convolution, the tiled weight gradient `conv3d_bwd_weight_tiled`), vendor backward calls, and the tiled tier's weight flip and zero insertion (`conv3d_flip_weight`, `conv3d_zero_insert`) | the call fails ([`Error::InjectedFault`]) |
 //! | `Conv3dBackwardWritesGarbage` | conv3d backward kernels, vendor backward calls, the weight flip and the zero insertion | the call runs, then its whole result (the flipped weight, the spread `dy`) is overwritten with seeded finite values of magnitude up to 1e4 |
 //! | `Conv3dBackwardWritesNonFinite` | conv3d backward kernels, vendor backward calls, the weight flip and the zero insertion | the call runs, then one result element (at a seeded place) is set to NaN |
 //!
@@ -557,7 +557,9 @@ unsafe impl<B: Backend> Backend for Faults<B> {
                 // SAFETY: as above.
                 return unsafe { self.conv3d_faults(name, args, s, || self.inner.run(op, s)) };
             }
-            KernelOp::Conv3dBackward { args } | KernelOp::Conv3dBackwardVendor { args } => {
+            KernelOp::Conv3dBackward { args }
+            | KernelOp::Conv3dBackwardVendor { args }
+            | KernelOp::Conv3dBackwardWeightTiled { args } => {
                 let vendor = matches!(op, KernelOp::Conv3dBackwardVendor { .. });
                 if vendor && self.fires(FaultKind::VendorNoAlgorithm, name) {
                     return Err(Self::injected(FaultKind::VendorNoAlgorithm, name));

@@ -499,6 +499,17 @@ unsafe impl<R: Runtime> Backend for Gpu<R> {
             KernelOp::Conv3dZeroInsert { args } => {
                 KernelCall::conv3d_zero_insert(args, self.mps())?
             }
+            KernelOp::Conv3dBackwardWeightTiled { args } => {
+                let call = KernelCall::conv3d_bwd_weight_tiled(args, self.mps())?;
+                let bytes = args.output_len() * std::mem::size_of::<f32>();
+                // SAFETY: the result range is the caller's (trait contract):
+                // `output_len` f32s, exclusive; zeroed on `s` before the
+                // kernel (on `s` too) adds its partial sums into it.
+                unsafe {
+                    self.memset_zero(args.output, bytes, s)?;
+                    return self.launch(call, s);
+                }
+            }
             KernelOp::Conv3dGuardDecide { args } => KernelCall::conv3d_guard_decide(args)?,
             KernelOp::Conv3dBackward { args } => KernelCall::conv3d_backward(args)?,
             KernelOp::Conv3dBackwardCheck { args } => {

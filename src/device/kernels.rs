@@ -88,6 +88,8 @@ pub(crate) enum Kernel {
     Conv3dFlipWeightU16,
     Conv3dZeroInsertU32,
     Conv3dZeroInsertU16,
+    Conv3dBwdWeightTiledF32,
+    Conv3dBwdWeightTiledBf16,
     /// Optional (CUDA sm_80+ only): not in [`Kernel::all`].
     Conv3dTiledBf16Mma,
 }
@@ -96,7 +98,7 @@ pub(crate) enum Kernel {
 impl Kernel {
     /// The kernels that are not conversions, in the order they are loaded
     /// after the conversion table's ([`Kernel::all`]).
-    const FIXED: [Kernel; 28] = [
+    const FIXED: [Kernel; 30] = [
         Kernel::FingerprintSum,
         Kernel::NonfiniteF32,
         Kernel::NonfiniteBf16,
@@ -125,6 +127,8 @@ impl Kernel {
         Kernel::Conv3dFlipWeightU16,
         Kernel::Conv3dZeroInsertU32,
         Kernel::Conv3dZeroInsertU16,
+        Kernel::Conv3dBwdWeightTiledF32,
+        Kernel::Conv3dBwdWeightTiledBf16,
     ];
 
     /// Every kernel a backend loads (and every code object must hold): the
@@ -178,6 +182,8 @@ impl Kernel {
             | Kernel::Conv3dFlipWeightU16
             | Kernel::Conv3dZeroInsertU32
             | Kernel::Conv3dZeroInsertU16
+            | Kernel::Conv3dBwdWeightTiledF32
+            | Kernel::Conv3dBwdWeightTiledBf16
             | Kernel::Conv3dTiledBf16Mma => KernelModule::Conv3d,
         }
     }
@@ -224,6 +230,8 @@ impl Kernel {
             Kernel::Conv3dFlipWeightU16 => "conv3d_flip_weight_u16",
             Kernel::Conv3dZeroInsertU32 => "conv3d_zero_insert_u32",
             Kernel::Conv3dZeroInsertU16 => "conv3d_zero_insert_u16",
+            Kernel::Conv3dBwdWeightTiledF32 => "conv3d_bwd_weight_tiled_f32",
+            Kernel::Conv3dBwdWeightTiledBf16 => "conv3d_bwd_weight_tiled_bf16",
             Kernel::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
@@ -425,6 +433,7 @@ impl KernelCall {
             | KernelOp::Conv3dBackward { .. }
             | KernelOp::Conv3dBackwardVendor { .. }
             | KernelOp::Conv3dBackwardCheck { .. }
+            | KernelOp::Conv3dBackwardWeightTiled { .. }
             | KernelOp::Conv3dFlipWeight { .. }
             | KernelOp::Conv3dZeroInsert { .. } => {
                 return Err(Error::BackendUnsupported {

@@ -118,6 +118,7 @@ pub use conv3d::{
     Conv3dLayoutLaunch, Conv3dWeightLayout, Conv3dZeroInsertLaunch, GuardVerdict, GuardWords,
     CHECK_MAX_SAMPLES, CHECK_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
 };
+pub use conv3d::{tiled_wgrad_split, tiled_wgrad_unsupported, TiledWgradSplit};
 pub(crate) use device_handle::WeakDevice;
 pub use device_handle::{open_backend, open_backend_with, Device};
 pub use info::{

@@ -109,7 +109,8 @@ pub enum FaultKind {
     Conv3dCheckFailure,
     /// A conv3d backward kernel (`device::KernelOp::Conv3dBackward`), a
     /// vendor backward call (`device::KernelOp::Conv3dBackwardVendor`), or
-    /// the tiled tier's `device::KernelOp::Conv3dFlipWeight` and
+    /// the tiled tier's `device::KernelOp::Conv3dBackwardWeightTiled`,
+    /// `device::KernelOp::Conv3dFlipWeight` and
     /// `device::KernelOp::Conv3dZeroInsert` fails.
     Conv3dBackwardLaunchFailure,
     /// A conv3d backward kernel, vendor backward call, weight flip or zero

@@ -108,8 +108,8 @@ unsafe impl Backend for VendorStandin {
 /// What one call's report says of the vendor tier (named `name`): `true`
 /// when it served (and nothing failed before), `false` when the library
 /// refused the call (a typed library error: cuDNN's or MIOpen's status, or
-/// a refusal before the call) and the naive tier served instead, which is
-/// printed. Anything else panics: a wrong or non-finite vendor result, a
+/// a refusal before the call) and a later GPU tier (tiled or naive) served
+/// instead, which is printed. Anything else panics: a wrong or non-finite vendor result, a
 /// fault, another tier serving.
 pub fn vendor_served(what: &str, report: &Conv3dReport, name: &str) -> bool {
     let failures: Vec<_> = report.failures().collect();
@@ -119,10 +119,10 @@ pub fn vendor_served(what: &str, report: &Conv3dReport, name: &str) -> bool {
             true
         }
         (
-            Some(TierKind::Naive),
+            Some(by @ (TierKind::Tiled | TierKind::Naive)),
             [(a, Failure::Error(e @ (Error::Conv3dCudnn { .. } | Error::Conv3dMiopen { .. })))],
         ) if a.kind == TierKind::Vendor && name != STANDIN => {
-            eprintln!("{what}: the library refused the call ({e}); the naive tier served");
+            eprintln!("{what}: the library refused the call ({e}); the {by:?} tier served");
             false
         }
         _ => panic!("{what}: {report}"),

@@ -99,7 +99,7 @@ impl Stream {
     /// Checks a backward call's operands (`dy`, the other operand, the bias
     /// of any element type) and result, and builds its launch (`tier`
     /// names the refusal of a zero-size call).
-    fn conv3d_backward_launch<T: Element, B: Element>(
+    pub(super) fn conv3d_backward_launch<T: Element, B: Element>(
         &self,
         (op, tier): (Conv3dBackwardOp, &'static str),
         g: &Conv3dGeometry,

@@ -52,7 +52,7 @@ impl Conv3dArgs {
     }
 
     /// The sizes of `g`, with or without a bias.
-    fn of(g: &Conv3dGeometry, has_bias: bool) -> Self {
+    pub(super) fn of(g: &Conv3dGeometry, has_bias: bool) -> Self {
         let u = |v: usize| v as u64;
         let p = &g.params;
         Conv3dArgs {

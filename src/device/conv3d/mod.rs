@@ -7,7 +7,8 @@
 //! [`Stream::conv3d_arrange_weight`]), the backward ops (`backward.rs`)
 //! and the flipped weight and zero-inserted `dy` of the tiled input
 //! gradient (`flip.rs`: [`Stream::conv3d_flip_weight`],
-//! [`Stream::conv3d_zero_insert`]).
+//! [`Stream::conv3d_zero_insert`]) and the tiled weight gradient
+//! (`wgrad.rs`: [`Stream::conv3d_backward_weight_tiled`]).
 //!
 //! Every backend computes the same thing: input `[N, C, D, H, W]` and weight
 //! `[K, C/G, KD, KH, KW]` in f32 or bf16 (widened exactly), an optional f32
@@ -20,6 +21,7 @@ mod gate;
 mod host;
 mod launch;
 mod layout;
+mod wgrad;
 
 pub(crate) use backward::{host_conv3d_backward, host_conv3d_backward_check};
 pub use backward::{Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch};
@@ -38,6 +40,8 @@ pub(crate) use host::host_conv3d;
 pub(crate) use launch::Conv3dArgs;
 use layout::check_len;
 pub use layout::{tiled_weight_layout, Conv3dWeightLayout};
+pub(crate) use wgrad::host_conv3d_backward_weight_tiled;
+pub use wgrad::{tiled_wgrad_split, tiled_wgrad_unsupported, TiledWgradSplit};
 
 use super::backend::KernelOp;
 use super::buffer::{DeviceView, DeviceViewMut};

@@ -57,9 +57,13 @@ unsafe impl Driver for Recording {
         stream_wait_event,
         event_elapsed_ms,
         copy,
-        memset_zero,
         mem_info,
     );
+    unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
+        push(&self.log, format!("memset {bytes}"));
+        // SAFETY: the caller's guarantees, forwarded.
+        unsafe { self.host.memset_zero(dst, bytes, s) }
+    }
     unsafe fn free(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
         push(&self.log, format!("free {bytes}"));
         // SAFETY: the caller's guarantees, forwarded.
@@ -633,4 +637,58 @@ fn vendor_backward_widens_bf16_adds_the_bias_and_keeps_its_buffers() {
     ] {
         assert!(tail.contains(&format!("free {bytes}")), "{bytes}: {tail:?}");
     }
+}
+
+/// The tiled weight gradient: the result zeroed on the stream, then one
+/// launch of `conv3d_bwd_weight_tiled_*` on the split-K grid (which adds
+/// into it); another op is refused before anything runs.
+#[test]
+fn the_tiled_weight_gradient_zeroes_then_launches() {
+    use crate::conv3d::Conv3dBackwardOp;
+    use crate::device::conv3d::tiled_wgrad_split;
+    let (g, log) = gpu(2, false, vec![]);
+    let geometry = geometry(false).geometry;
+    let n = Conv3dBackwardOp::Weight.output_len(&geometry);
+    let out = g.alloc(n * 4).unwrap();
+    let mut a = Conv3dBackwardLaunch {
+        op: Conv3dBackwardOp::Weight,
+        geometry,
+        dtype: DType::BF16,
+        grad_output: DevicePtr(256),
+        other: Some(DevicePtr(512)),
+        bias: None,
+        output: out,
+    };
+    taken(&log);
+    // SAFETY: the recording runtime's launches touch no memory; the
+    // memset writes the output, a host allocation of its length.
+    unsafe {
+        g.run(
+            &KernelOp::Conv3dBackwardWeightTiled { args: &a },
+            RawStream(0),
+        )
+    }
+    .unwrap();
+    assert_eq!(
+        taken(&log),
+        [
+            format!("memset {}", n * 4),
+            "load conv3d".to_owned(),
+            "launch conv3d_bwd_weight_tiled_bf16".to_owned()
+        ]
+    );
+    assert!(tiled_wgrad_split(&geometry, g.mps()).is_ok());
+    a.op = Conv3dBackwardOp::Data;
+    // SAFETY: as above; refused before any memory is touched.
+    let e = unsafe {
+        g.run(
+            &KernelOp::Conv3dBackwardWeightTiled { args: &a },
+            RawStream(0),
+        )
+    }
+    .unwrap_err();
+    assert!(matches!(e, Error::Conv3dTier { tier: "tiled", .. }), "{e}");
+    assert!(taken(&log).is_empty());
+    // SAFETY: allocated above, no longer used.
+    unsafe { g.free(out, n * 4) }.unwrap();
 }
