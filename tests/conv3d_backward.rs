@@ -283,9 +283,9 @@ fn every_tier_wrong_is_no_tier(open: Open<'_>) {
         &[(FaultKind::Conv3dBackwardWritesGarbage, When::Always)],
     );
     // The tiled and naive tiers only (the CPU has no device kernel to
-    // corrupt).
+    // corrupt; the vendor tier's own tests are conv3d_vendor_backward.rs).
     let mut c = chain(&dev);
-    c.options_mut().forbid = vec![TierKind::Cpu];
+    c.options_mut().forbid = vec![TierKind::Vendor, TierKind::Cpu];
     let p = gr.problem(Conv3dBackwardOp::Weight, false);
     let e = c.run_backward(&p).unwrap_err();
     let Some(report) = Conv3dReport::of(&e) else {

@@ -389,21 +389,21 @@ def _dispatch(kind: str, orig, chain_fn, verify_fn, args: Tuple):
         return to_chain(e, "fell_back_on_error")
     if not takes or not isinstance(out, torch.Tensor) or not out.is_floating_point():
         return out
-    # "verify": spot checks of torch's output, the first calls of each
-    # signature, then one in _VERIFY_EVERY (decided once per call, for the
-    # guard or for the synchronous check below).
+    if kind == "conv3d":
+        # "verify" checks every guarded call: a verdict comes back later, so
+        # a signature found wrong is remembered only then, and a spot-check
+        # schedule would let the calls in between through unchecked.
+        why = _unguardable(out, input, weight, bias) or _guard(out, args, sig, current == "verify")
+        if why is None:
+            return out
+        _unguarded[why] = _unguarded.get(why, 0) + 1
+    # "verify", synchronously: spot checks of torch's output, the first
+    # calls of each signature, then one in _VERIFY_EVERY.
     check_now = None
     if current == "verify":
         seen = _verify_seen.get(sig, 0)
         _verify_seen[sig] = seen + 1
         check_now = seen < _VERIFY_FIRST or seen % _VERIFY_EVERY == 0
-    if kind == "conv3d":
-        why = _unguardable(out, input, weight, bias) or _guard(out, args, sig, bool(check_now))
-        if why is None:
-            if check_now is False:
-                _counts["verify_skipped"] += 1
-            return out
-        _unguarded[why] = _unguarded.get(why, 0) + 1
     if not _all_finite(out):
         if not _finite(input, weight, bias):
             return out  # NaN/Inf in, NaN/Inf out: no failure
@@ -447,11 +447,12 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
       chain's (its backward ops, checked).
     - ``"verify"``: as ``"fallback"``, and torch's finite output is also
       spot-checked on the device at the chain's sampled points against an
-      f64 recomputation (on a GPU queued behind torch's kernel with no
-      wait, below; elsewhere one small read-back each): the first two
-      calls of each call signature (shapes, dtype, parameters, device),
-      then one in sixteen, so the checks cost a few percent of the conv
-      once a model's signatures are known. A float32 output on a GPU where
+      f64 recomputation: on a GPU every guarded call, queued behind
+      torch's kernel with no wait (below); elsewhere, where each check
+      waits for one small read-back, the first two calls of each call
+      signature (shapes, dtype, parameters, device), then one in sixteen,
+      so the checks cost a few percent of the conv once a model's
+      signatures are known. A float32 output on a GPU where
       torch allows TF32 is held to TF32's precision (``2e-3`` of each
       point's ``sum |x * w|``), the precision torch was asked for; a mismatch (a
       silently wrong finite result, as vendor libraries have given in bf16)
@@ -467,7 +468,7 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
 
     On a GPU, ``"fallback"`` and ``"verify"`` guard torch's conv3d
     output without waiting for it: the NaN/Inf count (and in ``"verify"``
-    the spot checks' sampled points) run on the device after torch's
+    the sampled points, every call) run on the device after torch's
     kernel, the device decides, and rocm-safe's tiled kernel rewrites a
     wrong output in place behind that decision (a kernel that reads a flag
     and returns at once when it is clear). The host learns the verdicts
@@ -591,8 +592,8 @@ def conv3d_stats() -> Dict[str, Any]:
       ``direct`` (calls sent to the chain without calling torch: every
       call in ``"replace"``, remembered signatures in the others),
       ``remembered`` (signatures whose torch call failed),
-      ``guarded`` (GPU calls checked on the device with no wait; their
-      spot checks are in ``verified`` and ``verify_skipped``), ``repaired`` (of those,
+      ``guarded`` (GPU calls checked on the device with no wait; in
+      ``"verify"`` each is in ``verified`` too), ``repaired`` (of those,
       rewritten by the tiled kernel), ``repair_failed`` (a repair that
       failed its own check: that output was wrong), ``unguarded`` (why
       conv3d calls were checked synchronously instead: reason -> count),
