@@ -27,7 +27,7 @@ use rocm_safe::conv3d::{
     Conv3dGeometry, Conv3dParams,
 };
 use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dReport, TierKind};
-use rocm_safe::device::faults::{FaultKind, FaultPlan, FaultRule, Faults, When};
+use rocm_safe::device::faults::FaultKind;
 use rocm_safe::device::{tiled_wgrad_split, Device};
 use rocm_safe::fallback::{Failure, Outcome};
 use rocm_safe::Error;
@@ -284,41 +284,13 @@ fn assert_naive_after_tiled_skip(what: &str, report: &Conv3dReport) {
 /// Host and device paths, f32 and bf16.
 fn wgrad_fault_falls_to_naive(open: Open<'_>, kind: FaultKind, check: &dyn Fn(&Failure) -> bool) {
     let w = &cases()[1].1;
-    for bf in [false, true] {
-        for device_path in [false, true] {
-            let plan = FaultPlan {
-                seed: 7,
-                rules: vec![FaultRule {
-                    kind,
-                    when: When::Nth(0),
-                }],
-            };
-            let (f, h) = Faults::new(open(), plan);
-            let dev = Device::from_backend(Box::new(f));
-            let chain = chain(&dev);
-            let p = w.problem(bf);
-            let (report, out) = if device_path {
-                let (r, out) = run_on_device(&chain, &dev, &p);
-                (r.unwrap(), out)
-            } else {
-                let (out, r) = chain.run_backward(&p).unwrap();
-                (r, out)
-            };
-            let what = format!("{kind} bf16={bf} device path {device_path}");
-            assert_eq!(
-                report.served_by(),
-                Some(TierKind::Naive),
-                "{what}: {report}"
-            );
-            let failures: Vec<_> = report.failures().collect();
-            assert_eq!(failures.len(), 1, "{what}: {report}");
-            assert_eq!(failures[0].0.kind, TierKind::Tiled, "{what}");
-            assert!(check(failures[0].1), "{what}: {report}");
-            assert_backward_close(&what, &p, &out, 1e-5);
-            let injected = h.injected();
-            assert_eq!(injected.len(), 1, "{what}");
-        }
-    }
+    common::conv3d_backward::tiled_fault_falls_to_naive(
+        open,
+        kind,
+        check,
+        &|bf| w.problem(bf),
+        &|chain, dev, p| run_on_device(chain, dev, p),
+    );
 }
 
 fn wgrad_launch_failure_falls_to_naive(open: Open<'_>) {

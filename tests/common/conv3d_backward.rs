@@ -162,3 +162,59 @@ pub fn run_on_device(
     host.truncate(p.output_len());
     (r, host)
 }
+
+/// The chain run of one backward problem on a device: the report or error
+/// and the result read back.
+pub type DeviceRun<'f> = &'f dyn Fn(
+    &Conv3dChain,
+    &Device,
+    &Conv3dBackwardProblem<'_>,
+) -> (Result<Conv3dReport>, Vec<f32>);
+
+/// One fault of `kind` on the first operation it applies to, under the
+/// tiled tier: the tiled tier fails as `check` says and the naive tier
+/// serves the right result, for f32 and bf16 operands (`problem(bf16)`) and
+/// on the host and device paths (`on_device`).
+pub fn tiled_fault_falls_to_naive<'a>(
+    open: super::Open<'_>,
+    kind: rocm_safe::device::faults::FaultKind,
+    check: &dyn Fn(&rocm_safe::fallback::Failure) -> bool,
+    problem: &dyn Fn(bool) -> Conv3dBackwardProblem<'a>,
+    on_device: DeviceRun<'_>,
+) {
+    use rocm_safe::device::faults::{FaultPlan, FaultRule, Faults, When};
+    for bf in [false, true] {
+        for device_path in [false, true] {
+            let plan = FaultPlan {
+                seed: 7,
+                rules: vec![FaultRule {
+                    kind,
+                    when: When::Nth(0),
+                }],
+            };
+            let (f, h) = Faults::new(open(), plan);
+            let dev = Device::from_backend(Box::new(f));
+            let chain = chain(&dev);
+            let p = problem(bf);
+            let (report, out) = if device_path {
+                let (r, out) = on_device(&chain, &dev, &p);
+                (r.unwrap(), out)
+            } else {
+                let (out, r) = chain.run_backward(&p).unwrap();
+                (r, out)
+            };
+            let what = format!("{kind} bf16={bf} device path {device_path}");
+            assert_eq!(
+                report.served_by(),
+                Some(TierKind::Naive),
+                "{what}: {report}"
+            );
+            let failures: Vec<_> = report.failures().collect();
+            assert_eq!(failures.len(), 1, "{what}: {report}");
+            assert_eq!(failures[0].0.kind, TierKind::Tiled, "{what}");
+            assert!(check(failures[0].1), "{what}: {report}");
+            assert_backward_close(&what, &p, &out, 1e-5);
+            assert_eq!(h.injected().len(), 1, "{what}");
+        }
+    }
+}
