@@ -19,7 +19,9 @@
 
 mod common;
 use common::conv3d::values;
-use common::conv3d_backward::{assert_backward_close, chain, to_bf16, Buf};
+use common::conv3d_backward::{
+    assert_backward_close, chain, launch_failed, mismatched, nan_caught, to_bf16, Buf,
+};
 use common::Open;
 use half::bf16;
 use rocm_safe::conv3d::{
@@ -439,29 +441,15 @@ fn tiled_fault_falls_to_naive_on(
 
 fn flip_launch_failure_falls_to_naive(open: Open<'_>) {
     let kind = FaultKind::Conv3dBackwardLaunchFailure;
-    tiled_fault_falls_to_naive(open, kind, &|f| {
-        matches!(
-            f,
-            Failure::Error(Error::InjectedFault {
-                fault: FaultKind::Conv3dBackwardLaunchFailure,
-                op: "conv3d_flip_weight"
-            })
-        )
-    });
+    tiled_fault_falls_to_naive(open, kind, &launch_failed("conv3d_flip_weight"));
 }
 
 fn flip_garbage_is_a_mismatch(open: Open<'_>) {
-    let kind = FaultKind::Conv3dBackwardWritesGarbage;
-    tiled_fault_falls_to_naive(open, kind, &|f| matches!(f, Failure::ValueMismatch { .. }));
+    tiled_fault_falls_to_naive(open, FaultKind::Conv3dBackwardWritesGarbage, &mismatched);
 }
 
 fn flip_nan_is_caught(open: Open<'_>) {
-    let kind = FaultKind::Conv3dBackwardWritesNonFinite;
-    tiled_fault_falls_to_naive(
-        open,
-        kind,
-        &|f| matches!(f, Failure::NonFinite { value, .. } if value.is_nan()),
-    );
+    tiled_fault_falls_to_naive(open, FaultKind::Conv3dBackwardWritesNonFinite, &nan_caught);
 }
 
 /// The zero insertion failing, or writing garbage (a strided transposed

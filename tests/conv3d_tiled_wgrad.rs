@@ -19,7 +19,9 @@
 
 mod common;
 use common::conv3d::values;
-use common::conv3d_backward::{assert_backward_close, chain, run_on_device, to_bf16};
+use common::conv3d_backward::{
+    assert_backward_close, chain, launch_failed, mismatched, nan_caught, run_on_device, to_bf16,
+};
 use common::Open;
 use half::bf16;
 use rocm_safe::conv3d::{
@@ -295,29 +297,15 @@ fn wgrad_fault_falls_to_naive(open: Open<'_>, kind: FaultKind, check: &dyn Fn(&F
 
 fn wgrad_launch_failure_falls_to_naive(open: Open<'_>) {
     let kind = FaultKind::Conv3dBackwardLaunchFailure;
-    wgrad_fault_falls_to_naive(open, kind, &|f| {
-        matches!(
-            f,
-            Failure::Error(Error::InjectedFault {
-                fault: FaultKind::Conv3dBackwardLaunchFailure,
-                op: "conv3d_backward_weight_tiled"
-            })
-        )
-    });
+    wgrad_fault_falls_to_naive(open, kind, &launch_failed("conv3d_backward_weight_tiled"));
 }
 
 fn wgrad_garbage_is_a_mismatch(open: Open<'_>) {
-    let kind = FaultKind::Conv3dBackwardWritesGarbage;
-    wgrad_fault_falls_to_naive(open, kind, &|f| matches!(f, Failure::ValueMismatch { .. }));
+    wgrad_fault_falls_to_naive(open, FaultKind::Conv3dBackwardWritesGarbage, &mismatched);
 }
 
 fn wgrad_nan_is_caught(open: Open<'_>) {
-    let kind = FaultKind::Conv3dBackwardWritesNonFinite;
-    wgrad_fault_falls_to_naive(
-        open,
-        kind,
-        &|f| matches!(f, Failure::NonFinite { value, .. } if value.is_nan()),
-    );
+    wgrad_fault_falls_to_naive(open, FaultKind::Conv3dBackwardWritesNonFinite, &nan_caught);
 }
 
 /// `out` equals the f64 reference of `p` at 4096 seeded points, within

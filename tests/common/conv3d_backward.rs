@@ -218,3 +218,28 @@ pub fn tiled_fault_falls_to_naive<'a>(
         }
     }
 }
+
+/// The failure of a backward launch of `op` that `Faults` made fail.
+pub fn launch_failed(op: &'static str) -> impl Fn(&rocm_safe::fallback::Failure) -> bool {
+    use rocm_safe::device::faults::FaultKind;
+    use rocm_safe::fallback::Failure;
+    move |f| {
+        matches!(
+            f,
+            Failure::Error(rocm_safe::Error::InjectedFault {
+                fault: FaultKind::Conv3dBackwardLaunchFailure,
+                op: o
+            }) if *o == op
+        )
+    }
+}
+
+/// A sampled point off its reference (garbage caught by the check).
+pub fn mismatched(f: &rocm_safe::fallback::Failure) -> bool {
+    matches!(f, rocm_safe::fallback::Failure::ValueMismatch { .. })
+}
+
+/// A NaN caught by the scan.
+pub fn nan_caught(f: &rocm_safe::fallback::Failure) -> bool {
+    matches!(f, rocm_safe::fallback::Failure::NonFinite { value, .. } if value.is_nan())
+}
