@@ -58,10 +58,6 @@ _pending: Dict[Tuple[str, int], Tuple[Tuple, str]] = {}
 _guard_devices: Set[str] = set()
 # Why conv3d calls were not guarded (checked synchronously instead).
 _unguarded: Dict[str, int] = {}
-# Sampled points a guarded call checks in "verify" mode (the chain's own
-# number), and the chain's tolerances per dtype.
-_GUARD_SAMPLES = 16
-_CHAIN_REL_TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
 
 _MODES = ("fallback", "verify", "replace")
 _WRAPPED = ("conv3d", "conv_transpose3d")
@@ -269,7 +265,6 @@ def _guard(out, args, sig, verify: bool) -> Optional[str]:
     if x.dim() == 4:
         x, y = x.unsqueeze(0), y.unsqueeze(0)
     dev, stream = _device_and_stream(x.device)
-    rel = _tf32_tolerance(x) or _CHAIN_REL_TOL[x.dtype]
     pack = torch.utils.dlpack.to_dlpack
     try:
         ticket, records = _native.conv3d_guard(
@@ -284,8 +279,8 @@ def _guard(out, args, sig, verify: bool) -> Optional[str]:
             list(dilation_t),
             groups,
             _backend(),
-            _GUARD_SAMPLES if verify else 0,
-            rel,
+            verify,
+            _tf32_tolerance(x),
         )
     except (TypeError, ValueError, RuntimeError) as e:
         # Not taken, or not queued whole: the synchronous checks decide.

@@ -74,18 +74,20 @@ fn to_py(r: &GuardRecord) -> PyRecord {
 }
 
 /// `conv3d_guard(device, stream, input, weight, bias, out, stride,
-/// padding, dilation, groups, backend=None, samples=0, rel_tol=1e-4)`:
+/// padding, dilation, groups, backend=None, points=False, rel_tol=None)`:
 /// queues on `stream` (torch's current stream) the check of `out` (torch's
 /// conv3d output, float32 or bfloat16 as the input) and its repair behind
 /// a device-side gate. Returns `(ticket, records)`: the call's ticket, or
 /// `None` when the tiled kernel cannot take the call (then nothing was
 /// queued: check it synchronously), and the records of earlier calls
-/// collected meanwhile (see `PyRecord`). `samples`: points recomputed in
-/// f64 (0: the NaN/Inf count alone), within `rel_tol`.
+/// collected meanwhile (see `PyRecord`). `points`: also recompute the
+/// chain's sampled points in f64 (else the NaN/Inf count alone), within
+/// `rel_tol` (when the output was computed at a lower precision, TF32) or
+/// the chain's tolerance for the dtype.
 /// Errors: `TypeError` / `ValueError` for what the chain does not take,
 /// `RuntimeError` for a launch or allocation failure.
 #[pyfunction]
-#[pyo3(signature = (device, stream, input, weight, bias, out, stride, padding, dilation, groups, backend=None, samples=0, rel_tol=1e-4))]
+#[pyo3(signature = (device, stream, input, weight, bias, out, stride, padding, dilation, groups, backend=None, points=false, rel_tol=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn conv3d_guard(
     py: Python<'_>,
@@ -100,8 +102,8 @@ pub fn conv3d_guard(
     dilation: [usize; 3],
     groups: usize,
     backend: Option<&str>,
-    samples: usize,
-    rel_tol: f64,
+    points: bool,
+    rel_tol: Option<f64>,
 ) -> PyResult<(Option<u64>, Vec<PyRecord>)> {
     let call = Call::take("conv3d", device, backend, (input, weight, bias, out))?;
     // The work queued on `s` outlives this call (nothing waits for it): it
@@ -115,6 +117,15 @@ pub fn conv3d_guard(
     let guard = guard_of(&call.dev);
     let Call { x, w, b, mut y, .. } = call;
     let (xd, wd, bd, xs, ws) = operands_of(&x, &w, b.as_ref(), "conv3d")?;
+    let samples = if points {
+        chain.options().verify_samples
+    } else {
+        0
+    };
+    let rel_tol = rel_tol.unwrap_or(match xd.dtype() {
+        DType::BF16 => chain.options().rel_tol_bf16,
+        _ => chain.options().rel_tol_f32,
+    });
     let map = |e: rocm_safe::Error| PyValueError::new_err(format!("conv3d output: {e}"));
     let out = match y.dtype() {
         DType::F32 => GuardedOutput::F32(y.view_mut().map_err(map)?),

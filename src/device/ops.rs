@@ -305,17 +305,7 @@ impl Stream {
         const OP: &str = "count_nonfinite";
         self.check_device(OP, buf.device())?;
         self.check_device(OP, counts.device())?;
-        if let Some(g) = gate {
-            self.check_device(OP, g.device())?;
-            if g.len() != 1 {
-                return Err(Error::LengthMismatch {
-                    op: "nonfinite gate",
-                    expected: 1,
-                    actual: g.len(),
-                    tensor: None,
-                });
-            }
-        }
+        let gate = self.gate_ptr((OP, "nonfinite gate"), gate)?;
         if !matches!(T::DTYPE, DType::F32 | DType::BF16 | DType::F16) {
             return Err(Error::UnsupportedConversion {
                 op: OP,
@@ -340,7 +330,7 @@ impl Stream {
             ptr: buf.device_ptr(),
             n: buf.len() as u64,
             counts: counts.device_ptr(),
-            gate: gate.map(|g| g.device_ptr()),
+            gate,
         };
         // SAFETY: `buf` is a live range of `len` elements on this device,
         // only read; `counts` two aligned u64s of this device, borrowed

@@ -100,6 +100,29 @@ impl Stream {
         self.inner.device.backend()
     }
 
+    /// The device address of an optional gate (one `u64` of this device
+    /// that a gated kernel reads as it starts; see
+    /// `Stream::conv3d_guard_decide`), checked: [`Error::DeviceMismatch`]
+    /// (`op`) for a gate of another device, [`Error::LengthMismatch`]
+    /// (`what`) for one that is not one element.
+    pub(crate) fn gate_ptr(
+        &self,
+        (op, what): (&'static str, &'static str),
+        gate: Option<&super::buffer::DeviceView<'_, u64>>,
+    ) -> Result<Option<super::info::DevicePtr>> {
+        let Some(g) = gate else { return Ok(None) };
+        self.check_device(op, g.device())?;
+        if g.len() != 1 {
+            return Err(Error::LengthMismatch {
+                op: what,
+                expected: 1,
+                actual: g.len(),
+                tensor: None,
+            });
+        }
+        Ok(Some(g.device_ptr()))
+    }
+
     pub(crate) fn check_device(&self, op: &'static str, other: &Device) -> Result<()> {
         if self.device().same(other) {
             Ok(())

@@ -171,11 +171,7 @@ impl Stream {
         gate: Option<&DeviceView<'_, u64>>,
     ) -> Result<()> {
         const OP: &str = "conv3d_check";
-        if let Some(gv) = gate {
-            self.check_device(OP, gv.device())?;
-            check_len("conv3d check gate", 1, gv.len())?;
-        }
-        let gate = gate.map(|gv| gv.device_ptr());
+        let gate = self.gate_ptr((OP, "conv3d check gate"), gate)?;
         let checked = [
             ("input", T::DTYPE),
             ("bias", B::DTYPE),
@@ -312,15 +308,12 @@ impl Stream {
         gate: Option<&DeviceView<'_, u64>>,
     ) -> Result<()> {
         const OP: &str = "conv3d_layout";
-        if let Some(gv) = gate {
-            self.check_device(OP, gv.device())?;
-            check_len("conv3d layout gate", 1, gv.len())?;
-            if layout == Conv3dWeightLayout::Standard {
-                return Err(Error::Conv3dTier {
-                    tier: "layout",
-                    reason: "the standard layout is a copy and takes no gate",
-                });
-            }
+        let gate = self.gate_ptr((OP, "conv3d layout gate"), gate)?;
+        if gate.is_some() && layout == Conv3dWeightLayout::Standard {
+            return Err(Error::Conv3dTier {
+                tier: "layout",
+                reason: "the standard layout is a copy and takes no gate",
+            });
         }
         let packed = matches!(layout, Conv3dWeightLayout::TiledPacked { .. });
         if !matches!(T::DTYPE, DType::F32 | DType::BF16) || (packed && T::DTYPE != DType::BF16) {
@@ -353,7 +346,7 @@ impl Stream {
             layout,
             src: src.device_ptr(),
             dst: dst.device_ptr(),
-            gate: gate.map(|gv| gv.device_ptr()),
+            gate,
         };
         // SAFETY: `src` and `dst` are live ranges of this stream's device
         // of the weight's and the layout's lengths (checked), aligned to

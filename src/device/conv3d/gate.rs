@@ -207,10 +207,7 @@ impl Stream {
             self.check_device(OP, c.device())?;
             check_len("guard operand counts", 6, c.len())?;
         }
-        if let Some(g) = gate {
-            self.check_device(OP, g.device())?;
-            check_len("guard gate", 1, g.len())?;
-        }
+        let gate = self.gate_ptr((OP, "guard gate"), gate)?;
         check_len(
             "guard results",
             results.len() - results.len() % CHECK_WORDS,
@@ -224,7 +221,7 @@ impl Stream {
             });
         }
         let args = Conv3dGuardDecide {
-            gate: gate.map(|g| g.device_ptr()),
+            gate,
             out_counts: out_counts.device_ptr(),
             in_counts: in_counts.map(|c| c.device_ptr()),
             results: results.device_ptr(),

@@ -102,6 +102,24 @@ fn gate_args(a: &Conv3dLaunch) -> Result<[KernelArg; 2]> {
     ])
 }
 
+/// The kernel of a pair (f32 or 32-bit words, bf16 or 16-bit words) for
+/// `dtype`; [`Error::Conv3dDType`] naming `tensor` for any other dtype.
+pub(super) fn by_dtype(
+    dtype: DType,
+    [f32, bf16]: [Kernel; 2],
+    tensor: &'static str,
+) -> Result<Kernel> {
+    match dtype {
+        DType::F32 => Ok(f32),
+        DType::BF16 => Ok(bf16),
+        other => Err(Error::Conv3dDType {
+            tensor,
+            dtype: other,
+            expected: DType::F32,
+        }),
+    }
+}
+
 #[allow(dead_code)]
 impl KernelCall {
     /// `conv3d_naive_{f32,bf16}(const T* x, const T* w, const float*
@@ -245,17 +263,11 @@ impl KernelCall {
     /// `y_kind`: 1 f32, 2 bf16; `located`: the slot, or 0).
     pub(crate) fn conv3d_check(a: &Conv3dCheckLaunch, mps: u32) -> Result<Vec<KernelCall>> {
         let c = &a.conv;
-        let k = match c.dtype {
-            DType::F32 => Kernel::Conv3dCheckF32,
-            DType::BF16 => Kernel::Conv3dCheckBf16,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "input",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
+        let k = by_dtype(
+            c.dtype,
+            [Kernel::Conv3dCheckF32, Kernel::Conv3dCheckBf16],
+            "input",
+        )?;
         let bias_kind = match (c.bias, a.bias_dtype) {
             (None, _) => 0,
             (Some(_), DType::F32) => 1,
@@ -356,17 +368,11 @@ impl KernelCall {
     /// (grid-stride).
     pub(crate) fn conv3d_layout(a: &Conv3dLayoutLaunch, mps: u32) -> Result<KernelCall> {
         let g = &a.geometry;
-        let k = match a.dtype {
-            DType::F32 => Kernel::Conv3dLayoutU32,
-            DType::BF16 => Kernel::Conv3dLayoutU16,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "weight",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
+        let k = by_dtype(
+            a.dtype,
+            [Kernel::Conv3dLayoutU32, Kernel::Conv3dLayoutU16],
+            "weight",
+        )?;
         let kg = g.out_per_group() as u64;
         let r = (g.in_per_group() * g.kernel.iter().product::<usize>()) as u64;
         let (rows, cols, packed) = match a.layout {
@@ -408,17 +414,11 @@ impl KernelCall {
     /// (grid-stride over `total`, the weight's length); `cg` and `kg` are
     /// the forward convolution's input and output channels per group.
     pub(crate) fn conv3d_flip_weight(a: &Conv3dFlipLaunch, mps: u32) -> Result<KernelCall> {
-        let k = match a.dtype {
-            DType::F32 => Kernel::Conv3dFlipWeightU32,
-            DType::BF16 => Kernel::Conv3dFlipWeightU16,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "weight",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
+        let k = by_dtype(
+            a.dtype,
+            [Kernel::Conv3dFlipWeightU32, Kernel::Conv3dFlipWeightU16],
+            "weight",
+        )?;
         let g = &a.geometry;
         let total = a.len() as u64;
         let [kd, kh, kw] = g.kernel;
@@ -449,17 +449,11 @@ impl KernelCall {
     /// one output element per thread (grid-stride over `total`, the
     /// destination's length).
     pub(crate) fn conv3d_zero_insert(a: &Conv3dZeroInsertLaunch, mps: u32) -> Result<KernelCall> {
-        let k = match a.dtype {
-            DType::F32 => Kernel::Conv3dZeroInsertU32,
-            DType::BF16 => Kernel::Conv3dZeroInsertU16,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "grad_output",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
+        let k = by_dtype(
+            a.dtype,
+            [Kernel::Conv3dZeroInsertU32, Kernel::Conv3dZeroInsertU16],
+            "grad_output",
+        )?;
         let g = &a.geometry;
         let total = a.len() as u64;
         let [od, oh, ow] = g.output.map(|v| v as u64);
@@ -573,17 +567,11 @@ impl KernelCall {
         mps: u32,
     ) -> Result<Vec<KernelCall>> {
         let c = &a.conv;
-        let kernel = match c.dtype {
-            DType::F32 => Kernel::Conv3dBwdCheckF32,
-            DType::BF16 => Kernel::Conv3dBwdCheckBf16,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "grad_output",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
+        let kernel = by_dtype(
+            c.dtype,
+            [Kernel::Conv3dBwdCheckF32, Kernel::Conv3dBwdCheckBf16],
+            "grad_output",
+        )?;
         let bias_kind = match (c.bias, a.bias_dtype) {
             (None, _) => 0,
             (Some(_), DType::F32) => 1,

@@ -372,13 +372,10 @@ impl Stream {
                 expected: DType::F32,
             });
         }
-        if let Some(gv) = gate {
-            self.check_device(OP, gv.device())?;
-            check_len("conv3d gate", 1, gv.len())?;
-        }
+        let gate = self.gate_ptr((OP, "conv3d gate"), gate)?;
         let layout = self.backend().conv3d_weight_layout(kernel, T::DTYPE, g);
         let mut launch = self.conv3d_launch(OP, layout, g, (input, weight, bias), out)?;
-        launch.gate = gate.map(|gv| gv.device_ptr());
+        launch.gate = gate;
         kernel.grid(g)?;
         // SAFETY: as in `conv3d`; the gate, if any, is one live u64 of this
         // device, only read.

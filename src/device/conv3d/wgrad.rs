@@ -11,14 +11,13 @@
 //! backend's emulation (the CPU kernels).
 
 use super::backward::{host_conv3d_backward, Conv3dBackwardLaunch};
-use super::launch::Conv3dArgs;
+use super::launch::{by_dtype, Conv3dArgs};
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::convert::Element;
 use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::kernels::{Kernel, KernelArg, KernelCall, BLOCK};
 use crate::device::stream::Stream;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// Rows (output channels) and columns (input channel x tap) of a tile of
@@ -126,17 +125,14 @@ impl KernelCall {
         a: &Conv3dBackwardLaunch,
         mps: u32,
     ) -> Result<KernelCall> {
-        let kernel = match a.dtype {
-            DType::F32 => Kernel::Conv3dBwdWeightTiledF32,
-            DType::BF16 => Kernel::Conv3dBwdWeightTiledBf16,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "grad_output",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
+        let kernel = by_dtype(
+            a.dtype,
+            [
+                Kernel::Conv3dBwdWeightTiledF32,
+                Kernel::Conv3dBwdWeightTiledBf16,
+            ],
+            "grad_output",
+        )?;
         let (Conv3dBackwardOp::Weight, Some(x)) = (a.op, a.other) else {
             return Err(Error::Conv3dTier {
                 tier: "tiled",
@@ -235,6 +231,7 @@ pub(crate) unsafe fn host_conv3d_backward_weight_tiled(a: &Conv3dBackwardLaunch)
 mod tests {
     use super::*;
     use crate::conv3d::Conv3dParams;
+    use crate::dtype::DType;
 
     fn geom(x: [usize; 5], w: [usize; 5], p: Conv3dParams) -> Conv3dGeometry {
         Conv3dGeometry::new(p, &x, &w).unwrap()
