@@ -53,10 +53,20 @@ const KERNEL_FILES: &[&str] = &[
 ];
 /// The translation unit that includes every kernel file (HIP).
 const ENTRY: &str = "hip-kernels/kernels.hip";
-/// The CUDA modules, in `KernelModule` order: (name, translation unit).
-const CUDA_MODULES: [(&str, &str); 2] = [
+/// The CUDA sources (translation units), in `KernelModule::source` order.
+const CUDA_SOURCES: [(&str, &str); 2] = [
     ("core", "hip-kernels/core.hip"),
     ("conv3d", "hip-kernels/conv3d.hip"),
+];
+/// The CUDA modules, in `KernelModule` order: (name, index into
+/// `CUDA_SOURCES`, the `RS_PART` it is compiled with: prelude.h).
+const CUDA_MODULES: [(&str, usize, u32); 6] = [
+    ("core", 0, 0),
+    ("conv3d", 1, 1),
+    ("conv3d_naive", 1, 2),
+    ("conv3d_tiled_f32", 1, 3),
+    ("conv3d_tiled_bf16", 1, 4),
+    ("conv3d_tiled_bf16_mma", 1, 5),
 ];
 
 /// Archs built when no list is given, where the compiler can target them:
@@ -130,7 +140,9 @@ fn main() {
                 "/// Empty: built with DOCS_RS set (no kernels compiled).\n\
                  pub(crate) const CUDA_SOURCES: [&str; 2] = [\"\", \"\"];\n\
                  /// None: built with DOCS_RS set.\n\
-                 pub(crate) const CUDA_PTX: Option<[&str; 2]> = None;\n",
+                 pub(crate) const CUDA_PTX: Option<[&str; 6]> = None;\n\
+                 /// Empty: built with DOCS_RS set.\n\
+                 pub(crate) const CUDA_MODULE_PARTS: [(&str, u32); 0] = [];\n",
             );
         } else {
             build_cuda(&manifest, &out, &mut rs);
@@ -659,8 +671,8 @@ fn build_cuda(manifest: &Path, out: &Path, rs: &mut String) {
     let arch = env_var("ROCM_SAFE_CUDA_ARCH").unwrap_or_else(|| "compute_75".into());
     let nvcc = find_tool("NVCC", "nvcc", &dirs);
     let mut sources = Vec::new();
-    let mut ptxs = Vec::new();
-    for (name, entry) in CUDA_MODULES {
+    let mut files = Vec::new();
+    for (name, entry) in CUDA_SOURCES {
         let mut src = String::new();
         flatten(&manifest.join(entry), &mut Vec::new(), &mut src);
         let cu = out.join(format!("rocm_safe_{name}.cu"));
@@ -668,12 +680,20 @@ fn build_cuda(manifest: &Path, out: &Path, rs: &mut String) {
             fail(&format!("cannot write {}: {e}", cu.display()));
         }
         sources.push(format!("include_str!({:?})", cu.display().to_string()));
+        files.push(cu);
+    }
+    let mut ptxs = Vec::new();
+    for (name, source, part) in CUDA_MODULES {
+        let Some(cu) = files.get(source) else {
+            fail(&format!("CUDA module {name}: no source {source}"));
+        };
         let ptx = out.join(format!("rocm_safe_{name}.ptx"));
         let built = match &nvcc {
             Some(nvcc) => match Command::new(nvcc)
                 .args(["--ptx", "-x", "cu", "-O3"])
                 .arg(format!("-arch={arch}"))
-                .arg(&cu)
+                .arg(format!("-DRS_PART={part}"))
+                .arg(cu)
                 .arg("-o")
                 .arg(&ptx)
                 .output()
@@ -696,24 +716,35 @@ fn build_cuda(manifest: &Path, out: &Path, rs: &mut String) {
     }
     let _ = writeln!(
         rs,
-        "/// The CUDA modules' sources, in `KernelModule` order (compiled with\n\
+        "/// The CUDA sources, in `KernelModule::source` order (compiled with\n\
          /// NVRTC when no PTX is embedded).\n\
          pub(crate) const CUDA_SOURCES: [&str; 2] = [{}];",
         sources.join(", ")
+    );
+    let parts: Vec<String> = CUDA_MODULES
+        .iter()
+        .map(|(name, _, part)| format!("({name:?}, {part})"))
+        .collect();
+    let _ = writeln!(
+        rs,
+        "/// The CUDA modules (name, RS_PART) as build.rs compiles them.\n\
+         #[allow(dead_code)]\n\
+         pub(crate) const CUDA_MODULE_PARTS: [(&str, u32); 6] = [{}];",
+        parts.join(", ")
     );
     if ptxs.len() == CUDA_MODULES.len() {
         println!("cargo::rustc-cfg=rocm_safe_cuda_ptx");
         let _ = writeln!(
             rs,
             "/// The CUDA modules as PTX built by nvcc.\n\
-             pub(crate) const CUDA_PTX: Option<[&str; 2]> = Some([{}]);",
+             pub(crate) const CUDA_PTX: Option<[&str; 6]> = Some([{}]);",
             ptxs.join(", ")
         );
     } else {
         let _ = writeln!(
             rs,
             "/// No nvcc at build time: NVRTC compiles CUDA_SOURCES on first use.\n\
-             pub(crate) const CUDA_PTX: Option<[&str; 2]> = None;"
+             pub(crate) const CUDA_PTX: Option<[&str; 6]> = None;"
         );
     }
 }

@@ -361,6 +361,7 @@ static __device__ __forceinline__ void rs_conv3d_tiled(const T* __restrict__ x,
 #else
 #define RS_TILED_CUDA_BOUNDS
 #endif
+#if RS_BUILDS(RS_PART_CONV3D_TILED_F32)
 KERNEL void RS_HIP_BLOCK(256) RS_TILED_CUDA_BOUNDS
     conv3d_tiled_f32(const float* x, const float* w_t, const float* bias, float* y,
                      rs_conv3d_args a, const rs_u64* gate, rs_u64 y_bf16) {
@@ -379,6 +380,8 @@ KERNEL void RS_HIP_BLOCK(256) RS_TILED_CUDA_BOUNDS
         rs_conv3d_tiled<float, 128, false>(x, w_t, bias, y, a, sm, y_bf16);
     }
 }
+#endif
+#if RS_BUILDS(RS_PART_CONV3D_TILED_BF16)
 KERNEL void RS_HIP_BLOCK(256) RS_TILED_CUDA_BOUNDS
     conv3d_tiled_bf16(const rs_u16* x, const rs_u16* w_t, const float* bias, float* y,
                       rs_conv3d_args a, const rs_u64* gate, rs_u64 y_bf16) {
@@ -397,6 +400,7 @@ KERNEL void RS_HIP_BLOCK(256) RS_TILED_CUDA_BOUNDS
         rs_conv3d_tiled<rs_u16, 128, false>(x, w_t, bias, y, a, sm, y_bf16);
     }
 }
+#endif
 
 // conv3d_tiled_bf16_mma: the tiled kernel for bf16 on tensor cores (CUDA,
 // sm_80 and newer; the symbol does not exist elsewhere, and the host then
@@ -634,6 +638,7 @@ static __device__ __forceinline__ void rs_conv3d_tiled_mma(const rs_u16* __restr
     }
 }
 
+#if RS_BUILDS(RS_PART_CONV3D_TILED_BF16_MMA)
 KERNEL void __launch_bounds__(256, 2)
     conv3d_tiled_bf16_mma(const rs_u16* __restrict__ x, const rs_u16* __restrict__ wp,
                           const float* __restrict__ bias, float* __restrict__ y,
@@ -654,8 +659,11 @@ KERNEL void __launch_bounds__(256, 2)
         rs_conv3d_tiled_mma<128, false>(x, wp, bias, y, a, rp, mp, sm, y_bf16);
     }
 }
+#endif  // RS_BUILDS(RS_PART_CONV3D_TILED_BF16_MMA)
 #endif
 
+// Everything below is the conv3d module proper (RS_PART_CONV3D).
+#if RS_BUILDS(RS_PART_CONV3D)
 // y[i] += bias[(i / spatial) % k] over `total` elements.
 KERNEL void conv3d_bias_f32(float* y, const float* bias, rs_u64 total, rs_u64 spatial,
                             rs_u64 k) {
@@ -707,3 +715,4 @@ RS_LAYOUT_KERNEL(conv3d_layout_u16, rs_u16)
 #include "conv3d_check.hip"
 #include "conv3d_backward.hip"
 #include "conv3d_wgrad.hip"
+#endif  // RS_BUILDS(RS_PART_CONV3D)

@@ -445,6 +445,7 @@ static __device__ __forceinline__ void rs_conv3d_naive(const T* __restrict__ x,
 #else
 #define RS_NAIVE_BOUNDS __launch_bounds__(256)
 #endif
+#if RS_BUILDS(RS_PART_CONV3D_NAIVE)
 KERNEL void RS_NAIVE_BOUNDS
     conv3d_naive_f32(const float* x, const float* w, const float* bias, float* y,
                      rs_conv3d_args a) {
@@ -455,3 +456,4 @@ KERNEL void RS_NAIVE_BOUNDS
                       rs_conv3d_args a) {
     rs_conv3d_naive<rs_u16>(x, w, bias, y, a);
 }
+#endif

@@ -19,6 +19,21 @@
 #define RS_CUDA 1
 #endif
 
+// The CUDA backend compiles hip-kernels/conv3d.hip as five modules, so that
+// a process compiles only the kernels it launches (src/device/kernels.rs,
+// KernelModule): NVRTC is given -DRS_PART=n, and each part's kernels sit
+// under #if RS_BUILDS(n). Unset (HIP, and every other file), every kernel is
+// built. The numbers are KernelModule::part's (a Rust test compares them).
+#ifndef RS_PART
+#define RS_PART 0
+#endif
+#define RS_PART_CONV3D 1
+#define RS_PART_CONV3D_NAIVE 2
+#define RS_PART_CONV3D_TILED_F32 3
+#define RS_PART_CONV3D_TILED_BF16 4
+#define RS_PART_CONV3D_TILED_BF16_MMA 5
+#define RS_BUILDS(p) (RS_PART == 0 || RS_PART == (p))
+
 typedef unsigned char rs_u8;
 typedef unsigned short rs_u16;
 typedef unsigned int rs_u32;

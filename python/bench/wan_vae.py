@@ -80,6 +80,12 @@ def _run(path: str, dtype_name: str, latent, repeat: int, q) -> None:
             rst.reset_conv3d_stats()
         first, out = _decode_once(vae, z)
         info["first_s"] = first
+        if path in ("chain", "chain_vendor", "verify", "fallback"):
+            import rocm_safe
+
+            # What the first decode's time went to: each kernel module's
+            # load, compile included.
+            info["kernel_loads"] = rocm_safe.kernel_loads()
         times = []
         for _ in range(repeat):
             t, out = _decode_once(vae, z)
@@ -161,6 +167,11 @@ def main() -> int:
                     f" served={served} calls={st.get('calls')} fell_back={st.get('fell_back')}"
                     f" guarded={st.get('guarded')} repaired={st.get('repaired')} verified={st.get('verified')}"
                 )
+            if info.get("kernel_loads"):
+                loads = ", ".join(
+                    f"{k['module']} {k['source']} {k['seconds']:.2f}s" for k in info["kernel_loads"]
+                )
+                extra += f" kernel loads: [{loads}]"
             print(
                 f"{dt:9} {path:13} median {info['median_s']:.3f}s first {info['first_s']:.3f}s"
                 f" diff {info.get('max_rel_diff_vs_cudnn', float('nan')):.2e}"

@@ -29,7 +29,15 @@ from ._native import SafetensorError, __version__
 from ._open import safe_open
 from ._panic import InternalError, guard_names
 
-__all__ = ["SafetensorError", "InternalError", "safe_open", "doctor", "features", "__version__"]
+__all__ = [
+    "SafetensorError",
+    "InternalError",
+    "safe_open",
+    "doctor",
+    "features",
+    "kernel_loads",
+    "__version__",
+]
 
 
 def features() -> list:
@@ -37,6 +45,19 @@ def features() -> list:
     ``"hip"``, ``"testing"`` for a test build; empty for the default
     CPU-only build)."""
     return list(_native.features())
+
+
+def kernel_loads() -> list:
+    """Every GPU kernel module this process has loaded, in order: a list of
+    dicts with ``backend``, ``arch``, ``module``, ``source`` (``"compiled"``
+    is the slow case: the first use on this machine, compiled with NVRTC
+    and then kept in the kernel cache, ``$ROCM_SAFE_CACHE_DIR``; otherwise
+    ``"disk_cache"``, ``"process_cache"``, ``"embedded"`` or ``"nvcc"``) and
+    ``seconds`` (the load's wall time, compile included). What a first
+    call's time went to."""
+    import json as _json
+
+    return _json.loads(_native.kernel_loads_json())
 
 
 def doctor(json: bool = False) -> Any:
@@ -61,7 +82,7 @@ def doctor(json: bool = False) -> Any:
     return _json.loads(text)
 
 
-guard_names(globals(), ("doctor", "features"))
+guard_names(globals(), ("doctor", "features", "kernel_loads"))
 
 
 def __getattr__(name: str):

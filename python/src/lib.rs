@@ -536,6 +536,13 @@ fn doctor_report(py: Python<'_>) -> PyResult<(String, String, bool, bool)> {
     Ok((json, text, report.all_passed(), report.usable()))
 }
 
+/// `rocm_safe::device::kernel_loads()` as JSON (a list of objects).
+#[pyfunction]
+fn kernel_loads_json() -> PyResult<String> {
+    serde_json::to_string(&rocm_safe::device::kernel_loads())
+        .map_err(|e| PyRuntimeError::new_err(format!("kernel_loads: {e}")))
+}
+
 /// The cargo features this extension was built with (`"cuda"`, `"hip"`).
 #[pyfunction]
 fn features() -> Vec<&'static str> {
@@ -562,6 +569,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(doctor_report, m)?)?;
     m.add_function(wrap_pyfunction!(features, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_loads_json, m)?)?;
     m.add_function(wrap_pyfunction!(conversions, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(device::parse_device_py, m)?)?;

@@ -10,8 +10,11 @@
 //! already in the process (PyTorch's) is the one used. The kernels come
 //! from `hip-kernels/` (through `prelude.h`'s CUDA branch): PTX built by
 //! nvcc at build time when it was found, else the embedded source compiled
-//! by NVRTC on first use, cached per compute capability for the process and
-//! on disk (`super::kernel_cache`).
+//! by NVRTC on first use to machine code for the device's own arch (a
+//! cubin; PTX where NVRTC gives none), one module at a time
+//! ([`KernelModule`]), cached per arch for the process and on disk
+//! (`super::kernel_cache`). A cached cubin loads in milliseconds; PTX would
+//! cost the driver's translation in every process its cache misses.
 
 use std::ffi::CString;
 
@@ -27,6 +30,7 @@ use super::info::{
 use super::kernel_cache;
 use super::kernels::{self, KernelCall, KernelModule};
 use super::vendor::cudnn::Cudnn;
+use super::vendor::nvrtc::Output;
 use super::VisibleDevices;
 use crate::error::{Error, Result};
 
@@ -181,40 +185,69 @@ pub fn decode_cuda_version(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
-/// NVRTC options for `arch` (`compute_90`).
-fn nvrtc_options(arch: &str) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
+/// NVRTC options for `target` (`sm_90` for machine code, `compute_90` for
+/// PTX) and module `which` (its `RS_PART`: `hip-kernels/prelude.h`).
+fn nvrtc_options(target: &str, which: KernelModule) -> Vec<String> {
+    let mut o = vec![
+        format!("--gpu-architecture={target}"),
         "-default-device".into(),
-    ]
+    ];
+    if which.part() != 0 {
+        o.push(format!("-DRS_PART={}", which.part()));
+    }
+    o
 }
 
-/// Module `which`'s PTX for `arch`: nvcc's from the build, else the kernel
-/// cache's ([`kernel_cache::get_or_compile`]: this process's, then the
-/// disk's), else NVRTC's. `cached: false` compiles afresh.
-fn ptx_for(arch: &str, which: KernelModule, cached: bool) -> Result<(Vec<u8>, KernelSource)> {
+/// A module's code as `cuModuleLoadData` takes it.
+#[derive(Debug, PartialEq, Eq)]
+enum Image {
+    /// PTX text (no NUL): the driver translates it to machine code on load
+    /// (28 s for the whole conv3d source on an H100, and again in every
+    /// process whose driver cache does not hold it).
+    Ptx(Vec<u8>),
+    /// Machine code for the device's own arch: loaded as it is.
+    Cubin(Vec<u8>),
+}
+
+/// Module `which`'s code for compute capability `cc` (`"90"`): nvcc's PTX
+/// from the build; else machine code for `sm_{cc}` (PTX for
+/// `compute_{cc}` where this NVRTC gives no cubin) from the kernel cache
+/// ([`kernel_cache::get_or_compile`]: this process's, then the disk's),
+/// else NVRTC's. `cached: false` compiles afresh.
+fn image_for(cc: &str, which: KernelModule, cached: bool) -> Result<(Image, KernelSource)> {
     if let Some(p) = kernels::CUDA_PTX {
         let ptx = p.get(which.index()).copied().unwrap_or_default();
-        return Ok((ptx.as_bytes().to_vec(), KernelSource::Nvcc));
+        return Ok((Image::Ptx(ptx.as_bytes().to_vec()), KernelSource::Nvcc));
     }
     let source = kernels::CUDA_SOURCES
-        .get(which.index())
+        .get(which.source())
         .copied()
         .unwrap_or_default();
-    let options = nvrtc_options(arch);
+    let nvrtc = super::vendor::nvrtc::library()?;
+    let (output, target, ext) = if nvrtc.has_cubin() {
+        (Output::Cubin, format!("sm_{cc}"), "cubin")
+    } else {
+        (Output::Ptx, format!("compute_{cc}"), "ptx")
+    };
+    let options = nvrtc_options(&target, which);
     let req = kernel_cache::Request {
         runtime: "cuda",
         compiler: "nvrtc",
-        ext: "ptx",
+        ext,
         module: which.name(),
-        target: arch,
+        target: &target,
         source,
         options: &options,
     };
     let dir = kernel_cache::dir();
-    kernel_cache::get_or_compile(&req, dir.as_deref(), cached, || {
-        super::vendor::nvrtc::library()?.compile_ptx(source, "rocm_safe_kernels.cu", &options, arch)
-    })
+    let (code, from) = kernel_cache::get_or_compile(&req, dir.as_deref(), cached, || {
+        nvrtc.compile(source, "rocm_safe_kernels.cu", &options, &target, output)
+    })?;
+    let image = match output {
+        Output::Cubin => Image::Cubin(code),
+        Output::Ptx => Image::Ptx(code),
+    };
+    Ok((image, from))
 }
 
 /// An opened CUDA device (its primary context): the CUDA runtime under the
@@ -489,28 +522,46 @@ unsafe impl Runtime for CudaRuntime {
     }
 
     fn load_module(&self, which: KernelModule) -> Result<(Module, KernelSource)> {
-        let arch = self.info.arch.replace("sm_", "compute_");
-        let load = |ptx: Vec<u8>| -> Result<sys::CUmodule> {
-            let image = CString::new(ptx).map_err(|_| Error::KernelUnavailable {
-                backend: "cuda",
-                arch: arch.clone(),
-                built: "ptx with an interior NUL".into(),
-            })?;
-            // SAFETY: `image` is a NUL-terminated PTX string that outlives
-            // the call; the context is current.
-            unsafe { cu::module::load_data(image.as_ptr().cast()) }
-                .map_err(|e| err("cuModuleLoadData", e))
+        let cc = self.info.arch.trim_start_matches("sm_").to_owned();
+        let load = |image: Image| -> Result<sys::CUmodule> {
+            match image {
+                Image::Ptx(ptx) => {
+                    let text = CString::new(ptx).map_err(|_| Error::KernelUnavailable {
+                        backend: "cuda",
+                        arch: self.info.arch.clone(),
+                        built: "ptx with an interior NUL".into(),
+                    })?;
+                    // SAFETY: `text` is a NUL-terminated PTX string that
+                    // outlives the call; the context is current.
+                    unsafe { cu::module::load_data(text.as_ptr().cast()) }
+                }
+                Image::Cubin(elf) => {
+                    if elf.get(..4) != Some(&b"\x7fELF"[..]) {
+                        return Err(Error::KernelUnavailable {
+                            backend: "cuda",
+                            arch: self.info.arch.clone(),
+                            built: "a cubin that is not an ELF image".into(),
+                        });
+                    }
+                    // SAFETY: `elf` is a whole ELF image (the driver reads
+                    // its size from the ELF headers) that outlives the
+                    // call; the context is current.
+                    unsafe { cu::module::load_data(elf.as_ptr().cast()) }
+                }
+            }
+            .map_err(|e| err("cuModuleLoadData", e))
         };
-        let (ptx, mut source) = ptx_for(&arch, which, true)?;
-        let module = match load(ptx) {
+        let (image, mut source) = image_for(&cc, which, true)?;
+        let module = match load(image) {
             Ok(m) => m,
-            // Cached PTX the driver refuses (an older driver than the NVRTC
-            // that wrote it, say): compile afresh, replacing both caches.
+            // Cached code the driver refuses (an older driver than the
+            // NVRTC that wrote it, a damaged file): compile afresh,
+            // replacing both caches.
             Err(e) if source != KernelSource::Compiled && source != KernelSource::Nvcc => {
                 tracing::debug!(error = %e, "cached kernels refused; compiling again");
-                let (ptx, fresh) = ptx_for(&arch, which, false)?;
+                let (image, fresh) = image_for(&cc, which, false)?;
                 source = fresh;
-                load(ptx)?
+                load(image)?
             }
             Err(e) => return Err(e),
         };

@@ -211,9 +211,17 @@ impl<R: Runtime> Gpu<R> {
     }
 
     fn load(&self, index: usize, which: KernelModule) -> Result<Loaded<R>> {
+        let started = std::time::Instant::now();
         self.rt.bind()?;
         let (module, source) = self.rt.load_module(which)?;
         let single = self.modules.len() == 1;
+        super::record_kernel_load(super::KernelLoad {
+            backend: self.rt.info().kind.name(),
+            arch: self.rt.info().arch.clone(),
+            module: if single { "all" } else { which.name() },
+            source,
+            seconds: started.elapsed().as_secs_f64(),
+        });
         let mut funcs = HashMap::new();
         let mut missing = None;
         for k in Kernel::all()

@@ -220,8 +220,62 @@ impl KernelCaps {
     };
 }
 
+/// One kernel module's load in this process: [`kernel_loads`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
+pub struct KernelLoad {
+    /// The device's backend.
+    pub backend: &'static str,
+    /// The device's arch (`sm_90`, `gfx1151`).
+    pub arch: String,
+    /// The module (`"core"`, `"conv3d_tiled_bf16_mma"`; `"all"` where one
+    /// code object holds every kernel, as on HIP).
+    pub module: &'static str,
+    /// Where its code came from: [`KernelSource::Compiled`] is the slow
+    /// case (a first use on this machine, or an emptied kernel cache).
+    pub source: KernelSource,
+    /// Wall time of the load, compile included.
+    pub seconds: f64,
+}
+
+fn loads() -> &'static std::sync::Mutex<Vec<KernelLoad>> {
+    static LOADS: std::sync::OnceLock<std::sync::Mutex<Vec<KernelLoad>>> =
+        std::sync::OnceLock::new();
+    LOADS.get_or_init(|| std::sync::Mutex::new(Vec::new()))
+}
+
+/// Every kernel module this process has loaded, in order: what a first
+/// call's time went to (a module is loaded on the first launch of one of
+/// its kernels, per device).
+pub fn kernel_loads() -> Vec<KernelLoad> {
+    match loads().lock() {
+        Ok(v) => v.clone(),
+        Err(p) => p.into_inner().clone(),
+    }
+}
+
+/// Records one load ([`kernel_loads`]); logged at `info` when it compiled.
+#[cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
+pub(crate) fn record_kernel_load(load: KernelLoad) {
+    if load.source == KernelSource::Compiled {
+        tracing::info!(
+            backend = load.backend,
+            arch = %load.arch,
+            module = load.module,
+            seconds = load.seconds,
+            "kernels compiled (cached for later processes)"
+        );
+    }
+    match loads().lock() {
+        Ok(mut v) => v.push(load),
+        Err(p) => p.into_inner().push(load),
+    }
+}
+
 /// How the kernels of a device were obtained (the first module loaded).
+/// Serialized in snake case (`"disk_cache"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum KernelSource {
     /// The CPU implementations (host backend).

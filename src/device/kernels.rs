@@ -18,27 +18,71 @@ use crate::error::{Error, Result};
 #[allow(dead_code)]
 pub(crate) const BLOCK: u32 = 256;
 
-/// The CUDA backend's modules (`hip-kernels/core.hip`, `conv3d.hip`), each
-/// compiled and loaded on the first launch of one of its kernels: a process
-/// that only converts or loads never waits for the conv3d kernels' JIT
-/// compile. HIP builds all kernels into one code object.
+/// The CUDA backend's modules, each compiled and loaded on the first launch
+/// of one of its kernels: a process that only converts or loads never waits
+/// for the conv3d kernels' compile, and one that runs bf16 convolutions on
+/// tensor cores compiles neither the f32 nor the naive kernels.
+/// `hip-kernels/core.hip` is one module; `hip-kernels/conv3d.hip` is five,
+/// one source compiled with `-DRS_PART=n` ([`KernelModule::part`]; its
+/// kernels sit under `#if RS_BUILDS(n)`, `hip-kernels/prelude.h`). Measured
+/// on an H100 (NVRTC 13.0), the whole conv3d source took 15 s to PTX and
+/// the driver 28 s more to machine code; the tiled kernels are most of it.
+/// HIP builds all kernels into one code object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(dead_code)]
 pub(crate) enum KernelModule {
     /// Conversions, fingerprints, non-finite scans.
     Core = 0,
-    /// The conv3d kernels and the vendor tier's epilogues.
+    /// The conv3d checks, weight layouts, epilogues, gradients and the
+    /// guard's verdict: everything of `conv3d.hip` not below.
     Conv3d = 1,
+    /// `conv3d_naive_{f32,bf16}`.
+    Conv3dNaive = 2,
+    /// `conv3d_tiled_f32`.
+    Conv3dTiledF32 = 3,
+    /// `conv3d_tiled_bf16`.
+    Conv3dTiledBf16 = 4,
+    /// `conv3d_tiled_bf16_mma` (sm_80+; empty below).
+    Conv3dTiledBf16Mma = 5,
 }
 
 #[allow(dead_code)]
 impl KernelModule {
-    /// Both, in the order of `CUDA_SOURCES`.
-    pub(crate) const ALL: [KernelModule; 2] = [KernelModule::Core, KernelModule::Conv3d];
+    /// Every module, in the order of `CUDA_PTX`.
+    pub(crate) const ALL: [KernelModule; 6] = [
+        KernelModule::Core,
+        KernelModule::Conv3d,
+        KernelModule::Conv3dNaive,
+        KernelModule::Conv3dTiledF32,
+        KernelModule::Conv3dTiledBf16,
+        KernelModule::Conv3dTiledBf16Mma,
+    ];
 
-    /// Index into `CUDA_SOURCES` / `CUDA_PTX`.
+    /// Index into [`KernelModule::ALL`] and `CUDA_PTX`.
     pub(crate) const fn index(self) -> usize {
         self as usize
+    }
+
+    /// Index of the module's source in `CUDA_SOURCES` (`core.hip`,
+    /// `conv3d.hip`).
+    pub(crate) const fn source(self) -> usize {
+        match self {
+            KernelModule::Core => 0,
+            _ => 1,
+        }
+    }
+
+    /// The `RS_PART` the source is compiled with (`hip-kernels/prelude.h`;
+    /// 0: every kernel of the source).
+    pub(crate) const fn part(self) -> u32 {
+        match self {
+            KernelModule::Core => 0,
+            KernelModule::Conv3d => 1,
+            KernelModule::Conv3dNaive => 2,
+            KernelModule::Conv3dTiledF32 => 3,
+            KernelModule::Conv3dTiledBf16 => 4,
+            KernelModule::Conv3dTiledBf16Mma => 5,
+        }
     }
 
     /// Short name (cache file names).
@@ -46,6 +90,10 @@ impl KernelModule {
         match self {
             KernelModule::Core => "core",
             KernelModule::Conv3d => "conv3d",
+            KernelModule::Conv3dNaive => "conv3d_naive",
+            KernelModule::Conv3dTiledF32 => "conv3d_tiled_f32",
+            KernelModule::Conv3dTiledBf16 => "conv3d_tiled_bf16",
+            KernelModule::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
 }
@@ -158,11 +206,11 @@ impl Kernel {
             | Kernel::NonfiniteF32
             | Kernel::NonfiniteBf16
             | Kernel::NonfiniteF16 => KernelModule::Core,
-            Kernel::Conv3dNaiveF32
-            | Kernel::Conv3dNaiveBf16
-            | Kernel::Conv3dTiledF32
-            | Kernel::Conv3dTiledBf16
-            | Kernel::Conv3dBiasF32
+            Kernel::Conv3dNaiveF32 | Kernel::Conv3dNaiveBf16 => KernelModule::Conv3dNaive,
+            Kernel::Conv3dTiledF32 => KernelModule::Conv3dTiledF32,
+            Kernel::Conv3dTiledBf16 => KernelModule::Conv3dTiledBf16,
+            Kernel::Conv3dTiledBf16Mma => KernelModule::Conv3dTiledBf16Mma,
+            Kernel::Conv3dBiasF32
             | Kernel::Conv3dWidenBiasBf16
             | Kernel::Conv3dCheckF32
             | Kernel::Conv3dCheckBf16
@@ -183,8 +231,7 @@ impl Kernel {
             | Kernel::Conv3dZeroInsertU32
             | Kernel::Conv3dZeroInsertU16
             | Kernel::Conv3dBwdWeightTiledF32
-            | Kernel::Conv3dBwdWeightTiledBf16
-            | Kernel::Conv3dTiledBf16Mma => KernelModule::Conv3d,
+            | Kernel::Conv3dBwdWeightTiledBf16 => KernelModule::Conv3d,
         }
     }
 
@@ -459,10 +506,98 @@ fn unsupported(op: &'static str, c: ConvertOp) -> Error {
 mod tests {
     use super::*;
     use crate::device::info::DevicePtr;
+    #[cfg(feature = "cuda")]
+    use std::collections::HashMap;
 
     fn read_u64(p: *mut c_void) -> u64 {
         // SAFETY: the test reads back pointers `arg_ptrs` made to u64s.
         unsafe { *p.cast::<u64>() }
+    }
+
+    /// The module split agrees in its three places: `KernelModule`,
+    /// build.rs's list and `hip-kernels/prelude.h`'s part numbers; and each
+    /// conv3d kernel is defined only under its own module's guard.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn every_conv3d_kernel_sits_in_its_modules_part() {
+        let names: Vec<(&str, u32)> = KernelModule::ALL
+            .iter()
+            .map(|m| (m.name(), m.part()))
+            .collect();
+        assert_eq!(names, CUDA_MODULE_PARTS.to_vec());
+        let prelude = include_str!("../../hip-kernels/prelude.h");
+        for m in KernelModule::ALL.iter().filter(|m| m.part() != 0) {
+            let define = format!("#define RS_PART_{} {}", m.name().to_uppercase(), m.part());
+            assert!(prelude.contains(&define), "{define}");
+        }
+        // Walk the flattened conv3d source keeping the stack of `#if`s:
+        // a kernel's definition must sit under exactly its part's guard.
+        let src = CUDA_SOURCES[KernelModule::Conv3d.source()];
+        let mut stack: Vec<Option<u32>> = Vec::new();
+        let mut found = HashMap::new();
+        let part_of = |cond: &str| {
+            KernelModule::ALL
+                .iter()
+                .find(|m| {
+                    m.part() != 0
+                        && cond.contains(&format!("RS_BUILDS(RS_PART_{})", m.name().to_uppercase()))
+                })
+                .map(|m| m.part())
+        };
+        let mut pending_kernel = false;
+        for line in src.lines() {
+            let t = line.trim_start();
+            if let Some(cond) = t.strip_prefix("#if") {
+                stack.push(part_of(cond));
+            } else if t.starts_with("#endif") {
+                stack.pop();
+            }
+            // `KERNEL void ... name(` (the name may be on the next line),
+            // or a kernel-defining macro's `RS_..._KERNEL(name, ...)`.
+            if t.starts_with("KERNEL void") {
+                pending_kernel = true;
+            }
+            if t.starts_with("RS_") && t.contains("_KERNEL(") && !t.starts_with("RS_DEVICE") {
+                for k in Kernel::all()
+                    .into_iter()
+                    .filter(|k| k.module().source() == 1)
+                {
+                    if t.contains(&format!("({},", k.symbol())) {
+                        found.insert(k, stack.iter().flatten().copied().collect());
+                    }
+                }
+            }
+            if pending_kernel {
+                for k in Kernel::all()
+                    .into_iter()
+                    .chain([Kernel::Conv3dTiledBf16Mma])
+                    .filter(|k| k.module().source() == 1)
+                {
+                    if t.contains(&format!("{}(", k.symbol())) {
+                        let parts: Vec<u32> = stack.iter().flatten().copied().collect();
+                        found.insert(k, parts);
+                        pending_kernel = false;
+                    }
+                }
+                if t.contains('{') {
+                    pending_kernel = false;
+                }
+            }
+        }
+        for k in Kernel::all()
+            .into_iter()
+            .chain([Kernel::Conv3dTiledBf16Mma])
+            .filter(|k| k.module().source() == 1)
+        {
+            let parts = found.get(&k);
+            assert_eq!(
+                parts,
+                Some(&vec![k.module().part()]),
+                "{} must be defined under RS_BUILDS of its module {}",
+                k.symbol(),
+                k.module().name()
+            );
+        }
     }
 
     #[test]

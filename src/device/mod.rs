@@ -121,9 +121,10 @@ pub use conv3d::{
 pub use conv3d::{tiled_wgrad_split, tiled_wgrad_unsupported, TiledWgradSplit};
 pub(crate) use device_handle::WeakDevice;
 pub use device_handle::{open_backend, open_backend_with, Device};
+pub(crate) use info::record_kernel_load;
 pub use info::{
-    BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent,
-    RawStream,
+    kernel_loads, BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelBuild, KernelCaps,
+    KernelLoad, KernelSource, RawEvent, RawStream,
 };
 /// Renamed [`KernelBuild`] (beside [`KernelSource`], `KernelCode` did not
 /// say which of the two it was).

@@ -411,7 +411,7 @@ fn count(log: &Log, s: &str) -> usize {
 
 #[test]
 fn modules_load_once_each_on_first_use_and_unload_in_order() {
-    let (g, log) = gpu(2, false, vec![]);
+    let (g, log) = gpu(KernelModule::ALL.len(), false, vec![]);
     let s = RawStream(0);
     let op = ConvertOp::DEVICE[0];
     // SAFETY: the recording runtime touches no memory.
@@ -434,12 +434,34 @@ fn modules_load_once_each_on_first_use_and_unload_in_order() {
     let a = geometry(false);
     // SAFETY: as above.
     unsafe { g.run(&conv(Conv3dKernel::Naive, &a), s) }.unwrap();
-    assert_eq!(count(&log, "load conv3d"), 1);
+    // The naive kernels are a module of their own: neither the tiled
+    // kernels nor the checks are compiled for them.
+    assert_eq!(count(&log, "load conv3d_naive"), 1);
+    assert_eq!(count(&log, "load conv3d_tiled_f32"), 0);
+    assert_eq!(count(&log, "load conv3d"), 0);
+    // SAFETY: as above.
+    unsafe { g.run(&conv(Conv3dKernel::Tiled, &a), s) }.unwrap();
+    assert_eq!(count(&log, "load conv3d_tiled_f32"), 1);
+    assert_eq!(count(&log, "load conv3d_tiled_bf16"), 0);
+    // Each load is on record for the process, with its source.
+    let loads = crate::device::kernel_loads();
+    for m in ["core", "conv3d_naive", "conv3d_tiled_f32"] {
+        assert!(
+            loads
+                .iter()
+                .any(|l| l.module == m && l.source == KernelSource::Compiled && l.seconds >= 0.0),
+            "{m}: {loads:?}"
+        );
+    }
     drop(g);
     let l = lock(&log).clone();
     let at = |s: &str| l.iter().position(|x| x == s).unwrap();
     assert!(at("unload core") < at("runtime dropped"), "{l:?}");
-    assert!(at("unload conv3d") < at("runtime dropped"), "{l:?}");
+    assert!(at("unload conv3d_naive") < at("runtime dropped"), "{l:?}");
+    assert!(
+        at("unload conv3d_tiled_f32") < at("runtime dropped"),
+        "{l:?}"
+    );
 }
 
 #[test]
@@ -458,7 +480,7 @@ fn one_module_holds_every_kernel() {
 
 #[test]
 fn a_missing_kernel_fails_the_load_and_unloads_the_module() {
-    let (g, log) = gpu(2, false, vec!["convert_f16_f32"]);
+    let (g, log) = gpu(KernelModule::ALL.len(), false, vec!["convert_f16_f32"]);
     let op = ConvertOp::DEVICE[0];
     // SAFETY: the recording runtime touches no memory.
     let e = unsafe { g.run(&convert(op, 1), RawStream(0)) };
@@ -476,7 +498,7 @@ fn tensor_cores_are_declared_then_confirmed_by_the_module() {
     let layout = |g: &Gpu<Recording>, dtype| {
         g.conv3d_weight_layout(Conv3dKernel::Tiled, dtype, &bf16.geometry)
     };
-    let (with, _) = gpu(2, true, vec![]);
+    let (with, _) = gpu(KernelModule::ALL.len(), true, vec![]);
     assert!(matches!(
         layout(&with, DType::BF16),
         Conv3dWeightLayout::TiledPacked { .. }
@@ -487,13 +509,13 @@ fn tensor_cores_are_declared_then_confirmed_by_the_module() {
     );
     // SAFETY: the recording runtime touches no memory.
     unsafe { with.run(&conv(Conv3dKernel::Tiled, &bf16), RawStream(0)) }.unwrap();
-    let (without, _) = gpu(2, false, vec![]);
+    let (without, _) = gpu(KernelModule::ALL.len(), false, vec![]);
     assert_eq!(
         layout(&without, DType::BF16),
         Conv3dWeightLayout::TiledTransposed
     );
     // Declared, but the module was built without the kernel.
-    let (absent, log) = gpu(2, true, vec!["conv3d_tiled_bf16_mma"]);
+    let (absent, log) = gpu(KernelModule::ALL.len(), true, vec!["conv3d_tiled_bf16_mma"]);
     assert_eq!(
         layout(&absent, DType::BF16),
         Conv3dWeightLayout::TiledTransposed
@@ -507,18 +529,16 @@ fn tensor_cores_are_declared_then_confirmed_by_the_module() {
         lock(&log)
     );
     assert_eq!(
-        gpu(2, false, vec![]).0.conv3d_weight_layout(
-            Conv3dKernel::Naive,
-            DType::BF16,
-            &bf16.geometry
-        ),
+        gpu(KernelModule::ALL.len(), false, vec![])
+            .0
+            .conv3d_weight_layout(Conv3dKernel::Naive, DType::BF16, &bf16.geometry),
         Conv3dWeightLayout::Standard
     );
 }
 
 #[test]
 fn the_vendor_slot_opens_once_keeps_buffers_and_tears_down_first() {
-    let (g, log) = gpu(2, false, vec![]);
+    let (g, log) = gpu(KernelModule::ALL.len(), false, vec![]);
     for dtype_bf16 in [false, true, false] {
         // SAFETY: the recording runtime's vendor and launches touch no
         // memory; its buffers are host allocations.
@@ -571,7 +591,7 @@ fn the_vendor_slot_opens_once_keeps_buffers_and_tears_down_first() {
 #[test]
 fn vendor_backward_widens_bf16_adds_the_bias_and_keeps_its_buffers() {
     use crate::conv3d::Conv3dBackwardOp;
-    let (g, log) = gpu(2, false, vec![]);
+    let (g, log) = gpu(KernelModule::ALL.len(), false, vec![]);
     let geometry = geometry(false).geometry;
     let len = |op: Conv3dBackwardOp| op.output_len(&geometry);
     // The recording runtime touches no memory: addresses only.
@@ -646,7 +666,7 @@ fn vendor_backward_widens_bf16_adds_the_bias_and_keeps_its_buffers() {
 fn the_tiled_weight_gradient_zeroes_then_launches() {
     use crate::conv3d::Conv3dBackwardOp;
     use crate::device::conv3d::tiled_wgrad_split;
-    let (g, log) = gpu(2, false, vec![]);
+    let (g, log) = gpu(KernelModule::ALL.len(), false, vec![]);
     let geometry = geometry(false).geometry;
     let n = Conv3dBackwardOp::Weight.output_len(&geometry);
     let out = g.alloc(n * 4).unwrap();

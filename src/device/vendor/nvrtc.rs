@@ -17,6 +17,9 @@
 //! nvrtcResult nvrtcGetProgramLog(nvrtcProgram prog, char *log);
 //! nvrtcResult nvrtcGetPTXSize(nvrtcProgram prog, size_t *ptxSizeRet);
 //! nvrtcResult nvrtcGetPTX(nvrtcProgram prog, char *ptx);
+//! // Optional (NVRTC 11.1 and later): the machine code of a real arch.
+//! nvrtcResult nvrtcGetCUBINSize(nvrtcProgram prog, size_t *cubinSizeRet);
+//! nvrtcResult nvrtcGetCUBIN(nvrtcProgram prog, char *cubin);
 //! ```
 //!
 //! `nvrtcResult` is taken as `int`: a code a newer NVRTC adds is a number
@@ -35,7 +38,7 @@ use crate::error::{Error, Result};
 type Program = *mut c_void;
 type Status = c_int;
 
-/// The code [`compile_ptx`] reports for a source, name or option that holds
+/// The code [`Nvrtc::compile`] reports for a source, name or option that holds
 /// a NUL byte (NVRTC is never called then).
 pub(crate) const INTERIOR_NUL: c_int = -1;
 
@@ -62,6 +65,21 @@ pub(crate) struct Nvrtc {
     log: unsafe extern "C" fn(Program, *mut c_char) -> Status,
     ptx_size: unsafe extern "C" fn(Program, *mut usize) -> Status,
     ptx: unsafe extern "C" fn(Program, *mut c_char) -> Status,
+    /// `nvrtcGetCUBINSize` and `nvrtcGetCUBIN`, where this NVRTC has them.
+    cubin: Option<(
+        unsafe extern "C" fn(Program, *mut usize) -> Status,
+        unsafe extern "C" fn(Program, *mut c_char) -> Status,
+    )>,
+}
+
+/// What a compile returns: [`Nvrtc::compile`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// PTX text (for a virtual arch, `compute_90`), without its NUL: the
+    /// driver translates it when the module is loaded.
+    Ptx,
+    /// Machine code for a real arch (`sm_90`): loaded as it is.
+    Cubin,
 }
 
 /// The name of an `nvrtcResult` code (`nvrtc.h`, CUDA 13).
@@ -139,6 +157,16 @@ pub(crate) fn load(spec: &Spec) -> std::result::Result<Nvrtc, NotFound> {
         })()
     };
     let (create, compile, destroy, log_size, log, ptx_size, ptx) = bound.map_err(missing)?;
+    // SAFETY: as above; absent, PTX is what this NVRTC gives.
+    let cubin = unsafe {
+        (|| {
+            Ok::<_, &'static str>((
+                bind_fn(&lib, c"nvrtcGetCUBINSize")?,
+                bind_fn(&lib, c"nvrtcGetCUBIN")?,
+            ))
+        })()
+    }
+    .ok();
     Ok(Nvrtc {
         version: (major, minor),
         create,
@@ -148,6 +176,7 @@ pub(crate) fn load(spec: &Spec) -> std::result::Result<Nvrtc, NotFound> {
         log,
         ptx_size,
         ptx,
+        cubin,
         lib,
     })
 }
@@ -204,18 +233,26 @@ impl Nvrtc {
         Loaded::of(&self.lib, Some(format!("{major}.{minor}")))
     }
 
+    /// Whether this NVRTC gives machine code ([`Output::Cubin`]).
+    pub(crate) fn has_cubin(&self) -> bool {
+        self.cubin.is_some()
+    }
+
     /// Compiles `source` (named `name` in messages) with `options` and
-    /// returns the PTX without its terminating NUL. `arch` names the target
-    /// in errors.
+    /// returns `output`: the PTX without its terminating NUL, or the cubin
+    /// (the options then name a real arch, `sm_90`). `arch` names the
+    /// target in errors.
     ///
     /// Errors: [`Error::Nvrtc`] naming the call that failed, with NVRTC's
-    /// log when the compile itself failed.
-    pub(crate) fn compile_ptx(
+    /// log when the compile itself failed; `nvrtcGetCUBIN` with
+    /// `NVRTC_ERROR_INVALID_INPUT` when this NVRTC has no cubin calls.
+    pub(crate) fn compile(
         &self,
         source: &str,
         name: &str,
         options: &[String],
         arch: &str,
+        output: Output,
     ) -> Result<Vec<u8>> {
         let fail = |op: &'static str, code: c_int, log: String| Error::Nvrtc {
             arch: arch.to_owned(),
@@ -260,6 +297,37 @@ impl Nvrtc {
         let rc = unsafe { (self.compile)(prog.prog, n_opts, ptrs.as_ptr()) };
         if rc != 0 {
             return Err(fail("nvrtcCompileProgram", rc, self.program_log(&prog)));
+        }
+        if output == Output::Cubin {
+            let Some((cubin_size, cubin)) = self.cubin else {
+                return Err(fail(
+                    "nvrtcGetCUBIN",
+                    3,
+                    "this NVRTC has no cubin calls".into(),
+                ));
+            };
+            let mut size = 0usize;
+            // SAFETY: a live, compiled program; writes one size_t.
+            let rc = unsafe { cubin_size(prog.prog, &mut size) };
+            if rc != 0 {
+                return Err(fail("nvrtcGetCUBINSize", rc, String::new()));
+            }
+            if size == 0 {
+                // A virtual arch was compiled for: there is no machine code.
+                return Err(fail(
+                    "nvrtcGetCUBIN",
+                    3,
+                    "no cubin for a virtual arch".into(),
+                ));
+            }
+            let mut image = vec![0u8; size];
+            // SAFETY: `image` holds the `size` bytes NVRTC said the cubin
+            // takes.
+            let rc = unsafe { cubin(prog.prog, image.as_mut_ptr().cast()) };
+            if rc != 0 {
+                return Err(fail("nvrtcGetCUBIN", rc, String::new()));
+            }
+            return Ok(image);
         }
         let mut size = 0usize;
         // SAFETY: a live, compiled program; writes one size_t.
@@ -371,11 +439,26 @@ mod tests {
                 // an unknown option is refused.
                 let opts = ["--gpu-architecture=compute_75".to_owned()];
                 let ok = "extern \"C\" __global__ void k(float *p) { p[0] = 1.0f; }";
-                let ptx = n.compile_ptx(ok, "k.cu", &opts, "compute_75").unwrap();
+                let ptx = n
+                    .compile(ok, "k.cu", &opts, "compute_75", Output::Ptx)
+                    .unwrap();
                 let ptx = String::from_utf8(ptx).unwrap();
                 assert!(ptx.contains(".entry k") && !ptx.contains('\0'), "{ptx}");
+                // Machine code for a real arch: an ELF image; asking a
+                // virtual arch for one is an error, not an empty image.
+                if n.has_cubin() {
+                    let real = ["--gpu-architecture=sm_75".to_owned()];
+                    let elf = n
+                        .compile(ok, "k.cu", &real, "sm_75", Output::Cubin)
+                        .unwrap();
+                    assert_eq!(elf.get(..4), Some(&b"\x7fELF"[..]));
+                    assert!(matches!(
+                        n.compile(ok, "k.cu", &opts, "compute_75", Output::Cubin),
+                        Err(Error::Nvrtc { .. })
+                    ));
+                }
                 let bad = "extern \"C\" __global__ void k(float *p) { p[0] = }";
-                match n.compile_ptx(bad, "bad.cu", &opts, "compute_75") {
+                match n.compile(bad, "bad.cu", &opts, "compute_75", Output::Ptx) {
                     Err(Error::Nvrtc { code: 6, log, .. }) => {
                         assert!(log.contains("bad.cu"), "{log}")
                     }
@@ -383,11 +466,11 @@ mod tests {
                 }
                 let wrong = ["--rocm-safe-no-such-option".to_owned()];
                 assert!(matches!(
-                    n.compile_ptx(ok, "k.cu", &wrong, "compute_75"),
+                    n.compile(ok, "k.cu", &wrong, "compute_75", Output::Ptx),
                     Err(Error::Nvrtc { code: 5, .. })
                 ));
                 assert!(matches!(
-                    n.compile_ptx("a\0b", "k.cu", &opts, "compute_75"),
+                    n.compile("a\0b", "k.cu", &opts, "compute_75", Output::Ptx),
                     Err(Error::Nvrtc {
                         code: INTERIOR_NUL,
                         ..
