@@ -139,29 +139,48 @@ impl Request<'_> {
     }
 }
 
+/// One entry of the process cache: its own lock, held while the entry is
+/// compiled, so a second caller of the same module waits for that compile
+/// instead of repeating it, and different modules compile side by side.
+type Entry = std::sync::Arc<Mutex<Option<Vec<u8>>>>;
+
 /// Compiled kernels of this process, per `runtime-module-target`.
-fn process_cache() -> &'static Mutex<HashMap<String, Vec<u8>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
+fn process_cache() -> &'static Mutex<HashMap<String, Entry>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Entry>>> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Whether this process's cache holds `req` already (no compile, no disk
+/// read, no wait).
+pub(crate) fn in_process(req: &Request<'_>) -> bool {
+    let name = format!("{}-{}", req.runtime, req.name());
+    let entry = lock(process_cache()).get(&name).cloned();
+    entry.is_some_and(|e| e.try_lock().is_ok_and(|g| g.is_some()))
 }
 
 /// `req` compiled: with `cached`, from this process's cache, then the disk
 /// cache in `dir` (normally [`dir()`]; `None`: no disk cache), else by
 /// `compile`, whose output goes to both caches. `cached: false` compiles
-/// afresh (for output the driver refused).
+/// afresh (for output the driver refused). A call for a module another
+/// thread is compiling waits for that compile.
 pub(crate) fn get_or_compile(
     req: &Request<'_>,
     dir: Option<&Path>,
     cached: bool,
     compile: impl FnOnce() -> Result<Vec<u8>>,
 ) -> Result<(Vec<u8>, KernelSource)> {
-    let mut cache = match process_cache().lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    };
     let name = format!("{}-{}", req.runtime, req.name());
+    let entry = lock(process_cache()).entry(name).or_default().clone();
+    let mut slot = lock(&entry);
     if cached {
-        if let Some(p) = cache.get(&name) {
+        if let Some(p) = &*slot {
             return Ok((p.clone(), KernelSource::ProcessCache));
         }
     }
@@ -169,7 +188,7 @@ pub(crate) fn get_or_compile(
     let key = req.key();
     if cached {
         if let Some(p) = dir.and_then(|d| req.read(d, key)) {
-            cache.insert(name, p.clone());
+            *slot = Some(p.clone());
             return Ok((p, KernelSource::DiskCache));
         }
     }
@@ -177,7 +196,7 @@ pub(crate) fn get_or_compile(
     if let Some(d) = dir {
         req.write(d, key, &out);
     }
-    cache.insert(name, out.clone());
+    *slot = Some(out.clone());
     Ok((out, KernelSource::Compiled))
 }
 
@@ -324,5 +343,49 @@ mod tests {
         });
         assert!(e.is_err());
         assert_eq!(r2.read(dir.path(), r2.key()), None);
+        assert!(!in_process(&r2));
+        assert!(in_process(&r));
+    }
+
+    #[test]
+    fn a_module_being_compiled_is_waited_for_not_compiled_twice() {
+        let target = format!("race-{}", std::process::id());
+        let mut r = req(&target, "raced source", &[]);
+        r.runtime = "unit";
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let sources = std::thread::scope(|sc| {
+            let first = sc.spawn(|| {
+                get_or_compile(&r, None, true, || {
+                    started_tx.send(()).unwrap();
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    Ok(b"slow".to_vec())
+                })
+                .unwrap()
+            });
+            // The second caller arrives while the first compiles.
+            started_rx.recv().unwrap();
+            assert!(!in_process(&r), "mid-compile is not cached yet");
+            let second = get_or_compile(&r, None, true, || {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(b"again".to_vec())
+            })
+            .unwrap();
+            (first.join().unwrap(), second)
+        });
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(sources.0, (b"slow".to_vec(), KernelSource::Compiled));
+        assert_eq!(sources.1, (b"slow".to_vec(), KernelSource::ProcessCache));
+        // Another module compiles while this one's lock is held.
+        let mut other = r;
+        other.module = "other-module";
+        let entry = lock(process_cache())
+            .get(&format!("unit-{}", r.name()))
+            .cloned()
+            .unwrap();
+        let _held = lock(&entry);
+        let got = get_or_compile(&other, None, true, || Ok(b"side".to_vec())).unwrap();
+        assert_eq!(got.1, KernelSource::Compiled);
     }
 }
