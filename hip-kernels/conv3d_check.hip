@@ -168,37 +168,20 @@ KERNEL void conv3d_locate_nonfinite_f32(const rs_u32* y, rs_u64 n, rs_u64* slot)
     if (best != 0) rs_atomic_max_u64(slot, best);
 }
 
-// ---------------------------------------------------------------- the guard's verdict
-//
-// conv3d_guard_decide: the guarded fallback's verdict (src/conv3d_chain/guard.rs)
-// over the counts and sampled points queued before it, decided on the device
-// so that no host waits for it. One 256-thread block; with a gate it runs only
-// when the gate is open.
-//   out_counts: the checked output's NaN and Inf counts (2 words);
-//   in_counts:  the operands' (input, weight, bias: 6 words), or null (not
-//               scanned: the output alone decides);
-//   res:        nsamples points as conv3d_check writes them. A point is judged
-//               as the host's `compare` judges it: not when its reference or
-//               its value is not finite (the counts judge those), else off
-//               when |value - reference| > rel * magnitude + FLT_MIN.
-// verdict (6 words, all written): [0] bits: 1 = a non-finite output from
-// finite operands (any non-finite output without in_counts), 2 = a sampled
-// point off; [1] = bits != 0 (the gate of the work that follows);
-// [2..6] the first off point (lowest j): index, value, reference, tolerance
-// (the last three doubles' bits), or ~0 and zeros.
 // The lowest sample j < nsamples whose point is off (~0 when none), in
-// thread 0: one 256-thread block's reduction (every thread calls it). The
-// points are read through volatile loads: the fused check below reads
-// points other blocks of its own launch wrote (after the device fence).
+// thread 0: one 256-thread block's reduction (every thread calls it). In the
+// fused check below the points were written by other blocks of the same
+// launch: read after the ticket and a device fence (__threadfence: on AMD it
+// invalidates the non-coherent vector caches, on CUDA it is the acquire half
+// of the PTX memory model's fence synchronisation), plain loads see them.
 RS_DEVICE rs_u64 rs_guard_lowest_off(const rs_u64* res, rs_u64 nsamples, double rel) {
     __shared__ rs_u64 lowest[256];
-    const volatile rs_u64* vres = (const volatile rs_u64*)res;
     rs_u64 mine = ~0ull;
     for (rs_u64 j = threadIdx.x; j < nsamples; j += blockDim.x) {
-        if (vres[4 * j] == ~0ull) continue;
-        const double v = rs_u64_as_double(vres[4 * j + 1]);
-        const double ref = rs_u64_as_double(vres[4 * j + 2]);
-        const double mag = rs_u64_as_double(vres[4 * j + 3]);
+        if (res[4 * j] == ~0ull) continue;
+        const double v = rs_u64_as_double(res[4 * j + 1]);
+        const double ref = rs_u64_as_double(res[4 * j + 2]);
+        const double mag = rs_u64_as_double(res[4 * j + 3]);
         // x - x is 0 exactly when x is finite.
         if (!(ref - ref == 0.0) || !(v - v == 0.0)) continue;
         const double tol = rel * mag + 1.1754943508222875e-38;
@@ -218,23 +201,40 @@ RS_DEVICE rs_u64 rs_guard_lowest_off(const rs_u64* res, rs_u64 nsamples, double 
 // and the lowest point off `j` (~0: none). One thread.
 RS_DEVICE void rs_guard_write_verdict(bool nonfinite, bool operands_finite, const rs_u64* res,
                                       rs_u64 j, double rel, rs_u64* verdict) {
-    const volatile rs_u64* vres = (const volatile rs_u64*)res;
     rs_u64 bits = 0;
     if (nonfinite && operands_finite) bits |= 1;
     verdict[2] = ~0ull;
     verdict[3] = verdict[4] = verdict[5] = 0;
     if (j != ~0ull) {
         bits |= 2;
-        const double tol = rel * rs_u64_as_double(vres[4 * j + 3]) + 1.1754943508222875e-38;
-        verdict[2] = vres[4 * j];
-        verdict[3] = vres[4 * j + 1];
-        verdict[4] = vres[4 * j + 2];
+        const double tol = rel * rs_u64_as_double(res[4 * j + 3]) + 1.1754943508222875e-38;
+        verdict[2] = res[4 * j];
+        verdict[3] = res[4 * j + 1];
+        verdict[4] = res[4 * j + 2];
         ((double*)verdict)[5] = tol;
     }
     verdict[0] = bits;
     verdict[1] = bits != 0 ? 1 : 0;
 }
 
+// ---------------------------------------------------------------- the guard's verdict
+//
+// conv3d_guard_decide: the guarded fallback's verdict (src/conv3d_chain/guard.rs)
+// over the counts and sampled points queued before it, decided on the device
+// so that no host waits for it. One 256-thread block; with a gate it runs only
+// when the gate is open.
+//   out_counts: the checked output's NaN and Inf counts (2 words);
+//   in_counts:  the operands' (input, weight, bias: 6 words), or null (not
+//               scanned: the output alone decides);
+//   res:        nsamples points as conv3d_check writes them. A point is judged
+//               as the host's `compare` judges it: not when its reference or
+//               its value is not finite (the counts judge those), else off
+//               when |value - reference| > rel * magnitude + FLT_MIN.
+// verdict (6 words, all written): [0] bits: 1 = a non-finite output from
+// finite operands (any non-finite output without in_counts), 2 = a sampled
+// point off; [1] = bits != 0 (the gate of the work that follows);
+// [2..6] the first off point (lowest j): index, value, reference, tolerance
+// (the last three doubles' bits), or ~0 and zeros.
 KERNEL void RS_HIP_BLOCK(256)
     conv3d_guard_decide(const rs_u64* gate, const rs_u64* out_counts, const rs_u64* in_counts,
                         const rs_u64* res, rs_u64 nsamples, double rel, rs_u64* verdict) {
@@ -377,13 +377,14 @@ static __device__ __forceinline__ void rs_guard_check(const T* __restrict__ x,
     __threadfence();
     const rs_u64 j = rs_guard_lowest_off(res, nsamples, rel);
     if (threadIdx.x != 0) return;
+    // The totals through atomics (where the blocks added them), then zero
+    // for the next launch (plain stores: seen by every later kernel).
     rs_u64 c[8];
-    volatile rs_u64* vacc = (volatile rs_u64*)acc;
     for (int i = 0; i < 8; ++i) {
         c[i] = atomicAdd(acc + 1 + i, 0ull);
-        vacc[1 + i] = 0;
+        acc[1 + i] = 0;
     }
-    vacc[0] = 0;
+    acc[0] = 0;
     const bool nonfinite = (c[0] | c[1]) != 0;
     if (repair == 0) {
         rec[0] = c[0];

@@ -23,8 +23,12 @@
 //!
 //! So a guarded call makes five driver calls (three launches, the copy,
 //! the event), six where the tiled kernel wants a weight layout and one
-//! more for a bf16 bias (widened to f32 for the tiled kernel), where the
-//! separate count, check and verdict launches took fourteen or more.
+//! more for a bf16 bias (widened to f32 for the tiled kernel); once the
+//! ring has wrapped, one more waits for the event of the slot's previous
+//! call (64 calls old: done), and a call on another stream than the last
+//! one's waits for that call's event on the device. The separate count,
+//! check and verdict launches, a memset and a second event took fifteen
+//! or more.
 //!
 //! Nothing waits on the host: the call returns a ticket, and the verdicts
 //! come back as [`GuardRecord`]s when a slot is reused (the ring holds
