@@ -17,7 +17,7 @@
 // The rest of the conv3d module lives in files this one includes (each
 // reads the definitions above; none is compiled on its own):
 //   conv3d_naive.hip     conv3d_naive_{f32,bf16}
-//   conv3d_check.hip     conv3d_check_*, conv3d_locate_nonfinite_f32
+//   conv3d_check.hip     conv3d_check_*, conv3d_locate_nonfinite_f32, conv3d_guard_*
 //   conv3d_backward.hip  conv3d_bwd_* (the naive gradients), the flip, the zero insertion
 //   conv3d_wgrad.hip     conv3d_bwd_weight_tiled_* (the tiled weight gradient, split-K)
 #pragma once

@@ -64,6 +64,12 @@ static __device__ inline void __syncthreads() {
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
 
+// A fence of every memory access at device (agent) scope, as HIP's
+// __threadfence: what a thread wrote before it is seen by any thread of the
+// device that synchronises with what it does after it (an atomic), and
+// nothing read after it is older than that.
+static __device__ inline void __threadfence() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
+
 // HIP's 16-byte vector of floats (aligned, so one load or store moves it).
 struct __align__(16) float4 {
     float x, y, z, w;

@@ -16,10 +16,14 @@ use common::conv3d::assert_close;
 use common::conv3d_device::{chain, tiled_case, upload, DeviceData};
 use common::Open;
 use half::bf16;
-use rocm_safe::conv3d::{reference_point, Conv3dParams, Conv3dProblem};
+use rocm_safe::conv3d::{reference_point, Conv3dGeometry, Conv3dParams, Conv3dProblem};
 use rocm_safe::conv3d_chain::{Conv3dGuard, GuardRecord, Guarded, GuardedOutput, GUARD_SLOTS};
+use rocm_safe::convert::Element;
 use rocm_safe::device::faults::{FaultKind, FaultPlan, FaultRule, Faults, When};
-use rocm_safe::device::{Device, DeviceBuffer, Stream};
+use rocm_safe::device::{
+    Device, DeviceBuffer, DeviceView, GuardStage, Stream, CHECK_WORDS, GUARD_ACC_WORDS,
+    GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_WORDS,
+};
 use rocm_safe::Error;
 
 /// The f64 reference of every output point, as f32.
@@ -344,6 +348,245 @@ fn a_check_that_cannot_run_is_an_error(open: Open<'_>) {
     assert!(matches!(e, Error::InjectedFault { .. }), "{e}");
 }
 
+/// Input, weight, f32 bias, output.
+type Ops<'r, 'v, T, Y> = (
+    &'r DeviceView<'v, T>,
+    &'r DeviceView<'v, T>,
+    Option<&'r DeviceView<'v, f32>>,
+    &'r DeviceView<'v, Y>,
+);
+
+/// The words the separate launches write for one fused check: the output's
+/// counts, the operands' (for a repair), the points and the verdict.
+#[allow(clippy::too_many_arguments)]
+fn separate<T: Element, Y: Element>(
+    s: &Stream,
+    g: &Conv3dGeometry,
+    (x, w, b, y): Ops<'_, '_, T, Y>,
+    samples: usize,
+    rel: f64,
+    repair: bool,
+) -> (Vec<u64>, Vec<u64>) {
+    let mut oc = s.alloc_zeros::<u64>(2).unwrap();
+    s.count_nonfinite_into(y, &mut oc.view_mut()).unwrap();
+    let mut ic = s.alloc_zeros::<u64>(6).unwrap();
+    if repair {
+        s.count_nonfinite_into(x, &mut ic.slice_mut(0..2).unwrap())
+            .unwrap();
+        s.count_nonfinite_into(w, &mut ic.slice_mut(2..4).unwrap())
+            .unwrap();
+        if let Some(b) = b {
+            s.count_nonfinite_into(b, &mut ic.slice_mut(4..6).unwrap())
+                .unwrap();
+        }
+    }
+    let mut res = s.alloc_zeros::<u64>(CHECK_WORDS * samples.max(1)).unwrap();
+    let mut res = res.slice_mut(..CHECK_WORDS * samples).unwrap();
+    s.conv3d_check(g, x, w, b, y, (samples, 5), None, &mut res)
+        .unwrap();
+    let mut verdict = s.alloc_zeros::<u64>(VERDICT_WORDS).unwrap();
+    let ic_view = ic.view();
+    let words = (&oc.view(), repair.then_some(&ic_view), &res.as_view());
+    s.conv3d_guard_decide(words, rel, &mut verdict.view_mut(), None)
+        .unwrap();
+    let mut record = oc.to_vec().unwrap();
+    if repair {
+        record = [ic.to_vec().unwrap(), record].concat();
+    }
+    record.extend(verdict.to_vec().unwrap());
+    (record, res.as_view().to_vec(s).unwrap())
+}
+
+/// One fused check (`conv3d_guard_check`) behind `gate`: the record
+/// (pre-filled with a sentinel), the points and the accumulators read back.
+#[allow(clippy::too_many_arguments)]
+fn fused<T: Element, Y: Element>(
+    s: &Stream,
+    g: &Conv3dGeometry,
+    ops: Ops<'_, '_, T, Y>,
+    samples: usize,
+    rel: f64,
+    stage: GuardStage,
+    gate: Option<u64>,
+) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+    let words = match stage {
+        GuardStage::Output => GUARD_RECORD_WORDS,
+        _ => GUARD_REPAIR_WORDS,
+    };
+    let mut record = s.clone_htod(&vec![0xdead_u64; words]).unwrap();
+    let mut res = s.alloc_zeros::<u64>(CHECK_WORDS * samples.max(1)).unwrap();
+    let mut res = res.slice_mut(..CHECK_WORDS * samples).unwrap();
+    let mut acc = s.alloc_zeros::<u64>(GUARD_ACC_WORDS).unwrap();
+    let gate = gate.map(|v| s.clone_htod(&[v]).unwrap());
+    // Twice: the accumulators the first launch leaves must be zero again,
+    // or the second launch's record would differ.
+    for _ in 0..2 {
+        s.conv3d_guard_check(
+            g,
+            ops,
+            (samples, 5, rel),
+            stage,
+            (&mut res, &mut acc.view_mut(), &mut record.view_mut()),
+            gate.as_ref().map(|b| b.view()).as_ref(),
+        )
+        .unwrap();
+    }
+    (
+        record.to_vec().unwrap(),
+        res.as_view().to_vec(s).unwrap(),
+        acc.to_vec().unwrap(),
+    )
+}
+
+/// Compares the fused check of `y` with the separate launches, at both
+/// stages, and a closed gate with nothing written.
+fn fused_matches<T: Element, Y: Element>(
+    s: &Stream,
+    g: &Conv3dGeometry,
+    ops: Ops<'_, '_, T, Y>,
+    samples: usize,
+    rel: f64,
+) {
+    for (stage, repair) in [(GuardStage::Output, false), (GuardStage::Repair, true)] {
+        let (want, want_res) = separate(s, g, ops, samples, rel, repair);
+        let gate = repair.then_some(1);
+        let (got, got_res, acc) = fused(s, g, ops, samples, rel, stage, gate);
+        assert_eq!(
+            acc,
+            vec![0; GUARD_ACC_WORDS],
+            "{stage:?}: accumulators left"
+        );
+        assert_eq!(got_res, want_res, "{stage:?}: points");
+        if repair {
+            assert_eq!(got, want, "{stage:?}");
+        } else {
+            assert_eq!(got[..2 + VERDICT_WORDS], want[..], "{stage:?}");
+            assert!(got[2 + VERDICT_WORDS..].iter().all(|&w| w == 0), "{got:?}");
+        }
+        let (closed, _, acc) = fused(s, g, ops, samples, rel, stage, Some(0));
+        assert!(closed.iter().all(|&w| w == 0xdead), "{stage:?}: {closed:?}");
+        assert_eq!(acc, vec![0; GUARD_ACC_WORDS]);
+    }
+}
+
+/// The fused check (one launch: counts, points, verdict) writes what the
+/// separate count, check and verdict launches write, for the output and
+/// for a repair (with the operands' counts), f32 and bf16, right, NaN and
+/// wrong outputs, a NaN input, and an output large enough for hundreds of
+/// blocks; a closed gate writes nothing; the accumulators are left zero.
+fn the_fused_check_matches_the_separate_launches(dev: &Device) {
+    let s = dev.stream().unwrap();
+    let (case, mut data) = tiled_case();
+    for nan_input in [false, true] {
+        if nan_input {
+            data.x[5] = f32::NAN;
+            data.xb[5] = bf16::NAN;
+        }
+        for bf16_in in [false, true] {
+            let p = data.problem(&case, bf16_in);
+            let g = p.geometry;
+            let u = upload(&s, &p, false);
+            let b = u.b.as_ref().map(|b| match b {
+                DeviceData::F32(b) => b.view(),
+                DeviceData::BF16(_) => unreachable!("an f32 bias"),
+            });
+            for how in [Written::Right, Written::Nan, Written::Zeros] {
+                let out = Out::new(&s, &written(&p, &how), bf16_in);
+                for samples in [0, 16, 300] {
+                    match (&u.x, &u.w, &out) {
+                        (DeviceData::F32(x), DeviceData::F32(w), Out::F32(y)) => {
+                            let ops = (&x.view(), &w.view(), b.as_ref(), &y.view());
+                            fused_matches(&s, &g, ops, samples, 1e-4);
+                        }
+                        (DeviceData::BF16(x), DeviceData::BF16(w), Out::BF16(y)) => {
+                            let ops = (&x.view(), &w.view(), b.as_ref(), &y.view());
+                            fused_matches(&s, &g, ops, samples, 1e-2);
+                        }
+                        _ => unreachable!("one dtype"),
+                    }
+                }
+            }
+        }
+    }
+    // Hundreds of blocks of counts: 8 x 14 x 30 x 30 outputs (zeros, two
+    // NaNs and an infinity: wrong at every point the check samples).
+    let g = Conv3dGeometry::new(
+        Conv3dParams::default(),
+        &[1, 4, 16, 32, 32],
+        &[8, 4, 3, 3, 3],
+    )
+    .unwrap();
+    let xv: Vec<f32> = (0..4 * 16 * 32 * 32)
+        .map(|i| (i % 7) as f32 - 3.0)
+        .collect();
+    let wv: Vec<f32> = (0..8 * 4 * 27).map(|i| (i % 5) as f32 * 0.25).collect();
+    let mut yv = vec![0f32; g.output_len()];
+    yv[17] = f32::NAN;
+    yv[g.output_len() - 3] = f32::NAN;
+    yv[g.output_len() / 2] = f32::INFINITY;
+    let (x, w, y) = (
+        s.clone_htod(&xv).unwrap(),
+        s.clone_htod(&wv).unwrap(),
+        s.clone_htod(&yv).unwrap(),
+    );
+    for samples in [0, 64] {
+        let ops = (&x.view(), &w.view(), None, &y.view());
+        fused_matches(&s, &g, ops, samples, 1e-4);
+    }
+}
+
+/// Guarded calls alternating between two streams share the guard's
+/// buffers (each waits for the last call's event on the other stream):
+/// every record is its own call's, every output right.
+fn calls_on_two_streams_keep_their_verdicts(dev: &Device) {
+    let (case, data) = tiled_case();
+    let p = data.problem(&case, false);
+    let streams = [dev.stream().unwrap(), dev.stream().unwrap()];
+    let u = upload(&streams[0], &p, false);
+    streams[0].synchronize().unwrap();
+    let g = p.geometry;
+    let guard = Conv3dGuard::new(dev);
+    let c = chain(dev);
+    let right = written(&p, &Written::Right);
+    let wrong = written(&p, &Written::Zeros);
+    let mut outs = Vec::new();
+    let mut seen = Vec::new();
+    let calls = 12;
+    for i in 0..calls {
+        let s = &streams[i % 2];
+        let v = if i % 3 == 1 { &wrong } else { &right };
+        outs.push(Out::new(s, v, false));
+        let out = outs.last_mut().unwrap();
+        let r = guard
+            .guard(
+                &c,
+                s,
+                g.params,
+                (u.x.data(), &g.input_shape()),
+                (u.w.data(), &g.weight_shape()),
+                u.b.as_ref().map(DeviceData::data),
+                out.guarded(),
+                (16, 1e-4),
+            )
+            .unwrap();
+        let Guarded::Queued { records, .. } = r else {
+            panic!("not queued: {r:?}")
+        };
+        seen.extend(records);
+    }
+    seen.extend(guard.harvest().unwrap());
+    assert_eq!(seen.len(), calls);
+    for r in &seen {
+        let wrong = r.ticket % 3 == 1;
+        assert_eq!(r.repaired, wrong, "{r:?}");
+        assert_eq!(r.output_failed(), wrong, "{r:?}");
+        assert!(!r.repair_failed(), "{r:?}");
+    }
+    for o in &outs {
+        assert_close("two streams", &p, &o.read(), 1e-5);
+    }
+}
+
 per_device!(
     a_right_output_is_left_alone,
     wrong_outputs_are_repaired,
@@ -353,6 +596,8 @@ per_device!(
     what_the_guard_refuses,
     a_failed_repair_is_reported,
     a_check_that_cannot_run_is_an_error,
+    the_fused_check_matches_the_separate_launches,
+    calls_on_two_streams_keep_their_verdicts,
 );
 
 /// A gated weight layout is made only when its gate is open; the standard

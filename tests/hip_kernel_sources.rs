@@ -140,6 +140,8 @@ fn kernels_that_assume_their_block_size_have_a_hip_launch_bound() {
         ("conv3d.hip", "conv3d_tiled_bf16"),
         ("conv3d_check.hip", "conv3d_check_f32"),
         ("conv3d_check.hip", "conv3d_check_bf16"),
+        ("conv3d_check.hip", "conv3d_guard_check_f32"),
+        ("conv3d_check.hip", "conv3d_guard_check_bf16"),
         ("conv3d_backward.hip", "conv3d_bwd_weight_f32"),
         ("conv3d_backward.hip", "conv3d_bwd_weight_bf16"),
         ("conv3d_backward.hip", "conv3d_bwd_bias_f32"),

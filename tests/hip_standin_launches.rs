@@ -21,7 +21,7 @@ use half::{bf16, f16};
 use rocm_safe::conv3d::{
     Conv3dBackwardProblem, Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem,
 };
-use rocm_safe::conv3d_chain::Conv3dChain;
+use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dGuard, DeviceConv3dData, Guarded, GuardedOutput};
 use rocm_safe::device::{tiled_wgrad_split, Conv3dKernel};
 use rocm_safe::diagnostics::{read_code_object, CodeObjectInfo, KernelResources};
 use rocm_safe::Error;
@@ -625,7 +625,40 @@ fn check_every_launch(arch: &str) -> R {
     Conv3dChain::for_device(&dev)
         .run_backward(&bp)
         .map_err(err("conv3d backward chain"))?;
+    // The guarded fallback: its fused checks (before and behind the gate)
+    // and its gated repair, checked as the chain's launches are.
+    let (gx, gw) = (
+        s.clone_htod(&x).map_err(err("upload"))?,
+        s.clone_htod(&w).map_err(err("upload"))?,
+    );
+    let mut gy = s
+        .alloc::<f32>(p.geometry.output_len())
+        .map_err(err("alloc"))?;
+    let queued = Conv3dGuard::new(&dev)
+        .guard(
+            &Conv3dChain::for_device(&dev),
+            &s,
+            g.params,
+            (DeviceConv3dData::F32(gx.view()), &[2usize, 4, 5, 6, 7][..]),
+            (DeviceConv3dData::F32(gw.view()), &[16usize, 2, 3, 2, 2][..]),
+            Some(DeviceConv3dData::F32(bias.view())),
+            GuardedOutput::F32(gy.view_mut()),
+            (8, 1e-4),
+        )
+        .map_err(err("conv3d guard"))?;
+    ensure!(
+        matches!(queued, Guarded::Queued { .. }),
+        "the guard queued nothing: {queued:?}"
+    );
     let chain = st.launches().split_off(before);
+    ensure!(
+        chain
+            .iter()
+            .filter(|l| l.name == "conv3d_guard_check_f32")
+            .count()
+            == 2,
+        "the guard did not launch its two fused checks"
+    );
     for name in ["conv3d_zero_insert_u32", "conv3d_flip_weight_u32"] {
         ensure!(
             chain.iter().any(|l| l.name == name),

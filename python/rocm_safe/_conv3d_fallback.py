@@ -119,13 +119,15 @@ def _finite(*ts) -> bool:
 def _signature(kind, input, weight, bias, *params) -> Tuple:
     """What identifies a call for the memory of failed torch calls: the
     function, shapes, dtype, device and parameters (never the values)."""
+    # (torch.Size is a tuple; dtypes and devices compare and hash by value:
+    # the same partition of calls as their strings, made faster.)
     return (
         kind,
         tuple(input.shape),
         tuple(weight.shape),
         None if bias is None else tuple(bias.shape),
-        str(input.dtype),
-        str(input.device),
+        input.dtype,
+        input.device,
     ) + tuple(repr(p) for p in params)
 
 
@@ -249,6 +251,49 @@ def _unguardable(out, input, weight, bias) -> Optional[str]:
     return None
 
 
+# The guarded path runs on every conv3d call: what it can compute once is
+# kept here. The parameters as the native call takes them, by (stride,
+# padding, dilation, kernel size) when those are hashable (bounded: cleared
+# when full); the runtime's name; torch's DLPack export.
+_guard_params: Dict[Tuple, Tuple] = {}
+_GUARD_PARAMS_MAX = 1024
+_guard_backend: List[Optional[str]] = [None]
+_to_dlpack = torch.utils.dlpack.to_dlpack
+
+
+def _plain(v) -> bool:
+    """Whether a parameter is an int, a string or a tuple of ints (a key
+    that hashes and compares by value)."""
+    t = type(v)
+    return t is int or t is str or (t is tuple and all(type(e) is int for e in v))
+
+
+def _guard_params_of(weight, stride, padding, dilation) -> Tuple:
+    """``(stride, padding, dilation)`` as triples (``TypeError`` /
+    ``ValueError`` as ``_triple`` and ``_padding`` raise them)."""
+    key = None
+    if all(_plain(v) for v in (stride, padding, dilation)):
+        key = (stride, padding, dilation, tuple(weight.shape[2:]))
+        hit = _guard_params.get(key)
+        if hit is not None:
+            return hit
+    stride_t = _triple(stride, "stride")
+    dilation_t = _triple(dilation, "dilation")
+    padding_t = _padding(padding, weight, stride_t, dilation_t)
+    triples = (stride_t, padding_t, dilation_t)
+    if key is not None:
+        if len(_guard_params) >= _GUARD_PARAMS_MAX:
+            _guard_params.clear()
+        _guard_params[key] = triples
+    return triples
+
+
+def _pack(t: torch.Tensor):
+    """``t``'s DLPack capsule (``to_dlpack`` refuses tensors that require
+    gradients: their detached alias then, the same memory)."""
+    return _to_dlpack(t.detach() if t.requires_grad else t)
+
+
 def _guard(out, args, sig, verify: bool) -> Optional[str]:
     """Queues the guard of torch's conv3d output ``out`` on torch's stream
     (the NaN/Inf count, with ``verify`` the sampled f64 points, and the
@@ -256,29 +301,29 @@ def _guard(out, args, sig, verify: bool) -> Optional[str]:
     could not be queued (the caller checks synchronously then)."""
     input, weight, bias, stride, padding, dilation, groups = args
     try:
-        stride_t = _triple(stride, "stride")
-        dilation_t = _triple(dilation, "dilation")
-        padding_t = _padding(padding, weight, stride_t, dilation_t)
+        stride_t, padding_t, dilation_t = _guard_params_of(weight, stride, padding, dilation)
     except (TypeError, ValueError):
         return "parameters"
     x, y = input, out
     if x.dim() == 4:
         x, y = x.unsqueeze(0), y.unsqueeze(0)
     dev, stream = _device_and_stream(x.device)
-    pack = torch.utils.dlpack.to_dlpack
+    backend = _guard_backend[0]
+    if backend is None:
+        backend = _guard_backend[0] = _backend()
     try:
         ticket, records = _native.conv3d_guard(
             dev,
             stream,
-            pack(x.detach()),
-            pack(weight.detach()),
-            None if bias is None else pack(bias.detach()),
-            pack(y.detach()),
-            list(stride_t),
-            list(padding_t),
-            list(dilation_t),
+            _pack(x),
+            _pack(weight),
+            None if bias is None else _pack(bias),
+            _pack(y),
+            stride_t,
+            padding_t,
+            dilation_t,
             groups,
-            _backend(),
+            backend,
             verify,
             _tf32_tolerance(x),
         )
@@ -286,7 +331,8 @@ def _guard(out, args, sig, verify: bool) -> Optional[str]:
         # Not taken, or not queued whole: the synchronous checks decide.
         return f"{type(e).__name__}: {e}"
     _guard_devices.add(dev)
-    _take_records(dev, records)
+    if records:
+        _take_records(dev, records)
     if ticket is None:
         return "the tiled kernel does not take it"
     _pending[(dev, ticket)] = (sig, "conv3d")

@@ -5,17 +5,30 @@
 //! computed (torch's conv3d, on torch's stream) and queues behind it, on
 //! the same stream:
 //!
-//! 1. the output's NaN/Inf count and, when asked, the device check of
-//!    sampled points (f64 recomputation from the operands);
-//! 2. the verdict ([`Stream::conv3d_guard_decide`]): its second word is the
-//!    *gate* of everything that follows;
-//! 3. behind the gate (each kernel reads it as it starts and returns at
-//!    once when it is zero): the operands' NaN/Inf counts, the tiled
-//!    kernel writing the convolution over the output in place (f32, or
-//!    bf16 rounded to nearest even), and that repair's own checks (count,
-//!    the chain's sampled points, verdict);
-//! 4. an asynchronous copy of the counts and both verdicts (22 words) into
-//!    a pinned slot of a ring, and an event.
+//! 1. one launch ([`Stream::conv3d_guard_check`], [`GuardStage::Output`]):
+//!    the output's NaN/Inf count, when asked the device check of sampled
+//!    points (f64 recomputation from the operands), and the verdict, whose
+//!    second word is the *gate* of everything that follows (the launch
+//!    also zeroes the repair's words of the record, so no per-call memset);
+//! 2. behind the gate (each kernel reads it as it starts and returns at
+//!    once when it is zero): the weight's layout where the tiled kernel
+//!    wants one, the tiled kernel writing the convolution over the output
+//!    in place (f32, or bf16 rounded to nearest even), and one launch of
+//!    that repair's own checks ([`GuardStage::Repair`]: the operands'
+//!    NaN/Inf counts, the repaired output's, the chain's sampled points,
+//!    the verdict);
+//! 3. an asynchronous copy of the counts and both verdicts (22 words) into
+//!    a pinned slot of a ring, and the slot's event (which a later call on
+//!    another stream waits for before it reuses the buffers).
+//!
+//! So a guarded call makes five driver calls (three launches, the copy,
+//! the event), six where the tiled kernel wants a weight layout and one
+//! more for a bf16 bias (widened to f32 for the tiled kernel); once the
+//! ring has wrapped, one more waits for the event of the slot's previous
+//! call (64 calls old: done), and a call on another stream than the last
+//! one's waits for that call's event on the device. The separate count,
+//! check and verdict launches, a memset and a second event took fifteen
+//! or more.
 //!
 //! Nothing waits on the host: the call returns a ticket, and the verdicts
 //! come back as [`GuardRecord`]s when a slot is reused (the ring holds
@@ -40,24 +53,29 @@ use super::device_run::{validate, DeviceConv3dData, DeviceScratch};
 use super::Conv3dChain;
 use crate::conv3d::{Conv3dGeometry, Conv3dParams, ShapeDim};
 use crate::device::{
-    Conv3dKernel, Conv3dWeightLayout, Device, DeviceBuffer, DeviceView, DeviceViewMut, Event,
-    GuardVerdict, PinnedBuffer, RawStream, Stream, CHECK_MAX_SAMPLES, CHECK_WORDS, VERDICT_WORDS,
+    CheckBias, Conv3dKernel, Conv3dWeightLayout, Device, DeviceBuffer, DeviceView, DeviceViewMut,
+    GuardStage, GuardVerdict, PinnedBuffer, RawStream, Stream, CHECK_MAX_SAMPLES, CHECK_WORDS,
+    GUARD_ACC_WORDS, GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_WORDS,
 };
 use crate::error::{Error, Result};
 
 /// Guarded calls whose verdicts can be in flight at once (the pinned ring).
 pub const GUARD_SLOTS: usize = 64;
 
-/// Words of the device header: output counts (2), verdict (6), operand
-/// counts (6), the repair's counts (2) and verdict (6), padding.
+/// Words of the device header: the record (output counts (2), verdict
+/// (6), operand counts (6), the repair's counts (2) and verdict (6)),
+/// padding.
 const HEAD: usize = 32;
-/// The words copied back per call.
-const RECORD_WORDS: usize = 22;
-const OUT_COUNTS: std::ops::Range<usize> = 0..2;
+/// The words copied back per call: the record.
+const RECORD_WORDS: usize = GUARD_RECORD_WORDS;
 const VERDICT: std::ops::Range<usize> = 2..8;
 const IN_COUNTS: std::ops::Range<usize> = 8..14;
-const REPAIR_COUNTS: std::ops::Range<usize> = 14..16;
 const REPAIR_VERDICT: std::ops::Range<usize> = 16..22;
+// The record is the output stage's: its counts and verdict, then the
+// repair stage's words.
+const _: () = assert!(RECORD_WORDS == VERDICT.end + GUARD_REPAIR_WORDS);
+const _: () = assert!(REPAIR_VERDICT.end == RECORD_WORDS && RECORD_WORDS <= HEAD);
+const _: () = assert!(VERDICT.end - VERDICT.start == VERDICT_WORDS);
 
 /// An output to guard, in device memory, written in place when repaired.
 #[derive(Debug)]
@@ -154,16 +172,20 @@ struct Slot {
 struct State {
     /// Header and both calls' sampled points.
     words: Option<DeviceBuffer<u64>>,
+    /// The fused checks' accumulators: zeroed once when made, left zero
+    /// by every check that runs.
+    acc: Option<DeviceBuffer<u64>>,
     /// The tiled kernel's weight layout.
     layout: Option<DeviceBuffer<u32>>,
     /// A bf16 bias widened to f32.
     bias: Option<DeviceBuffer<f32>>,
-    /// Recorded after the last call's work, on its stream: the next call
-    /// (on any stream) waits for it on the device before reusing the
-    /// buffers.
-    last: Option<Event>,
-    /// The stream `last` was recorded on (a call on the same stream needs
-    /// no wait: its work is ordered already).
+    /// The slot of the last call queued: its event, recorded after that
+    /// call's work on its stream, is what the next call (on another
+    /// stream) waits for on the device before reusing the buffers (none
+    /// once the host waited for it).
+    last_slot: Option<usize>,
+    /// The stream of the last call (a call on the same stream needs no
+    /// wait: its work is ordered already).
     last_stream: Option<RawStream>,
     slots: Vec<Slot>,
     next_ticket: u64,
@@ -277,11 +299,22 @@ impl Conv3dGuard {
         };
         let need = HEAD + CHECK_WORDS * (s1 + s2);
         let words = DeviceScratch::ensure(alloc_on, &mut st.words, need)?;
-        if let Some(ev) = &st.last {
-            if st.last_stream != Some(stream.raw()) {
+        if st.last_stream != Some(stream.raw()) {
+            let last = st.last_slot.and_then(|i| st.slots.get(i));
+            if let Some(ev) = last.and_then(|slot| slot.words.pending_event()) {
                 stream.wait(ev)?;
             }
         }
+        let acc = match &mut st.acc {
+            Some(acc) => acc,
+            None => {
+                let mut acc = alloc_on.alloc::<u64>(GUARD_ACC_WORDS)?;
+                // On the call's stream: ordered before the checks below, and
+                // every later call is ordered after this one's.
+                acc.view_mut().memset_zero(stream)?;
+                st.acc.insert(acc)
+            }
+        };
         let k = g.out_channels;
         let bias_f32 = DeviceScratch::bias_f32(stream, alloc_on, &mut st.bias, bias, k)?;
         let dtype = input.0.dtype();
@@ -305,20 +338,16 @@ impl Conv3dGuard {
             samples: (s1, s2, seed),
             rel: (rel_tol, repair_rel),
         };
-        queue(stream, &plan, words, layout_buf, &mut output)?;
+        queue(stream, &plan, (words, acc), layout_buf, &mut output)?;
         let Some(slot) = st.slots.get_mut(slot_at) else {
             return Err(no_slot());
         };
+        // The copy records the slot's event after it: the next call's wait.
         words
             .slice(..RECORD_WORDS)?
             .copy_dtoh_async(stream, &mut slot.words)?;
         slot.ticket = Some(ticket);
-        let ev = match st.last.take() {
-            Some(ev) => ev,
-            None => self.device.event()?,
-        };
-        stream.record(&ev)?;
-        st.last = Some(ev);
+        st.last_slot = Some(slot_at);
         st.last_stream = Some(stream.raw());
         st.next_ticket += 1;
         Ok(Guarded::Queued { ticket, records })
@@ -370,78 +399,66 @@ struct Plan<'p, 'a> {
     rel: (f64, f64),
 }
 
-/// Queues the checks, the verdict, the gated repair and its checks into
-/// `words` (header, then both calls' points).
+/// Queues the output's fused check (its verdict's word 1 is the gate), the
+/// gated repair and the repair's fused check into `words` (header, then
+/// both calls' points), accumulating in `acc`.
 fn queue(
     s: &Stream,
     p: &Plan<'_, '_>,
-    words: &mut DeviceBuffer<u64>,
+    (words, acc): (&mut DeviceBuffer<u64>, &mut DeviceBuffer<u64>),
     layout_buf: Option<&mut DeviceBuffer<u32>>,
     out: &mut GuardedOutput<'_>,
 ) -> Result<()> {
     let (s1, s2, seed) = p.samples;
     let all = words.view_mut();
-    let (mut head, rest) = all.split_at_mut(HEAD)?;
-    head.memset_zero(s)?;
+    let (head, rest) = all.split_at_mut(HEAD)?;
+    let (mut record, _) = head.split_at_mut(RECORD_WORDS)?;
     let (mut res1, rest) = rest.split_at_mut(CHECK_WORDS * s1)?;
     let (mut res2, _) = rest.split_at_mut(CHECK_WORDS * s2)?;
-    let (mut out_counts, h) = head.split_at_mut(OUT_COUNTS.end)?;
-    let (mut verdict, h) = h.split_at_mut(VERDICT.len())?;
-    let (mut in_counts, h) = h.split_at_mut(IN_COUNTS.len())?;
-    let (mut rcounts, h) = h.split_at_mut(REPAIR_COUNTS.len())?;
-    let (mut rverdict, _) = h.split_at_mut(REPAIR_VERDICT.len())?;
-    debug_assert_eq!(VERDICT.len(), VERDICT_WORDS);
-    // 1. The output's counts and sampled points.
-    count_output(s, out, &mut out_counts, None)?;
-    if s1 > 0 {
-        check_output(s, p, out, (s1, seed), &mut res1, None)?;
-    }
-    // 2. The verdict: its word 1 gates the rest.
-    let counts = (&out_counts.as_view(), None, &res1.as_view());
-    s.conv3d_guard_decide(counts, p.rel.0, &mut verdict, None)?;
-    let verdict = verdict.as_view();
-    let gate = verdict.slice(1..2)?;
+    let mut acc = acc.view_mut();
+    // 1. The output's counts, points and verdict (every record word).
+    let first = (&mut res1, &mut acc, &mut record);
+    check(
+        s,
+        p,
+        out,
+        (s1, seed, p.rel.0),
+        GuardStage::Output,
+        first,
+        None,
+    )?;
+    // 2. Behind the gate: the repair, then its counts (the operands' too),
+    // points and verdict into the record's last words.
+    let (verdict, mut rrecord) = record.split_at_mut(VERDICT.end)?;
+    let gate = verdict
+        .as_view()
+        .slice(VERDICT.start + 1..VERDICT.start + 2)?;
     let gate = Some(&gate);
-    // 3. Behind the gate: the operands' counts, the repair, its checks.
-    for (i, d) in [Some(p.x), Some(p.w), p.bias].into_iter().enumerate() {
-        if let Some(d) = d {
-            let mut c = in_counts.slice_mut(2 * i..2 * i + 2)?;
-            d.count_nonfinite_gated_into(s, &mut c, gate)?;
-        }
-    }
     repair(s, p, layout_buf, out, gate)?;
-    count_output(s, out, &mut rcounts, gate)?;
-    if s2 > 0 {
-        check_output(s, p, out, (s2, seed), &mut res2, gate)?;
-    }
-    let rcounts = (
-        &rcounts.as_view(),
-        Some(&in_counts.as_view()),
-        &res2.as_view(),
-    );
-    s.conv3d_guard_decide(rcounts, p.rel.1, &mut rverdict, gate)
+    let second = (&mut res2, &mut acc, &mut rrecord);
+    check(
+        s,
+        p,
+        out,
+        (s2, seed, p.rel.1),
+        GuardStage::Repair,
+        second,
+        gate,
+    )
 }
 
-/// The output's NaN/Inf counts into `counts`.
-fn count_output(
-    s: &Stream,
-    out: &GuardedOutput<'_>,
-    counts: &mut DeviceViewMut<'_, u64>,
-    gate: Option<&DeviceView<'_, u64>>,
-) -> Result<()> {
-    match out {
-        GuardedOutput::F32(y) => s.count_nonfinite_gated_into(&y.as_view(), counts, gate),
-        GuardedOutput::BF16(y) => s.count_nonfinite_gated_into(&y.as_view(), counts, gate),
-    }
-}
-
-/// The device check of `out` at `samples` points into `results`.
-fn check_output(
+/// The fused check of `out` ([`Stream::conv3d_guard_check`]) at `stage`.
+fn check(
     s: &Stream,
     p: &Plan<'_, '_>,
     out: &GuardedOutput<'_>,
-    sampling: (usize, u64),
-    results: &mut DeviceViewMut<'_, u64>,
+    sampling: (usize, u64, f64),
+    stage: GuardStage,
+    words: (
+        &mut DeviceViewMut<'_, u64>,
+        &mut DeviceViewMut<'_, u64>,
+        &mut DeviceViewMut<'_, u64>,
+    ),
     gate: Option<&DeviceView<'_, u64>>,
 ) -> Result<()> {
     use DeviceConv3dData::{BF16, F32};
@@ -449,19 +466,17 @@ fn check_output(
         ($x:expr, $w:expr, $y:expr) => {
             match p.bias {
                 Some(F32(b)) => {
-                    s.conv3d_check_gated(p.g, ($x, $w, Some(&b), $y), sampling, None, results, gate)
+                    let ops = ($x, $w, Some(&b) as CheckBias<'_, '_, f32>, $y);
+                    s.conv3d_guard_check(p.g, ops, sampling, stage, words, gate)
                 }
                 Some(BF16(b)) => {
-                    s.conv3d_check_gated(p.g, ($x, $w, Some(&b), $y), sampling, None, results, gate)
+                    let ops = ($x, $w, Some(&b) as CheckBias<'_, '_, bf16>, $y);
+                    s.conv3d_guard_check(p.g, ops, sampling, stage, words, gate)
                 }
-                None => s.conv3d_check_gated::<_, f32, _>(
-                    p.g,
-                    ($x, $w, None, $y),
-                    sampling,
-                    None,
-                    results,
-                    gate,
-                ),
+                None => {
+                    let ops = ($x, $w, None as CheckBias<'_, '_, f32>, $y);
+                    s.conv3d_guard_check(p.g, ops, sampling, stage, words, gate)
+                }
             }
         };
     }

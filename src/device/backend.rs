@@ -27,8 +27,8 @@
 
 use super::conv3d::{
     Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch,
-    Conv3dGuardDecide, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout,
-    Conv3dZeroInsertLaunch,
+    Conv3dGuardCheck, Conv3dGuardDecide, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch,
+    Conv3dWeightLayout, Conv3dZeroInsertLaunch,
 };
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
@@ -370,6 +370,15 @@ pub enum KernelOp<'a> {
         /// The decision.
         args: &'a Conv3dGuardDecide,
     },
+    /// The guarded fallback's fused check on the device
+    /// (`conv3d_guard_check_{f32,bf16}`; see [`Conv3dGuardCheck`]): the
+    /// NaN/Inf counts, the sampled points and the verdict in one launch.
+    /// Reads the operands and the output, writes the points, the record
+    /// and (on a GPU) the accumulators, which it leaves zero.
+    Conv3dGuardCheck {
+        /// The check.
+        args: &'a Conv3dGuardCheck,
+    },
     /// The data or weight gradient `args` describes (op
     /// [`Conv3dBackwardOp::Data`](crate::conv3d::Conv3dBackwardOp::Data) or
     /// [`Weight`](crate::conv3d::Conv3dBackwardOp::Weight); the weight in
@@ -436,6 +445,7 @@ impl KernelOp<'_> {
             KernelOp::ConvertFingerprint { .. } => "convert_fingerprint",
             KernelOp::CountNonFinite { .. } => "count_nonfinite",
             KernelOp::Conv3dGuardDecide { .. } => "conv3d_guard_decide",
+            KernelOp::Conv3dGuardCheck { .. } => "conv3d_guard_check",
             KernelOp::ClampNonFinite { .. } => "clamp_nonfinite",
             KernelOp::Conv3d { .. } => "conv3d",
             KernelOp::Conv3dVendor { .. } => "conv3d_vendor",

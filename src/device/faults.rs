@@ -607,7 +607,8 @@ unsafe impl<B: Backend> Backend for Faults<B> {
             }
             KernelOp::Conv3dCheck { .. }
             | KernelOp::Conv3dBackwardCheck { .. }
-            | KernelOp::Conv3dGuardDecide { .. } => {
+            | KernelOp::Conv3dGuardDecide { .. }
+            | KernelOp::Conv3dGuardCheck { .. } => {
                 self.launch(name)?;
                 if self.fires(FaultKind::Conv3dCheckFailure, name) {
                     return Err(Self::injected(FaultKind::Conv3dCheckFailure, name));

@@ -519,6 +519,9 @@ unsafe impl<R: Runtime> Backend for Gpu<R> {
                 }
             }
             KernelOp::Conv3dGuardDecide { args } => KernelCall::conv3d_guard_decide(args)?,
+            KernelOp::Conv3dGuardCheck { args } => {
+                KernelCall::conv3d_guard_check(args, self.mps())?
+            }
             KernelOp::Conv3dBackward { args } => KernelCall::conv3d_backward(args)?,
             KernelOp::Conv3dBackwardCheck { args } => {
                 for call in KernelCall::conv3d_backward_check(args, self.mps())? {

@@ -15,7 +15,8 @@ use super::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
 use super::conv3d::{
     host_conv3d, host_conv3d_backward, host_conv3d_backward_check,
     host_conv3d_backward_weight_tiled, host_conv3d_check, host_conv3d_flip, host_conv3d_layout,
-    host_conv3d_zero_insert, host_gate_closed, host_guard_decide, Conv3dKernel, Conv3dWeightLayout,
+    host_conv3d_zero_insert, host_gate_closed, host_guard_check, host_guard_decide, Conv3dKernel,
+    Conv3dWeightLayout,
 };
 use super::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
@@ -348,6 +349,8 @@ unsafe impl Backend for HostBackend {
             KernelOp::Conv3dBackward { args } => unsafe { host_conv3d_backward(args) },
             // SAFETY: the caller's guarantees are host_guard_decide's.
             KernelOp::Conv3dGuardDecide { args } => unsafe { host_guard_decide(args) },
+            // SAFETY: the caller's guarantees are host_guard_check's.
+            KernelOp::Conv3dGuardCheck { args } => unsafe { host_guard_check(args) },
             // SAFETY: the caller's guarantees are host_conv3d_backward_check's.
             KernelOp::Conv3dBackwardCheck { args } => unsafe { host_conv3d_backward_check(args) },
             // SAFETY: the caller's guarantees are

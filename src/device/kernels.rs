@@ -138,6 +138,8 @@ pub(crate) enum Kernel {
     Conv3dZeroInsertU16,
     Conv3dBwdWeightTiledF32,
     Conv3dBwdWeightTiledBf16,
+    Conv3dGuardCheckF32,
+    Conv3dGuardCheckBf16,
     /// Optional (CUDA sm_80+ only): not in [`Kernel::all`].
     Conv3dTiledBf16Mma,
 }
@@ -146,7 +148,7 @@ pub(crate) enum Kernel {
 impl Kernel {
     /// The kernels that are not conversions, in the order they are loaded
     /// after the conversion table's ([`Kernel::all`]).
-    const FIXED: [Kernel; 30] = [
+    const FIXED: [Kernel; 32] = [
         Kernel::FingerprintSum,
         Kernel::NonfiniteF32,
         Kernel::NonfiniteBf16,
@@ -177,6 +179,8 @@ impl Kernel {
         Kernel::Conv3dZeroInsertU16,
         Kernel::Conv3dBwdWeightTiledF32,
         Kernel::Conv3dBwdWeightTiledBf16,
+        Kernel::Conv3dGuardCheckF32,
+        Kernel::Conv3dGuardCheckBf16,
     ];
 
     /// Every kernel a backend loads (and every code object must hold): the
@@ -231,7 +235,9 @@ impl Kernel {
             | Kernel::Conv3dZeroInsertU32
             | Kernel::Conv3dZeroInsertU16
             | Kernel::Conv3dBwdWeightTiledF32
-            | Kernel::Conv3dBwdWeightTiledBf16 => KernelModule::Conv3d,
+            | Kernel::Conv3dBwdWeightTiledBf16
+            | Kernel::Conv3dGuardCheckF32
+            | Kernel::Conv3dGuardCheckBf16 => KernelModule::Conv3d,
         }
     }
 
@@ -279,6 +285,8 @@ impl Kernel {
             Kernel::Conv3dZeroInsertU16 => "conv3d_zero_insert_u16",
             Kernel::Conv3dBwdWeightTiledF32 => "conv3d_bwd_weight_tiled_f32",
             Kernel::Conv3dBwdWeightTiledBf16 => "conv3d_bwd_weight_tiled_bf16",
+            Kernel::Conv3dGuardCheckF32 => "conv3d_guard_check_f32",
+            Kernel::Conv3dGuardCheckBf16 => "conv3d_guard_check_bf16",
             Kernel::Conv3dTiledBf16Mma => "conv3d_tiled_bf16_mma",
         }
     }
@@ -477,6 +485,7 @@ impl KernelCall {
             | KernelOp::Conv3dCheck { .. }
             | KernelOp::Conv3dLayout { .. }
             | KernelOp::Conv3dGuardDecide { .. }
+            | KernelOp::Conv3dGuardCheck { .. }
             | KernelOp::Conv3dBackward { .. }
             | KernelOp::Conv3dBackwardVendor { .. }
             | KernelOp::Conv3dBackwardCheck { .. }

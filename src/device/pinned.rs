@@ -16,6 +16,9 @@ pub struct PinnedBuffer<T> {
     ptr: *mut u8,
     len: usize,
     pending: Option<Event>,
+    /// Whether `pending` was waited for since it was recorded (the copy is
+    /// done: waiting again would be a driver call for nothing).
+    waited: bool,
     _p: PhantomData<T>,
 }
 
@@ -43,6 +46,7 @@ impl<T: bytemuck::Pod> PinnedBuffer<T> {
             ptr,
             len,
             pending: None,
+            waited: false,
             _p: PhantomData,
         }
     }
@@ -70,15 +74,29 @@ impl<T: bytemuck::Pod> PinnedBuffer<T> {
             Some(e) => e,
             None => stream.device().event()?,
         };
+        // Not waited for, whatever happens below: a failed record leaves
+        // an event whose state is unknown.
+        self.waited = false;
         stream.record(&ev)?;
         self.pending = Some(ev);
         Ok(())
     }
 
+    /// The event recorded after the last asynchronous copy that used this
+    /// buffer, while that copy may still be running (`None` once waited
+    /// for, or when no copy used it): another stream that waits for it is
+    /// ordered after the copy and the work queued before it.
+    pub(crate) fn pending_event(&self) -> Option<&Event> {
+        self.pending.as_ref().filter(|_| !self.waited)
+    }
+
     /// Waits for the last asynchronous copy that used this buffer.
     pub fn wait(&mut self) -> Result<()> {
         if let Some(ev) = &self.pending {
-            ev.synchronize()?;
+            if !self.waited {
+                ev.synchronize()?;
+                self.waited = true;
+            }
         }
         Ok(())
     }
@@ -111,7 +129,7 @@ impl<T> Drop for PinnedBuffer<T> {
         if self.ptr.is_null() {
             return;
         }
-        if let Some(ev) = &self.pending {
+        if let Some(ev) = self.pending.as_ref().filter(|_| !self.waited) {
             if let Err(e) = ev.synchronize() {
                 self.device.record_err(e);
                 // The copy may still be running: leak rather than free.

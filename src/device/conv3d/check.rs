@@ -171,6 +171,63 @@ impl Stream {
         gate: Option<&DeviceView<'_, u64>>,
     ) -> Result<()> {
         const OP: &str = "conv3d_check";
+        let mut launch = self.check_launch(
+            g,
+            (input, weight, bias, output),
+            (samples, seed),
+            results,
+            gate,
+        )?;
+        let slot = match locate {
+            Some(_) if Y::DTYPE != DType::F32 => {
+                return Err(Error::Conv3dDType {
+                    tensor: "output",
+                    dtype: Y::DTYPE,
+                    expected: DType::F32,
+                })
+            }
+            Some(slot) => {
+                self.check_device(OP, slot.device())?;
+                check_len("conv3d check locate slot", 1, slot.len())?;
+                check_len("conv3d check located samples", 1, samples)?;
+                slot.memset_zero(self)?;
+                Some(slot.device_ptr())
+            }
+            None => None,
+        };
+        if samples == 0 {
+            return Ok(());
+        }
+        launch.locate = slot;
+        // SAFETY: every view is a live range of this stream's device with
+        // its shape's length (checked above), aligned to its element;
+        // `results` (at least `CHECK_WORDS * samples` words) and the slot
+        // are borrowed mutably, so nothing else accesses them; the operands
+        // and the output are only read; the call is not zero-sized.
+        unsafe {
+            self.backend()
+                .run(&KernelOp::Conv3dCheck { args: &launch }, self.raw())
+        }
+    }
+
+    /// The launch of a check of `samples` points of the call `g` into
+    /// `results` (no located point), every range validated as
+    /// [`Stream::conv3d_check_gated`] documents; `samples` may be 0.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn check_launch<T: Element, B: Element, Y: Element>(
+        &self,
+        g: &Conv3dGeometry,
+        (input, weight, bias, output): (
+            &DeviceView<'_, T>,
+            &DeviceView<'_, T>,
+            CheckBias<'_, '_, B>,
+            &DeviceView<'_, Y>,
+        ),
+        (samples, seed): (usize, u64),
+        results: &DeviceViewMut<'_, u64>,
+        gate: Option<&DeviceView<'_, u64>>,
+    ) -> Result<Conv3dCheckLaunch> {
+        const OP: &str = "conv3d_check";
         let gate = self.gate_ptr((OP, "conv3d check gate"), gate)?;
         let checked = [
             ("input", T::DTYPE),
@@ -214,26 +271,6 @@ impl Stream {
                 reason: "more sampled points than one check launch takes",
             });
         }
-        let slot = match locate {
-            Some(_) if Y::DTYPE != DType::F32 => {
-                return Err(Error::Conv3dDType {
-                    tensor: "output",
-                    dtype: Y::DTYPE,
-                    expected: DType::F32,
-                })
-            }
-            Some(slot) => {
-                self.check_device(OP, slot.device())?;
-                check_len("conv3d check locate slot", 1, slot.len())?;
-                check_len("conv3d check located samples", 1, samples)?;
-                slot.memset_zero(self)?;
-                Some(slot.device_ptr())
-            }
-            None => None,
-        };
-        if samples == 0 {
-            return Ok(());
-        }
         if results.len() < samples * CHECK_WORDS {
             return Err(Error::LengthMismatch {
                 op: "conv3d check results",
@@ -242,7 +279,7 @@ impl Stream {
                 tensor: None,
             });
         }
-        let launch = Conv3dCheckLaunch {
+        Ok(Conv3dCheckLaunch {
             conv: Conv3dLaunch {
                 geometry: *g,
                 dtype: T::DTYPE,
@@ -257,18 +294,9 @@ impl Stream {
             output_dtype: Y::DTYPE,
             samples,
             seed,
-            locate: slot,
+            locate: None,
             results: results.device_ptr(),
-        };
-        // SAFETY: every view is a live range of this stream's device with
-        // its shape's length (checked above), aligned to its element;
-        // `results` (at least `CHECK_WORDS * samples` words) and the slot
-        // are borrowed mutably, so nothing else accesses them; the operands
-        // and the output are only read; the call is not zero-sized.
-        unsafe {
-            self.backend()
-                .run(&KernelOp::Conv3dCheck { args: &launch }, self.raw())
-        }
+        })
     }
 
     /// Queues the rearrangement of `src` (a standard-layout weight of the

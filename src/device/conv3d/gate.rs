@@ -8,13 +8,23 @@
 //! second word. Each gated kernel reads the gate as it starts and returns at
 //! once when it is zero. So nothing waits on the host: the verdict is copied
 //! back later, when the caller asks.
+//!
+//! [`Stream::conv3d_guard_check`] fuses a decision with what it reads: one
+//! launch counts the output's NaN/Inf (and for a repair the operands'),
+//! recomputes the sampled points and, in its last block to finish, writes
+//! the verdict, where [`Stream::count_nonfinite_gated_into`],
+//! [`Stream::conv3d_check_gated`] and [`Stream::conv3d_guard_decide`] take
+//! one launch each.
 
-use super::check::CHECK_WORDS;
+use super::check::{host_conv3d_check, CheckBias, Conv3dCheckLaunch, CHECK_WORDS};
 use super::layout::check_len;
+use crate::conv3d::Conv3dGeometry;
+use crate::convert::Element;
 use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::info::DevicePtr;
 use crate::device::stream::Stream;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// `u64` words of a verdict ([`Conv3dGuardDecide::verdict`]):
@@ -26,6 +36,57 @@ pub const VERDICT_WORDS: usize = 6;
 pub const VERDICT_NON_FINITE: u64 = 1;
 /// Verdict bit: a sampled point off its f64 recomputation.
 pub const VERDICT_MISMATCH: u64 = 2;
+
+/// `u64` words of the record a fused check of the output writes
+/// ([`GuardStage::Output`]): the output's NaN and Inf counts (2), its
+/// verdict ([`VERDICT_WORDS`]), then the [`GUARD_REPAIR_WORDS`] words a
+/// repair's check writes, zeroed.
+pub const GUARD_RECORD_WORDS: usize = 2 + VERDICT_WORDS + GUARD_REPAIR_WORDS;
+
+/// `u64` words of the record a fused check of a repair writes
+/// ([`GuardStage::Repair`]): the operands' NaN and Inf counts (input,
+/// weight, bias: 6), the repaired output's (2), its verdict
+/// ([`VERDICT_WORDS`]).
+pub const GUARD_REPAIR_WORDS: usize = 6 + 2 + VERDICT_WORDS;
+
+/// `u64` words of a fused check's accumulators
+/// ([`Stream::conv3d_guard_check`]): a ticket and four pairs of counts.
+pub const GUARD_ACC_WORDS: usize = 9;
+
+/// Which verdict a fused guard check decides ([`Stream::conv3d_guard_check`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardStage {
+    /// The checked output's (another library's): any NaN or infinity in
+    /// it counts (the operands are not read); writes
+    /// [`GUARD_RECORD_WORDS`] words.
+    Output,
+    /// A repair's: the operands are counted too, and a NaN or infinity
+    /// counts only from finite operands; writes [`GUARD_REPAIR_WORDS`]
+    /// words.
+    Repair,
+}
+
+/// One launch of `conv3d_guard_check_{f32,bf16}`
+/// ([`KernelOp::Conv3dGuardCheck`]): the NaN/Inf counts, the sampled points
+/// and the verdict of one output in one launch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Conv3dGuardCheck {
+    /// The points checked, as [`KernelOp::Conv3dCheck`] checks them (no
+    /// located point; `samples` may be 0), and the gate
+    /// (`check.conv.gate`): with one, nothing runs unless it is non-zero.
+    pub check: Conv3dCheckLaunch,
+    /// Relative tolerance against each point's `|bias| + sum |x * w|`.
+    pub rel_tol: f64,
+    /// Which verdict, and so which record.
+    pub stage: GuardStage,
+    /// [`GUARD_ACC_WORDS`] words, zero when the launch starts and again
+    /// when it ends (a GPU's blocks add into them; the host backend never
+    /// touches them).
+    pub acc: DevicePtr,
+    /// The record: [`GUARD_RECORD_WORDS`] or [`GUARD_REPAIR_WORDS`] words
+    /// by `stage`, every one written (when it runs).
+    pub record: DevicePtr,
+}
 
 /// One launch of `conv3d_guard_decide` ([`KernelOp::Conv3dGuardDecide`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -168,6 +229,98 @@ pub(crate) unsafe fn host_guard_decide(a: &Conv3dGuardDecide) -> Result<()> {
     Ok(())
 }
 
+/// NaN and Inf among `n` elements of `dtype` (F32 or BF16) at `p`.
+///
+/// # Safety
+/// `p` holds `n` readable elements of `dtype`.
+unsafe fn host_count(p: DevicePtr, dtype: DType, n: usize) -> Result<[u64; 2]> {
+    let mut c = [0u64; 2];
+    let mut add = |nan: bool, inf: bool| {
+        c[0] += u64::from(nan);
+        c[1] += u64::from(inf);
+    };
+    if n == 0 {
+        return Ok(c);
+    }
+    match dtype {
+        DType::F32 => {
+            // SAFETY: the caller's guarantee.
+            let v = unsafe { std::slice::from_raw_parts(p.0 as usize as *const u32, n) };
+            for &b in v {
+                let x = f32::from_bits(b);
+                add(x.is_nan(), x.is_infinite());
+            }
+        }
+        DType::BF16 => {
+            // SAFETY: the caller's guarantee.
+            let v = unsafe { std::slice::from_raw_parts(p.0 as usize as *const u16, n) };
+            for &b in v {
+                let x = half::bf16::from_bits(b);
+                add(x.is_nan(), x.is_infinite());
+            }
+        }
+        other => {
+            return Err(Error::Conv3dDType {
+                tensor: "output",
+                dtype: other,
+                expected: DType::F32,
+            })
+        }
+    }
+    Ok(c)
+}
+
+/// The host backend's [`KernelOp::Conv3dGuardCheck`]: the check, the
+/// counts and [`guard_verdict`], as the kernel computes them (`acc` is not
+/// touched).
+///
+/// # Safety
+/// As [`host_conv3d_check`] for `a.check`; `a.record` holds the stage's
+/// record words, exclusive; a gate is one live u64.
+pub(crate) unsafe fn host_guard_check(a: &Conv3dGuardCheck) -> Result<()> {
+    let c = &a.check.conv;
+    // SAFETY: the caller's guarantees, for every range below.
+    unsafe {
+        if host_gate_closed(c.gate) {
+            return Ok(());
+        }
+        if a.check.samples > 0 {
+            host_conv3d_check(&a.check)?;
+        }
+        let g = &c.geometry;
+        let out = host_count(c.output, a.check.output_dtype, g.output_len())?;
+        let results = std::slice::from_raw_parts(
+            a.check.results.0 as usize as *const u64,
+            a.check.samples * CHECK_WORDS,
+        );
+        let record = |n: usize| std::slice::from_raw_parts_mut(a.record.0 as usize as *mut u64, n);
+        match a.stage {
+            GuardStage::Output => {
+                let v = guard_verdict(out, None, results, a.rel_tol);
+                let r = record(GUARD_RECORD_WORDS);
+                r.fill(0);
+                r[..2].copy_from_slice(&out);
+                r[2..2 + VERDICT_WORDS].copy_from_slice(&v);
+            }
+            GuardStage::Repair => {
+                let x = host_count(c.input, c.dtype, g.input_shape().iter().product())?;
+                let w = host_count(c.weight, c.dtype, g.weight_shape().iter().product())?;
+                let b = match c.bias {
+                    Some(b) => host_count(b, a.check.bias_dtype, g.out_channels)?,
+                    None => [0; 2],
+                };
+                let ins = [x[0], x[1], w[0], w[1], b[0], b[1]];
+                let v = guard_verdict(out, Some(ins), results, a.rel_tol);
+                let r = record(GUARD_REPAIR_WORDS);
+                r[..6].copy_from_slice(&ins);
+                r[6..8].copy_from_slice(&out);
+                r[8..].copy_from_slice(&v);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The counts, points and verdict of one decision.
 pub type GuardWords<'r, 'v> = (
     &'r DeviceView<'v, u64>,
@@ -176,6 +329,76 @@ pub type GuardWords<'r, 'v> = (
 );
 
 impl Stream {
+    /// Queues the guarded fallback's fused check of `output` on this stream
+    /// (one launch; no synchronisation): its NaN and Inf counts (for a
+    /// [`GuardStage::Repair`] the operands' too), `samples` points of
+    /// [`sample_index`](crate::conv3d::sample_index)`(output_len, seed, j)`
+    /// recomputed in f64 as [`Stream::conv3d_check`] does, and the verdict
+    /// over both, as [`Stream::conv3d_guard_decide`] decides it (within
+    /// `rel_tol`; for the output without the operands' counts, for a repair
+    /// with them). Writes the stage's record: for [`GuardStage::Output`]
+    /// [`GUARD_RECORD_WORDS`] words (counts, verdict, then the repair's
+    /// words zeroed), for [`GuardStage::Repair`] [`GUARD_REPAIR_WORDS`]
+    /// (operand counts, counts, verdict); read a verdict back with
+    /// [`GuardVerdict::decode`].
+    ///
+    /// `words`: `results` ([`CHECK_WORDS`] per point), `acc`
+    /// ([`GUARD_ACC_WORDS`] words that must be zero when the launch runs:
+    /// a GPU's blocks add their counts and a ticket into them and the last
+    /// block zeroes them again, so zero them once, when they are made, and
+    /// order the launches that share them: one stream, or an event), and
+    /// the record. With `gate`, nothing runs (and nothing is written)
+    /// unless the gate is non-zero as the kernel starts.
+    ///
+    /// Errors: as [`Stream::conv3d_check_gated`];
+    /// [`Error::LengthMismatch`] for accumulators or a record of other
+    /// lengths; the backend's launch error.
+    #[allow(clippy::type_complexity)]
+    pub fn conv3d_guard_check<T: Element, B: Element, Y: Element>(
+        &self,
+        g: &Conv3dGeometry,
+        operands: (
+            &DeviceView<'_, T>,
+            &DeviceView<'_, T>,
+            CheckBias<'_, '_, B>,
+            &DeviceView<'_, Y>,
+        ),
+        (samples, seed, rel_tol): (usize, u64, f64),
+        stage: GuardStage,
+        (results, acc, record): (
+            &mut DeviceViewMut<'_, u64>,
+            &mut DeviceViewMut<'_, u64>,
+            &mut DeviceViewMut<'_, u64>,
+        ),
+        gate: Option<&DeviceView<'_, u64>>,
+    ) -> Result<()> {
+        const OP: &str = "conv3d_guard_check";
+        let check = self.check_launch(g, operands, (samples, seed), results, gate)?;
+        self.check_device(OP, acc.device())?;
+        self.check_device(OP, record.device())?;
+        check_len("guard accumulators", GUARD_ACC_WORDS, acc.len())?;
+        let words = match stage {
+            GuardStage::Output => GUARD_RECORD_WORDS,
+            GuardStage::Repair => GUARD_REPAIR_WORDS,
+        };
+        check_len("guard record", words, record.len())?;
+        let args = Conv3dGuardCheck {
+            check,
+            rel_tol,
+            stage,
+            acc: acc.device_ptr(),
+            record: record.device_ptr(),
+        };
+        // SAFETY: as for `conv3d_check_gated`: the operands, the output
+        // and the gate are live ranges of this device of their shapes'
+        // lengths (checked by `check_launch`), only read; `results`, `acc`
+        // and `record`, of the lengths checked, are borrowed mutably, so
+        // nothing else accesses them.
+        unsafe {
+            self.backend()
+                .run(&KernelOp::Conv3dGuardCheck { args: &args }, self.raw())
+        }
+    }
     /// Queues the guarded fallback's verdict on this stream (one block; no
     /// synchronisation): over `out_counts` (2 words: the checked output's
     /// NaN and Inf counts), `in_counts` (6 words, the operands' counts, or

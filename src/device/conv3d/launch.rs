@@ -363,6 +363,89 @@ impl KernelCall {
         })
     }
 
+    /// `conv3d_guard_check_{f32,bf16}(const T* x, const T* w, const void*
+    /// bias, u64 bias_kind, const void* y, u64 y_kind, u64* res,
+    /// rs_conv3d_args a, u64 nsamples, u64 seed, double rel, u64 repair,
+    /// u64* acc, u64* rec, const u64* gate)` (kinds as in
+    /// [`KernelCall::conv3d_check`]; `rel` as its bits). The grid: a block
+    /// per sampled point at least, and enough for the grid-stride counts:
+    /// as a NaN/Inf scan's (32 blocks per multiprocessor at most), or
+    /// behind a gate (mostly closed: every block reads it and returns) four
+    /// per multiprocessor at most.
+    pub(crate) fn conv3d_guard_check(a: &super::Conv3dGuardCheck, mps: u32) -> Result<KernelCall> {
+        let c = &a.check.conv;
+        let k = by_dtype(
+            c.dtype,
+            [Kernel::Conv3dGuardCheckF32, Kernel::Conv3dGuardCheckBf16],
+            "input",
+        )?;
+        let bias_kind = match (c.bias, a.check.bias_dtype) {
+            (None, _) => 0,
+            (Some(_), DType::F32) => 1,
+            (Some(_), DType::BF16) => 2,
+            (Some(_), other) => {
+                return Err(Error::Conv3dDType {
+                    tensor: "bias",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        let y_kind = match a.check.output_dtype {
+            DType::F32 => 1,
+            DType::BF16 => 2,
+            other => {
+                return Err(Error::Conv3dDType {
+                    tensor: "output",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        };
+        if a.check.samples > super::CHECK_MAX_SAMPLES || a.check.locate.is_some() {
+            return Err(Error::Conv3dTier {
+                tier: "check",
+                reason: "a guard check takes at most CHECK_MAX_SAMPLES points and none located",
+            });
+        }
+        let g = &c.geometry;
+        let repair = a.stage == super::GuardStage::Repair;
+        let mut items = g.output_len() as u64;
+        if repair {
+            let x = g.input_shape().iter().product::<usize>() as u64;
+            let w = g.weight_shape().iter().product::<usize>() as u64;
+            items = items.max(x).max(w);
+        }
+        let per_mp = if c.gate.is_some() { 4 } else { 32 };
+        let count_blocks = items
+            .div_ceil(u64::from(BLOCK))
+            .min(u64::from(mps.max(1)) * per_mp);
+        let blocks = count_blocks.max(a.check.samples as u64).max(1);
+        Ok(KernelCall {
+            kernel: k,
+            grid: [u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1],
+            block: BLOCK,
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::U64(c.input.0),
+                KernelArg::U64(c.weight.0),
+                KernelArg::U64(c.bias.map_or(0, |b| b.0)),
+                KernelArg::U64(bias_kind),
+                KernelArg::U64(c.output.0),
+                KernelArg::U64(y_kind),
+                KernelArg::U64(a.check.results.0),
+                KernelArg::Conv3d(Conv3dArgs::new(c)),
+                KernelArg::U64(a.check.samples as u64),
+                KernelArg::U64(a.check.seed),
+                KernelArg::U64(a.rel_tol.to_bits()),
+                KernelArg::U64(u64::from(repair)),
+                KernelArg::U64(a.acc.0),
+                KernelArg::U64(a.record.0),
+                KernelArg::U64(c.gate.map_or(0, |g| g.0)),
+            ],
+        })
+    }
+
     /// `conv3d_layout_{u32,u16}(const T* w, T* out, u64 total, u64 kg, u64
     /// r, u64 rows, u64 cols, u64 packed, const u64* gate)`, one output element per thread
     /// (grid-stride).

@@ -31,10 +31,10 @@ pub use check::{
 };
 pub(crate) use flip::{host_conv3d_flip, host_conv3d_zero_insert};
 pub use flip::{Conv3dFlipLaunch, Conv3dZeroInsertLaunch};
-pub(crate) use gate::{host_gate_closed, host_guard_decide};
+pub(crate) use gate::{host_gate_closed, host_guard_check, host_guard_decide};
 pub use gate::{
-    Conv3dGuardDecide, GuardVerdict, GuardWords, VERDICT_MISMATCH, VERDICT_NON_FINITE,
-    VERDICT_WORDS,
+    Conv3dGuardCheck, Conv3dGuardDecide, GuardStage, GuardVerdict, GuardWords, GUARD_ACC_WORDS,
+    GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
 };
 pub(crate) use host::host_conv3d;
 pub(crate) use launch::Conv3dArgs;
