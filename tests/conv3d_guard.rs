@@ -172,6 +172,34 @@ fn wrong_outputs_are_repaired(dev: &Device) {
     }
 }
 
+/// Fewer than 8 output channels per group (a VAE's last conv3d, 96 -> 3;
+/// depthwise): the chain gives such calls to the naive kernel, but the
+/// guard repairs them with the tiled one, which computes them, so they are
+/// guarded like the rest instead of checked with a host wait.
+fn few_output_channels_are_repaired_too(dev: &Device) {
+    for name in ["kernel 1", "depthwise", "groups 2"] {
+        let case = common::conv3d::cases()
+            .into_iter()
+            .find(|c| c.name == name)
+            .unwrap();
+        let data = common::conv3d::Data::new(&case);
+        for bf16_in in [false, true] {
+            let p = data.problem(&case, bf16_in);
+            assert!(p.geometry.out_per_group() < 8, "{name}");
+            for how in [Written::Nan, Written::Zeros] {
+                let v = written(&p, &how);
+                let (r, records, out) = guard_once(dev, &p, &v, 16);
+                assert!(matches!(r, Guarded::Queued { .. }), "{name}: {r:?}");
+                let rec = only(&records);
+                assert!(rec.output_failed() && rec.repaired, "{name}: {rec:?}");
+                assert!(!rec.repair_failed(), "{name}: {rec:?}");
+                let rel = if bf16_in { 1.0 / 128.0 } else { 1e-5 };
+                assert_close(name, &p, &out, rel);
+            }
+        }
+    }
+}
+
 /// Without sampled points the count alone decides: wrong finite values
 /// pass (what `samples = 0` gives up), a NaN does not.
 fn the_count_alone_sees_only_non_finite(dev: &Device) {
@@ -590,6 +618,7 @@ fn calls_on_two_streams_keep_their_verdicts(dev: &Device) {
 per_device!(
     a_right_output_is_left_alone,
     wrong_outputs_are_repaired,
+    few_output_channels_are_repaired_too,
     the_count_alone_sees_only_non_finite,
     a_nan_input_is_no_failure,
     the_ring_returns_every_record_once,

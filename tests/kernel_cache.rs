@@ -28,6 +28,19 @@ mod gpu {
         let source = dev.kernel_source().expect("kernels load");
         if let Ok(want) = std::env::var(EXPECT_VAR) {
             assert_eq!(format!("{source:?}"), want);
+            // The process's record of its loads says the same, and that
+            // nothing of conv3d was compiled for a conversion.
+            let loads = rocm_safe::device::kernel_loads();
+            assert!(
+                loads
+                    .iter()
+                    .any(|l| l.module == "core" && format!("{:?}", l.source) == want),
+                "{loads:?}"
+            );
+            assert!(
+                !loads.iter().any(|l| l.module.starts_with("conv3d")),
+                "{loads:?}"
+            );
         }
         let s = dev.stream().unwrap();
         let all: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
@@ -62,7 +75,7 @@ mod gpu {
         std::fs::read_dir(dir)
             .map(|d| {
                 d.map(|e| e.unwrap().path())
-                    .filter(|p| p.extension().is_some_and(|x| x == "ptx"))
+                    .filter(|p| p.extension().is_some_and(|x| x == "cubin"))
                     .collect()
             })
             .unwrap_or_default()
@@ -77,24 +90,29 @@ mod gpu {
         assert_eq!(files.len(), 1, "{files:?}");
         child(dir.path(), KernelSource::DiskCache);
         // Damaged: compiled again, and the file is whole again afterwards.
-        let text = std::fs::read_to_string(&files[0]).unwrap();
-        std::fs::write(&files[0], text.replacen(".entry", ".entri", 1)).unwrap();
+        let whole = std::fs::read(&files[0]).unwrap();
+        let mut damaged = whole.clone();
+        let at = damaged.len() / 2;
+        damaged[at] ^= 0x40;
+        std::fs::write(&files[0], &damaged).unwrap();
         child(dir.path(), KernelSource::Compiled);
-        assert_eq!(std::fs::read_to_string(&files[0]).unwrap(), text);
+        assert_eq!(std::fs::read(&files[0]).unwrap(), whole);
         child(dir.path(), KernelSource::DiskCache);
-        // Whole (its header checks out) but PTX the driver refuses:
-        // compiled again too.
+        // Whole (its header checks out) but code the driver refuses, or
+        // that is not an ELF image at all: compiled again too.
         let name = files[0].file_stem().unwrap().to_string_lossy().into_owned();
         let key = name.rsplit('-').next().unwrap();
-        let body = "this is not ptx\n";
-        let fp = rocm_safe::convert::fingerprint::fingerprint_bytes(body.as_bytes());
-        std::fs::write(
-            &files[0],
-            format!("// rocm-safe nvrtc cache {key} {fp}\n{body}"),
-        )
-        .unwrap();
-        child(dir.path(), KernelSource::Compiled);
-        assert_eq!(std::fs::read_to_string(&files[0]).unwrap(), text);
+        for body in [
+            &b"\x7fELF but not a cubin\n"[..],
+            &b"this is not a cubin\n"[..],
+        ] {
+            let fp = rocm_safe::convert::fingerprint::fingerprint_bytes(body);
+            let mut file = format!("// rocm-safe nvrtc cache {key} {fp}\n").into_bytes();
+            file.extend_from_slice(body);
+            std::fs::write(&files[0], file).unwrap();
+            child(dir.path(), KernelSource::Compiled);
+            assert_eq!(std::fs::read(&files[0]).unwrap(), whole);
+        }
     }
 
     #[test]

@@ -209,6 +209,17 @@ def _verify_transpose_output(
         ]
     except (TypeError, ValueError):
         return None
+    # Operands that are not compact (a permuted view, say: diffusers' Wan
+    # VAE feeds its 1x1x1 shortcut one) are copied for the guard rather than
+    # checked with a host wait. The copies come from torch's allocator on
+    # this stream: when they are freed here, a later user of their memory
+    # on the stream runs after the guard's kernels.
+    if not input.is_contiguous():
+        input = input.contiguous()
+    if not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
     x, y = input, out
     if x.dim() == 4:
         x, y = x.unsqueeze(0), y.unsqueeze(0)
@@ -238,16 +249,16 @@ def _unguardable(out, input, weight, bias) -> Optional[str]:
     """Why torch's conv3d output cannot be guarded on the device (checked
     and repaired there with no wait), or ``None``: it must be a GPU output
     of the input's dtype, with no gradients to keep (a repaired output
-    would keep torch's backward), and compact tensors (the guard reads them
-    where they are; nothing is copied)."""
+    would keep torch's backward), and a compact output (the repair writes
+    it in place; operands that are not compact are copied for the guard)."""
     if out.device.type != "cuda" or out.device != input.device:
         return "not on a GPU"
     if out.dtype != input.dtype or weight.dtype != input.dtype:
         return "mixed dtypes"
     if _needs_grad(input, weight, bias):
         return "needs gradients"
-    if not all(t.is_contiguous() for t in (input, weight, bias, out) if t is not None):
-        return "not contiguous"
+    if not out.is_contiguous():
+        return "output not contiguous"
     return None
 
 
@@ -304,6 +315,17 @@ def _guard(out, args, sig, verify: bool) -> Optional[str]:
         stride_t, padding_t, dilation_t = _guard_params_of(weight, stride, padding, dilation)
     except (TypeError, ValueError):
         return "parameters"
+    # Operands that are not compact (a permuted view, say: diffusers' Wan
+    # VAE feeds its 1x1x1 shortcut one) are copied for the guard rather than
+    # checked with a host wait. The copies come from torch's allocator on
+    # this stream: when they are freed here, a later user of their memory
+    # on the stream runs after the guard's kernels.
+    if not input.is_contiguous():
+        input = input.contiguous()
+    if not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
     x, y = input, out
     if x.dim() == 4:
         x, y = x.unsqueeze(0), y.unsqueeze(0)

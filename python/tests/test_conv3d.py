@@ -435,9 +435,11 @@ def test_guard_repairs_wrong_outputs_on_the_device(mode, dtype, monkeypatch):
 
 @needs_cuda
 def test_guard_steps_aside_where_it_cannot_guard(monkeypatch):
-    """Non-contiguous operands, inputs that need gradients, and kernels of
+    """A non-contiguous output, inputs that need gradients, and kernels of
     more than 1024 taps take the synchronous checks (and are still served
-    when torch fails)."""
+    when torch fails); non-contiguous operands are copied and guarded, and
+    so are fewer than 8 output channels (the chain's naive case: the
+    repair's tiled kernel computes them too)."""
     real = F.conv3d
     broken, calls = counting(real, "nan")
     monkeypatch.setattr(F, "conv3d", broken)
@@ -446,16 +448,31 @@ def test_guard_steps_aside_where_it_cannot_guard(monkeypatch):
     x, w, b = operands("cuda", torch.float32)
     xt = x.transpose(3, 4)
     out = F.conv3d(xt, w, b, padding=1)
-    torch.testing.assert_close(out, real(xt, w, b, padding=1), rtol=1e-4, atol=1e-4)
+    w3, b3 = w[:3].clone(), b[:3].clone()
+    out3 = F.conv3d(x, w3, b3, padding=1)
     wg = w.clone().requires_grad_()
     F.conv3d(x, wg, b, stride=2, padding=1)
     big = torch.randn(2, 8, 11, 11, 11, device="cuda") / 100
     xb = torch.randn(1, 8, 12, 12, 12, device="cuda")
     torch.testing.assert_close(F.conv3d(xb, big), real(xb, big), rtol=1e-3, atol=1e-3)
+
+    def strided_nan(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        calls[0] += 1
+        y = real(input, weight, bias, stride, padding, dilation, groups)
+        return y.transpose(3, 4).contiguous().transpose(3, 4).fill_(float("nan"))
+
+    monkeypatch.setattr(F, "conv3d", strided_nan)
+    rt.install_conv3d_fallback(mode="verify")
+    outs = F.conv3d(x, w, b, padding=1)
+    torch.testing.assert_close(outs, real(x, w, b, padding=1), rtol=1e-4, atol=1e-4)
     s = rt.conv3d_stats()
-    assert (s["guarded"], s["fell_back_on_non_finite"], calls[0]) == (0, 3, 3), s
+    # The guarded outputs were repaired in place (read after the stats
+    # call, which collects their verdicts).
+    torch.testing.assert_close(out, real(xt, w, b, padding=1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out3, real(x, w3, b3, padding=1), rtol=1e-4, atol=1e-4)
+    assert (s["guarded"], s["repaired"], s["fell_back_on_non_finite"], calls[0]) == (2, 2, 5, 5), s
     assert s["unguarded"] == {
-        "not contiguous": 1,
+        "output not contiguous": 1,
         "needs gradients": 1,
         "the tiled kernel does not take it": 1,
     }, s

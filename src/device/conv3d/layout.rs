@@ -60,7 +60,7 @@ impl Conv3dWeightLayout {
     /// kernel takes `g` (what the tiled kernel takes, at most 512 taps, the
     /// padded sizes within its grid and `usize`).
     pub fn packed_for(g: &Conv3dGeometry) -> Option<Conv3dWeightLayout> {
-        if Conv3dKernel::Tiled.unsupported(g).is_some()
+        if Conv3dKernel::Tiled.cannot_take(g).is_some()
             || g.kernel.iter().product::<usize>() > MMA_MAX_TAPS
         {
             return None;
@@ -285,12 +285,16 @@ mod tests {
                 ..
             })
         ));
-        // What the tensor-core kernel does not take: too few channels per
-        // group (the tiled kernel declines), more than 512 taps.
-        assert!(
-            Conv3dWeightLayout::packed_for(&geometry([1, 6, 4, 4, 4], [6, 1, 3, 3, 3], 6))
-                .is_none()
+        // Depthwise: the chain gives it to the naive kernel, but the tiled
+        // one computes it (the guard's repair), rows padded to a tile.
+        assert_eq!(
+            Conv3dWeightLayout::packed_for(&geometry([1, 6, 4, 4, 4], [6, 1, 3, 3, 3], 6)),
+            Some(Conv3dWeightLayout::TiledPacked {
+                rows: 128,
+                cols: 32
+            })
         );
+        // What the tensor-core kernel does not take: more than 512 taps.
         assert!(
             Conv3dWeightLayout::packed_for(&geometry([1, 2, 9, 9, 9], [16, 2, 9, 9, 9], 1))
                 .is_none()

@@ -117,11 +117,27 @@ impl Conv3dKernel {
         }
     }
 
-    /// Why this kernel cannot take `g`, if it cannot: zero-size tensors
-    /// (never sent to a device) and, for the tiled kernel, sizes its grid or
-    /// tap table cannot hold, or fewer than 8 output channels per group
-    /// (the naive kernel fits those better).
+    /// Why the chain does not send `g` to this kernel, if it does not:
+    /// what [`Conv3dKernel::cannot_take`] names, and for the tiled kernel
+    /// fewer than 8 output channels per group (the naive kernel fits those
+    /// better: a choice of speed, not of correctness).
     pub fn unsupported(self, g: &Conv3dGeometry) -> Option<&'static str> {
+        if let Some(why) = self.cannot_take(g) {
+            return Some(why);
+        }
+        if self == Conv3dKernel::Tiled && g.out_per_group() < 8 {
+            return Some(
+                "fewer than 8 output channels per group (depthwise-like): the naive kernel fits better",
+            );
+        }
+        None
+    }
+
+    /// Why this kernel cannot compute `g` at all, if it cannot: zero-size
+    /// tensors (never sent to a device) and, for the tiled kernel, sizes
+    /// its grid or tap table cannot hold. What it computes slowly it still
+    /// takes (the guard's repair, rare, takes any shape it can compute).
+    pub fn cannot_take(self, g: &Conv3dGeometry) -> Option<&'static str> {
         let zero =
             g.output_len() == 0 || g.input_shape().contains(&0) || g.weight_shape().contains(&0);
         if zero {
@@ -152,18 +168,13 @@ impl Conv3dKernel {
         if u32::try_from(g.in_per_group()).is_err() {
             return Some("more than 2^32 input channels per group");
         }
-        if g.out_per_group() < 8 {
-            return Some(
-                "fewer than 8 output channels per group (depthwise-like): the naive kernel fits better",
-            );
-        }
         None
     }
 
     /// The launch grid `(x, y, z)` for `g` (256 threads per block), or why
     /// the kernel cannot take it. Never truncates.
     pub(crate) fn grid(self, g: &Conv3dGeometry) -> Result<[u32; 3]> {
-        if let Some(reason) = self.unsupported(g) {
+        if let Some(reason) = self.cannot_take(g) {
             return Err(Error::Conv3dTier {
                 tier: self.name(),
                 reason,
@@ -173,7 +184,7 @@ impl Conv3dKernel {
         Ok(match self {
             // Grid-stride: at most 2^20 blocks.
             Conv3dKernel::Naive => [clamp(g.output_len().div_ceil(256).min(1 << 20)), 1, 1],
-            // Each fits (checked by `unsupported`).
+            // Each fits (checked by `cannot_take`).
             Conv3dKernel::Tiled => {
                 let points = g.batch * g.output.iter().product::<usize>();
                 [
