@@ -209,17 +209,6 @@ def _verify_transpose_output(
         ]
     except (TypeError, ValueError):
         return None
-    # Operands that are not compact (a permuted view, say: diffusers' Wan
-    # VAE feeds its 1x1x1 shortcut one) are copied for the guard rather than
-    # checked with a host wait. The copies come from torch's allocator on
-    # this stream: when they are freed here, a later user of their memory
-    # on the stream runs after the guard's kernels.
-    if not input.is_contiguous():
-        input = input.contiguous()
-    if not weight.is_contiguous():
-        weight = weight.contiguous()
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
     x, y = input, out
     if x.dim() == 4:
         x, y = x.unsqueeze(0), y.unsqueeze(0)

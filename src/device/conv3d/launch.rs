@@ -263,34 +263,7 @@ impl KernelCall {
     /// `y_kind`: 1 f32, 2 bf16; `located`: the slot, or 0).
     pub(crate) fn conv3d_check(a: &Conv3dCheckLaunch, mps: u32) -> Result<Vec<KernelCall>> {
         let c = &a.conv;
-        let k = by_dtype(
-            c.dtype,
-            [Kernel::Conv3dCheckF32, Kernel::Conv3dCheckBf16],
-            "input",
-        )?;
-        let bias_kind = match (c.bias, a.bias_dtype) {
-            (None, _) => 0,
-            (Some(_), DType::F32) => 1,
-            (Some(_), DType::BF16) => 2,
-            (Some(_), other) => {
-                return Err(Error::Conv3dDType {
-                    tensor: "bias",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        let y_kind = match (a.output_dtype, a.locate) {
-            (DType::F32, _) => 1,
-            (DType::BF16, None) => 2,
-            (other, _) => {
-                return Err(Error::Conv3dDType {
-                    tensor: "output",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
+        let (k, mut args) = check_args(a, [Kernel::Conv3dCheckF32, Kernel::Conv3dCheckBf16])?;
         let samples = u32::try_from(a.samples)
             .ok()
             .filter(|&n| n > 0 && n as usize <= super::CHECK_MAX_SAMPLES)
@@ -317,20 +290,13 @@ impl KernelCall {
             grid: [samples, 1, 1],
             block: BLOCK,
             shared_bytes: 0,
-            args: vec![
-                KernelArg::U64(c.input.0),
-                KernelArg::U64(c.weight.0),
-                KernelArg::U64(c.bias.map_or(0, |b| b.0)),
-                KernelArg::U64(bias_kind),
-                KernelArg::U64(c.output.0),
-                KernelArg::U64(y_kind),
-                KernelArg::U64(a.results.0),
-                KernelArg::Conv3d(Conv3dArgs::new(c)),
-                KernelArg::U64(u64::from(samples)),
-                KernelArg::U64(a.seed),
-                KernelArg::U64(a.locate.map_or(0, |s| s.0)),
-                KernelArg::U64(c.gate.map_or(0, |g| g.0)),
-            ],
+            args: {
+                args.extend([
+                    KernelArg::U64(a.locate.map_or(0, |s| s.0)),
+                    KernelArg::U64(c.gate.map_or(0, |g| g.0)),
+                ]);
+                args
+            },
         });
         Ok(calls)
     }
@@ -374,34 +340,6 @@ impl KernelCall {
     /// per multiprocessor at most.
     pub(crate) fn conv3d_guard_check(a: &super::Conv3dGuardCheck, mps: u32) -> Result<KernelCall> {
         let c = &a.check.conv;
-        let k = by_dtype(
-            c.dtype,
-            [Kernel::Conv3dGuardCheckF32, Kernel::Conv3dGuardCheckBf16],
-            "input",
-        )?;
-        let bias_kind = match (c.bias, a.check.bias_dtype) {
-            (None, _) => 0,
-            (Some(_), DType::F32) => 1,
-            (Some(_), DType::BF16) => 2,
-            (Some(_), other) => {
-                return Err(Error::Conv3dDType {
-                    tensor: "bias",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
-        let y_kind = match a.check.output_dtype {
-            DType::F32 => 1,
-            DType::BF16 => 2,
-            other => {
-                return Err(Error::Conv3dDType {
-                    tensor: "output",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
         if a.check.samples > super::CHECK_MAX_SAMPLES || a.check.locate.is_some() {
             return Err(Error::Conv3dTier {
                 tier: "check",
@@ -421,28 +359,23 @@ impl KernelCall {
             .div_ceil(u64::from(BLOCK))
             .min(u64::from(mps.max(1)) * per_mp);
         let blocks = count_blocks.max(a.check.samples as u64).max(1);
+        let (k, mut args) = check_args(
+            &a.check,
+            [Kernel::Conv3dGuardCheckF32, Kernel::Conv3dGuardCheckBf16],
+        )?;
+        args.extend([
+            KernelArg::U64(a.rel_tol.to_bits()),
+            KernelArg::U64(u64::from(repair)),
+            KernelArg::U64(a.acc.0),
+            KernelArg::U64(a.record.0),
+            KernelArg::U64(c.gate.map_or(0, |g| g.0)),
+        ]);
         Ok(KernelCall {
             kernel: k,
             grid: [u32::try_from(blocks).unwrap_or(u32::MAX), 1, 1],
             block: BLOCK,
             shared_bytes: 0,
-            args: vec![
-                KernelArg::U64(c.input.0),
-                KernelArg::U64(c.weight.0),
-                KernelArg::U64(c.bias.map_or(0, |b| b.0)),
-                KernelArg::U64(bias_kind),
-                KernelArg::U64(c.output.0),
-                KernelArg::U64(y_kind),
-                KernelArg::U64(a.check.results.0),
-                KernelArg::Conv3d(Conv3dArgs::new(c)),
-                KernelArg::U64(a.check.samples as u64),
-                KernelArg::U64(a.check.seed),
-                KernelArg::U64(a.rel_tol.to_bits()),
-                KernelArg::U64(u64::from(repair)),
-                KernelArg::U64(a.acc.0),
-                KernelArg::U64(a.record.0),
-                KernelArg::U64(c.gate.map_or(0, |g| g.0)),
-            ],
+            args,
         })
     }
 
@@ -718,3 +651,48 @@ impl KernelCall {
 
 #[cfg(test)]
 mod tests;
+
+/// The kernel of a device check (`kernels`: its f32 and bf16 entries) and
+/// the arguments its kinds share, in order: `x, w, bias, bias_kind, y,
+/// y_kind, res, a, nsamples, seed` (`bias_kind`: 0 none, 1 f32, 2 bf16;
+/// `y_kind`: 1 f32, 2 bf16, an f32 output only where a point is located).
+fn check_args(a: &Conv3dCheckLaunch, kernels: [Kernel; 2]) -> Result<(Kernel, Vec<KernelArg>)> {
+    let c = &a.conv;
+    let k = by_dtype(c.dtype, kernels, "input")?;
+    let bias_kind = match (c.bias, a.bias_dtype) {
+        (None, _) => 0,
+        (Some(_), DType::F32) => 1,
+        (Some(_), DType::BF16) => 2,
+        (Some(_), other) => {
+            return Err(Error::Conv3dDType {
+                tensor: "bias",
+                dtype: other,
+                expected: DType::F32,
+            })
+        }
+    };
+    let y_kind = match (a.output_dtype, a.locate) {
+        (DType::F32, _) => 1,
+        (DType::BF16, None) => 2,
+        (other, _) => {
+            return Err(Error::Conv3dDType {
+                tensor: "output",
+                dtype: other,
+                expected: DType::F32,
+            })
+        }
+    };
+    let args = vec![
+        KernelArg::U64(c.input.0),
+        KernelArg::U64(c.weight.0),
+        KernelArg::U64(c.bias.map_or(0, |b| b.0)),
+        KernelArg::U64(bias_kind),
+        KernelArg::U64(c.output.0),
+        KernelArg::U64(y_kind),
+        KernelArg::U64(a.results.0),
+        KernelArg::Conv3d(Conv3dArgs::new(c)),
+        KernelArg::U64(a.samples as u64),
+        KernelArg::U64(a.seed),
+    ];
+    Ok((k, args))
+}
