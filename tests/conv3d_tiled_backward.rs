@@ -233,6 +233,24 @@ fn served_cases() -> Vec<(&'static str, Operands)> {
             ),
         ),
         (
+            // HunyuanVideo's causal downsampler: padded outside, k3 s2,
+            // the last input row of each axis read by no output point.
+            "grad stride 2, no padding, unread last rows (HunyuanVideo)",
+            Operands::grad(
+                params([0; 3], [1; 3], 1).with_stride([2; 3]),
+                [1, 8, 11, 10, 10],
+                [8, 8, 3, 3, 3],
+            ),
+        ),
+        (
+            "grad stride 1 x 2 x 2, no padding (HunyuanVideo)",
+            Operands::grad(
+                params([0; 3], [1; 3], 1).with_stride([1, 2, 2]),
+                [1, 8, 5, 10, 10],
+                [8, 8, 3, 3, 3],
+            ),
+        ),
+        (
             "transpose stride 2, output_padding 1, bias",
             Operands::transpose(
                 params([1; 3], [1; 3], 1).with_stride([2; 3]),

@@ -8,6 +8,7 @@ diffusers video VAE forward + backward where diffusers is installed. On
 the CPU (rocm-safe's host backend; runs in CI when torch is there) and,
 where torch.cuda is available, on the GPU."""
 
+import copy
 import math
 import warnings
 
@@ -287,16 +288,119 @@ def test_backward_tier_failures_fall_through(device):
 
 
 def _wan_vae():
+    return _vae("wan")
+
+
+# Small configurations of diffusers' three video VAEs (random weights), and
+# the input each takes.
+_VAE_INPUT = {"wan": (1, 3, 5, 16, 16), "hunyuan": (1, 3, 9, 16, 16), "ltx": (1, 3, 9, 16, 16)}
+
+
+def _vae(name):
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
-    return diffusers.AutoencoderKLWan(
-        base_dim=8,
-        z_dim=4,
-        dim_mult=[1, 2],
-        num_res_blocks=1,
-        attn_scales=[],
-        temperal_downsample=[True],
+    if name == "wan":
+        return diffusers.AutoencoderKLWan(
+            base_dim=8,
+            z_dim=4,
+            dim_mult=[1, 2],
+            num_res_blocks=1,
+            attn_scales=[],
+            temperal_downsample=[True],
+        )
+    if name == "hunyuan":
+        return diffusers.AutoencoderKLHunyuanVideo(
+            in_channels=3,
+            out_channels=3,
+            latent_channels=4,
+            down_block_types=("HunyuanVideoDownBlock3D",) * 4,
+            up_block_types=("HunyuanVideoUpBlock3D",) * 4,
+            block_out_channels=(8, 8, 8, 8),
+            layers_per_block=1,
+            norm_num_groups=4,
+            spatial_compression_ratio=8,
+            temporal_compression_ratio=4,
+            mid_block_add_attention=True,
+        )
+    return diffusers.AutoencoderKLLTXVideo(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=8,
+        block_out_channels=(8, 8, 8, 8),
+        decoder_block_out_channels=(8, 8, 8, 8),
+        layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, False, False),
+        decoder_spatio_temporal_scaling=(True, True, False, False),
+        decoder_inject_noise=(False,) * 5,
+        upsample_residual=(False,) * 4,
+        upsample_factor=(1, 1, 1, 1),
+        timestep_conditioning=False,
+        patch_size=1,
+        patch_size_t=1,
+        encoder_causal=True,
+        decoder_causal=False,
     )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["wan", "hunyuan", "ltx"])
+@pytest.mark.parametrize("mode", ["fallback", "verify"])
+@pytest.mark.parametrize("failure", ["raises", "nan", "wrong"])
+def test_video_vae_training_step_with_torch_failing(device, name, mode, failure, monkeypatch):
+    """A training step (forward and backward, f32) of each of diffusers'
+    video VAEs, small and with random weights, torch's conv3d failing as
+    asked: where the mode catches the failure, the reconstruction and every
+    gradient are as close to a float64 step as torch's own f32 step is.
+    Inputs that need gradients take the synchronous checks; a caught call
+    is served by the chain, whose backward goes through the chain's
+    backward tiers.
+
+    Against float64, not against torch's f32 gradients: HunyuanVideo's
+    GroupNorm (two channels per group here) makes some bias gradients a
+    difference of nearly equal sums, whose f32 value depends on the order
+    of the additions; its step differed from torch's by 0.5% of such a
+    tensor's largest value on an H200 and on the CPU alike, where Wan's
+    and LTX's (RMS norms) matched torch's to 1e-4."""
+    vae = _vae(name).to(device=device)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(*_VAE_INPUT[name], generator=g).to(device=device)
+
+    def step(model, xin):
+        model.zero_grad()
+        xx = xin.clone().requires_grad_()
+        out = model(xx).sample
+        out.square().mean().backward()
+        return out.detach(), [xx.grad] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    ref64, g64 = step(copy.deepcopy(vae).double(), x.double())
+    ref, g_ref = step(vae, x)
+    real = F.conv3d
+    broken = Broken(real, failure)
+    monkeypatch.setattr(F, "conv3d", broken)
+    rt.install_conv3d_fallback(mode=mode)
+    rt.reset_conv3d_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out, g_ours = step(vae, x)
+        s = rt.conv3d_stats()
+    rt.uninstall_conv3d_fallback()
+    monkeypatch.setattr(F, "conv3d", real)
+    assert broken.calls > 0 and s["calls"] > 0, s
+    tol = dict(rtol=1e-3, atol=1e-4)
+    if failure == "wrong" and mode == "fallback":
+        # "fallback" does not look at finite values: torch's wrong output.
+        assert s["fell_back"] == 0, s
+        assert not torch.allclose(out, ref, **tol)
+        return
+    assert s["fell_back"] > 0 and s["repair_failed"] == 0, s
+    torch.testing.assert_close(out, ref, **tol)
+    assert len(g_ours) == len(g_ref) == len(g64)
+    for i, (a, e, d) in enumerate(zip(g_ours, g_ref, g64)):
+        scale = d.abs().max().item() + 1e-12
+        ours_err = (a.double() - d).abs().max().item() / scale
+        torch_err = (e.double() - d).abs().max().item() / scale
+        assert ours_err <= max(10 * torch_err, 1e-4), (i, tuple(d.shape), ours_err, torch_err)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -333,18 +437,27 @@ def test_wan_vae_forward_and_backward_in_replace_mode(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "name,dtype",
+    [
+        ("wan", torch.float32),
+        ("wan", torch.bfloat16),
+        ("hunyuan", torch.float32),
+        ("ltx", torch.float32),
+    ],
+)
 @pytest.mark.parametrize("mode", ["fallback", "verify", "replace"])
 @pytest.mark.parametrize("failure", ["raises", "nan", "wrong"])
-def test_wan_vae_inference_with_torch_failing_in_every_mode(device, dtype, mode, failure, monkeypatch):
-    """A small diffusers Wan 2.1 VAE under no_grad (what a decode is), torch's
-    conv3d failing as asked: the reconstruction matches torch's own
-    wherever the mode catches the failure. On the GPU "fallback" and
-    "verify" guard torch's outputs on the device (no wait), so this is the
-    guard's test on real model code; "replace" never calls torch."""
-    vae = _wan_vae().to(device=device, dtype=dtype).eval()
+def test_video_vae_inference_with_torch_failing_in_every_mode(device, name, dtype, mode, failure, monkeypatch):
+    """A small diffusers video VAE (Wan 2.1, HunyuanVideo, LTX-Video) under
+    no_grad (what a decode is), torch's conv3d failing as asked: the
+    reconstruction matches torch's own wherever the mode catches the
+    failure. On the GPU "fallback" and "verify" guard torch's outputs on
+    the device (no wait), so this is the guard's test on real model code;
+    "replace" never calls torch."""
+    vae = _vae(name).to(device=device, dtype=dtype).eval()
     g = torch.Generator().manual_seed(2)
-    x = torch.randn(1, 3, 5, 16, 16, generator=g).to(device=device, dtype=dtype)
+    x = torch.randn(*_VAE_INPUT[name], generator=g).to(device=device, dtype=dtype)
     real = F.conv3d
     with torch.no_grad():
         ref = vae(x).sample
