@@ -12,7 +12,7 @@
 //! nvcc at build time when it was found, else the embedded source compiled
 //! by NVRTC on first use to machine code for the device's own arch (a
 //! cubin; PTX where NVRTC gives none), one module at a time
-//! ([`KernelModule`]), cached per arch for the process and on disk
+//! (`KernelModule`), cached per arch for the process and on disk
 //! (`super::kernel_cache`). A cached cubin loads in milliseconds; PTX would
 //! cost the driver's translation in every process its cache misses.
 
