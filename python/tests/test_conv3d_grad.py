@@ -450,8 +450,14 @@ def test_wan_vae_forward_and_backward_in_replace_mode(device, dtype):
     [
         ("wan", torch.float32),
         ("wan", torch.bfloat16),
+        # Not HunyuanVideo in bf16: with random weights its small GroupNorm
+        # groups make the network chaotic in bf16 (torch's own bf16 output
+        # is 17% off a float64 run, measured on the CPU), so two correct bf16
+        # runs end far apart; each of its conv3d calls through the chain is
+        # as close to float64 as torch's.
         ("hunyuan", torch.float32),
         ("ltx", torch.float32),
+        ("ltx", torch.bfloat16),
     ],
 )
 @pytest.mark.parametrize("mode", ["fallback", "verify", "replace"])
