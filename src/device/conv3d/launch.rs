@@ -588,18 +588,7 @@ impl KernelCall {
             [Kernel::Conv3dBwdCheckF32, Kernel::Conv3dBwdCheckBf16],
             "grad_output",
         )?;
-        let bias_kind = match (c.bias, a.bias_dtype) {
-            (None, _) => 0,
-            (Some(_), DType::F32) => 1,
-            (Some(_), DType::BF16) => 2,
-            (Some(_), other) => {
-                return Err(Error::Conv3dDType {
-                    tensor: "bias",
-                    dtype: other,
-                    expected: DType::F32,
-                })
-            }
-        };
+        let bias_kind = bias_kind(c.bias, a.bias_dtype)?;
         let samples = u32::try_from(a.samples)
             .ok()
             .filter(|&n| n > 0 && n as usize <= super::CHECK_MAX_SAMPLES)
@@ -659,18 +648,7 @@ mod tests;
 fn check_args(a: &Conv3dCheckLaunch, kernels: [Kernel; 2]) -> Result<(Kernel, Vec<KernelArg>)> {
     let c = &a.conv;
     let k = by_dtype(c.dtype, kernels, "input")?;
-    let bias_kind = match (c.bias, a.bias_dtype) {
-        (None, _) => 0,
-        (Some(_), DType::F32) => 1,
-        (Some(_), DType::BF16) => 2,
-        (Some(_), other) => {
-            return Err(Error::Conv3dDType {
-                tensor: "bias",
-                dtype: other,
-                expected: DType::F32,
-            })
-        }
-    };
+    let bias_kind = bias_kind(c.bias, a.bias_dtype)?;
     let y_kind = match (a.output_dtype, a.locate) {
         (DType::F32, _) => 1,
         (DType::BF16, None) => 2,
@@ -695,4 +673,19 @@ fn check_args(a: &Conv3dCheckLaunch, kernels: [Kernel; 2]) -> Result<(Kernel, Ve
         KernelArg::U64(a.seed),
     ];
     Ok((k, args))
+}
+
+/// A check kernel's `bias_kind`: 0 none, 1 f32, 2 bf16 (another dtype is
+/// [`Error::Conv3dDType`]).
+fn bias_kind<P>(bias: Option<P>, dtype: DType) -> Result<u64> {
+    match (bias, dtype) {
+        (None, _) => Ok(0),
+        (Some(_), DType::F32) => Ok(1),
+        (Some(_), DType::BF16) => Ok(2),
+        (Some(_), other) => Err(Error::Conv3dDType {
+            tensor: "bias",
+            dtype: other,
+            expected: DType::F32,
+        }),
+    }
 }
