@@ -351,6 +351,25 @@ def _vae(name):
     )
 
 
+def _with_torch_failing(monkeypatch, failure, mode, run):
+    """``run()`` with torch's conv3d failing as asked under the fallback
+    installed in ``mode`` (its RuntimeWarnings silenced): ``(what run
+    returned, conv3d_stats(), the Broken stand-in)``; torch's conv3d and
+    the uninstalled state are back afterwards."""
+    real = F.conv3d
+    broken = Broken(real, failure)
+    monkeypatch.setattr(F, "conv3d", broken)
+    rt.install_conv3d_fallback(mode=mode)
+    rt.reset_conv3d_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = run()
+        s = rt.conv3d_stats()
+    rt.uninstall_conv3d_fallback()
+    monkeypatch.setattr(F, "conv3d", real)
+    return result, s, broken
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["wan", "hunyuan", "ltx"])
 @pytest.mark.parametrize("mode", ["fallback", "verify"])
@@ -383,17 +402,7 @@ def test_video_vae_training_step_with_torch_failing(device, name, mode, failure,
 
     ref64, g64 = step(copy.deepcopy(vae).double(), x.double())
     ref, g_ref = step(vae, x)
-    real = F.conv3d
-    broken = Broken(real, failure)
-    monkeypatch.setattr(F, "conv3d", broken)
-    rt.install_conv3d_fallback(mode=mode)
-    rt.reset_conv3d_stats()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        out, g_ours = step(vae, x)
-        s = rt.conv3d_stats()
-    rt.uninstall_conv3d_fallback()
-    monkeypatch.setattr(F, "conv3d", real)
+    (out, g_ours), s, broken = _with_torch_failing(monkeypatch, failure, mode, lambda: step(vae, x))
     assert broken.calls > 0 and s["calls"] > 0, s
     tol = dict(rtol=1e-3, atol=1e-4)
     if failure == "wrong" and mode == "fallback":
@@ -472,19 +481,14 @@ def test_video_vae_inference_with_torch_failing_in_every_mode(device, name, dtyp
     vae = _vae(name).to(device=device, dtype=dtype).eval()
     g = torch.Generator().manual_seed(2)
     x = torch.randn(*_VAE_INPUT[name], generator=g).to(device=device, dtype=dtype)
-    real = F.conv3d
     with torch.no_grad():
         ref = vae(x).sample
-    broken = Broken(real, failure)
-    monkeypatch.setattr(F, "conv3d", broken)
-    rt.install_conv3d_fallback(mode=mode)
-    rt.reset_conv3d_stats()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def decode():
         with torch.no_grad():
-            out = vae(x).sample
-        s = rt.conv3d_stats()
-    rt.uninstall_conv3d_fallback()
+            return vae(x).sample
+
+    out, s, broken = _with_torch_failing(monkeypatch, failure, mode, decode)
     caught = failure in ("raises", "nan") or mode in ("verify", "replace")
     tol = dict(rtol=1e-3, atol=1e-4) if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
     if not caught:

@@ -87,9 +87,14 @@ impl Request<'_> {
         crate::convert::fingerprint::fingerprint_bytes(&bytes).0
     }
 
-    /// `module-target`, the process cache's key and part of the file name.
+    /// `module-target`: part of the file name.
     fn name(&self) -> String {
         format!("{}-{}", self.module, self.target)
+    }
+
+    /// `runtime-module-target`: the process cache's key.
+    fn process_key(&self) -> String {
+        format!("{}-{}", self.runtime, self.name())
     }
 
     fn file(&self, dir: &Path, key: u64) -> PathBuf {
@@ -160,8 +165,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Whether this process's cache holds `req` already (no compile, no disk
 /// read, no wait).
 pub(crate) fn in_process(req: &Request<'_>) -> bool {
-    let name = format!("{}-{}", req.runtime, req.name());
-    let entry = lock(process_cache()).get(&name).cloned();
+    let entry = lock(process_cache()).get(&req.process_key()).cloned();
     entry.is_some_and(|e| e.try_lock().is_ok_and(|g| g.is_some()))
 }
 
@@ -176,8 +180,10 @@ pub(crate) fn get_or_compile(
     cached: bool,
     compile: impl FnOnce() -> Result<Vec<u8>>,
 ) -> Result<(Vec<u8>, KernelSource)> {
-    let name = format!("{}-{}", req.runtime, req.name());
-    let entry = lock(process_cache()).entry(name).or_default().clone();
+    let entry = lock(process_cache())
+        .entry(req.process_key())
+        .or_default()
+        .clone();
     let mut slot = lock(&entry);
     if cached {
         if let Some(p) = &*slot {
@@ -381,7 +387,7 @@ mod tests {
         let mut other = r;
         other.module = "other-module";
         let entry = lock(process_cache())
-            .get(&format!("unit-{}", r.name()))
+            .get(&r.process_key())
             .cloned()
             .unwrap();
         let _held = lock(&entry);

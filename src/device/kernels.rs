@@ -542,6 +542,11 @@ mod tests {
         // Walk the flattened conv3d source keeping the stack of `#if`s:
         // a kernel's definition must sit under exactly its part's guard.
         let src = CUDA_SOURCES[KernelModule::Conv3d.source()];
+        let conv3d: Vec<Kernel> = Kernel::all()
+            .into_iter()
+            .chain([Kernel::Conv3dTiledBf16Mma])
+            .filter(|k| k.module().source() == 1)
+            .collect();
         let mut stack: Vec<Option<u32>> = Vec::new();
         let mut found = HashMap::new();
         let part_of = |cond: &str| {
@@ -567,21 +572,14 @@ mod tests {
                 pending_kernel = true;
             }
             if t.starts_with("RS_") && t.contains("_KERNEL(") && !t.starts_with("RS_DEVICE") {
-                for k in Kernel::all()
-                    .into_iter()
-                    .filter(|k| k.module().source() == 1)
-                {
+                for &k in &conv3d {
                     if t.contains(&format!("({},", k.symbol())) {
                         found.insert(k, stack.iter().flatten().copied().collect());
                     }
                 }
             }
             if pending_kernel {
-                for k in Kernel::all()
-                    .into_iter()
-                    .chain([Kernel::Conv3dTiledBf16Mma])
-                    .filter(|k| k.module().source() == 1)
-                {
+                for &k in &conv3d {
                     if t.contains(&format!("{}(", k.symbol())) {
                         let parts: Vec<u32> = stack.iter().flatten().copied().collect();
                         found.insert(k, parts);
@@ -593,11 +591,7 @@ mod tests {
                 }
             }
         }
-        for k in Kernel::all()
-            .into_iter()
-            .chain([Kernel::Conv3dTiledBf16Mma])
-            .filter(|k| k.module().source() == 1)
-        {
+        for &k in &conv3d {
             let parts = found.get(&k);
             assert_eq!(
                 parts,

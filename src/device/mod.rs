@@ -113,11 +113,11 @@ pub mod hip;
 pub use backend::{Backend, CopyOp, Driver, KernelOp};
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
 pub use conv3d::{
-    tiled_weight_layout, CheckBias, CheckedPoint, Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch,
-    Conv3dCheckLaunch, Conv3dFlipLaunch, Conv3dGuardCheck, Conv3dGuardDecide, Conv3dKernel,
-    Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout, Conv3dZeroInsertLaunch, GuardStage,
-    GuardVerdict, GuardWords, CHECK_MAX_SAMPLES, CHECK_WORDS, GUARD_ACC_WORDS, GUARD_RECORD_WORDS,
-    GUARD_REPAIR_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
+    tiled_weight_layout, CheckBias, CheckOperands, CheckedPoint, Conv3dBackwardCheckLaunch,
+    Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch, Conv3dGuardCheck, Conv3dGuardDecide,
+    Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout, Conv3dZeroInsertLaunch,
+    GuardStage, GuardVerdict, GuardWords, CHECK_MAX_SAMPLES, CHECK_WORDS, GUARD_ACC_WORDS,
+    GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
 };
 pub use conv3d::{tiled_wgrad_split, tiled_wgrad_unsupported, TiledWgradSplit};
 pub(crate) use device_handle::WeakDevice;

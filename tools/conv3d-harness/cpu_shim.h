@@ -33,24 +33,8 @@ inline void __syncthreads() { g_bar->arrive_and_wait(); }
 // Blocks run one after another here: a fence orders nothing more than the
 // barrier does (the guard's fused check, compiled with the file, uses it).
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-template <class F> void emu_launch(unsigned grid, unsigned block, F f) {
-    blockDim = {block, 1, 1};
-    gridDim = {grid, 1, 1};
-    std::barrier<> bar(block);
-    g_bar = &bar;
-    std::vector<std::thread> ts;
-    for (unsigned t = 0; t < block; t++)
-        ts.emplace_back([&, t] {
-            threadIdx = {t, 0, 0};
-            for (unsigned b = 0; b < grid; b++) {
-                blockIdx = {b, 0, 0};
-                f();
-                bar.arrive_and_wait();
-            }
-        });
-    for (auto& t : ts) t.join();
-}
-// As emu_launch over a 3-D grid (x fastest).
+// A launch over a 3-D grid (x fastest): one std::thread per thread of the
+// block, the blocks one after another.
 template <class F> void emu_launch3(dim3 grid, unsigned block, F f) {
     blockDim = {block, 1, 1};
     gridDim = grid;
@@ -69,4 +53,8 @@ template <class F> void emu_launch3(dim3 grid, unsigned block, F f) {
                     }
         });
     for (auto& t : ts) t.join();
+}
+// A launch over a 1-D grid.
+template <class F> void emu_launch(unsigned grid, unsigned block, F f) {
+    emu_launch3(dim3{grid, 1, 1}, block, f);
 }

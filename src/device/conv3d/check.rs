@@ -113,6 +113,16 @@ impl CheckedPoint {
 /// The bias of a check, as the caller holds it (f32 or bf16).
 pub type CheckBias<'r, 'v, B> = Option<&'r DeviceView<'v, B>>;
 
+/// A check's operands and the output checked: input, weight, bias,
+/// output (the input's and weight's dtype `T`, the bias's `B`, the
+/// output's `Y`).
+pub type CheckOperands<'r, 'v, T, B, Y> = (
+    &'r DeviceView<'v, T>,
+    &'r DeviceView<'v, T>,
+    CheckBias<'r, 'v, B>,
+    &'r DeviceView<'v, Y>,
+);
+
 impl Stream {
     /// Queues the device check of a conv3d's output on this stream (no
     /// synchronisation; read `results` back after it): `samples` points
@@ -155,16 +165,10 @@ impl Stream {
     ///
     /// Errors: as [`Stream::conv3d_check`], and [`Error::LengthMismatch`]
     /// for a gate that is not one element.
-    #[allow(clippy::type_complexity)]
     pub fn conv3d_check_gated<T: Element, B: Element, Y: Element>(
         &self,
         g: &Conv3dGeometry,
-        (input, weight, bias, output): (
-            &DeviceView<'_, T>,
-            &DeviceView<'_, T>,
-            CheckBias<'_, '_, B>,
-            &DeviceView<'_, Y>,
-        ),
+        (input, weight, bias, output): CheckOperands<'_, '_, T, B, Y>,
         (samples, seed): (usize, u64),
         locate: Option<&mut DeviceViewMut<'_, u64>>,
         results: &mut DeviceViewMut<'_, u64>,
@@ -213,16 +217,10 @@ impl Stream {
     /// The launch of a check of `samples` points of the call `g` into
     /// `results` (no located point), every range validated as
     /// [`Stream::conv3d_check_gated`] documents; `samples` may be 0.
-    #[allow(clippy::type_complexity)]
     pub(super) fn check_launch<T: Element, B: Element, Y: Element>(
         &self,
         g: &Conv3dGeometry,
-        (input, weight, bias, output): (
-            &DeviceView<'_, T>,
-            &DeviceView<'_, T>,
-            CheckBias<'_, '_, B>,
-            &DeviceView<'_, Y>,
-        ),
+        (input, weight, bias, output): CheckOperands<'_, '_, T, B, Y>,
         (samples, seed): (usize, u64),
         results: &DeviceViewMut<'_, u64>,
         gate: Option<&DeviceView<'_, u64>>,

@@ -16,7 +16,7 @@
 //! [`Stream::conv3d_check_gated`] and [`Stream::conv3d_guard_decide`] take
 //! one launch each.
 
-use super::check::{host_conv3d_check, CheckBias, Conv3dCheckLaunch, CHECK_WORDS};
+use super::check::{host_conv3d_check, CheckOperands, Conv3dCheckLaunch, CHECK_WORDS};
 use super::layout::check_len;
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::Element;
@@ -353,16 +353,10 @@ impl Stream {
     /// Errors: as [`Stream::conv3d_check_gated`];
     /// [`Error::LengthMismatch`] for accumulators or a record of other
     /// lengths; the backend's launch error.
-    #[allow(clippy::type_complexity)]
     pub fn conv3d_guard_check<T: Element, B: Element, Y: Element>(
         &self,
         g: &Conv3dGeometry,
-        operands: (
-            &DeviceView<'_, T>,
-            &DeviceView<'_, T>,
-            CheckBias<'_, '_, B>,
-            &DeviceView<'_, Y>,
-        ),
+        operands: CheckOperands<'_, '_, T, B, Y>,
         (samples, seed, rel_tol): (usize, u64, f64),
         stage: GuardStage,
         (results, acc, record): (

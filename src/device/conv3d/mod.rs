@@ -27,7 +27,8 @@ pub(crate) use backward::{host_conv3d_backward, host_conv3d_backward_check};
 pub use backward::{Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch};
 pub(crate) use check::{host_conv3d_check, host_conv3d_layout};
 pub use check::{
-    CheckBias, CheckedPoint, Conv3dCheckLaunch, Conv3dLayoutLaunch, CHECK_MAX_SAMPLES, CHECK_WORDS,
+    CheckBias, CheckOperands, CheckedPoint, Conv3dCheckLaunch, Conv3dLayoutLaunch,
+    CHECK_MAX_SAMPLES, CHECK_WORDS,
 };
 pub(crate) use flip::{host_conv3d_flip, host_conv3d_zero_insert};
 pub use flip::{Conv3dFlipLaunch, Conv3dZeroInsertLaunch};
