@@ -45,6 +45,7 @@ const KERNEL_FILES: &[&str] = &[
     "hip-kernels/fingerprint.hip",
     "hip-kernels/convert_fingerprint.hip",
     "hip-kernels/nonfinite.hip",
+    "hip-kernels/widen_check.hip",
     "hip-kernels/conv3d.hip",
     "hip-kernels/conv3d_naive.hip",
     "hip-kernels/conv3d_check.hip",

@@ -10,3 +10,4 @@
 #include "fingerprint.hip"
 #include "convert_fingerprint.hip"
 #include "nonfinite.hip"
+#include "widen_check.hip"

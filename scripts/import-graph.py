@@ -142,7 +142,7 @@ LAYERS = [
     ["safetensors"],
     ["device"],
     ["verify"],
-    ["transfer", "conv3d_chain"],
+    ["transfer", "conv3d_chain", "moves"],
     ["dlpack", "diagnostics"],
 ]
 

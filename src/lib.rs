@@ -74,6 +74,7 @@ pub mod dtype;
 pub mod error;
 pub mod fallback;
 pub mod guide;
+pub mod moves;
 pub(crate) mod par;
 pub mod safetensors;
 pub mod transfer;

@@ -134,6 +134,7 @@ fn kernels_that_assume_their_block_size_have_a_hip_launch_bound() {
         ("fingerprint.hip", "fingerprint_sum_u8"),
         ("convert_fingerprint.hip", "RS_WIDEN_FP_KERNEL"),
         ("nonfinite.hip", "RS_NONFINITE_KERNEL"),
+        ("widen_check.hip", "RS_WIDEN_CHECK_KERNEL"),
         ("conv3d_naive.hip", "conv3d_naive_f32"),
         ("conv3d_naive.hip", "conv3d_naive_bf16"),
         ("conv3d.hip", "conv3d_tiled_f32"),

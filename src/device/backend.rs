@@ -295,6 +295,22 @@ pub enum KernelOp<'a> {
         /// The accumulator.
         acc: DevicePtr,
     },
+    /// Counts the `n` f32 elements at `dst` that differ, bit for bit, from
+    /// the exact widening of the element of `op.from` at the same index of
+    /// `src`, and adds the count to the `u64` at `count` (a lossless row
+    /// to F32 with a device kernel: [`ConvertOp::widen_check_available`]).
+    WidenCheck {
+        /// The widening whose result is checked.
+        op: ConvertOp,
+        /// The source elements.
+        src: DevicePtr,
+        /// The f32 output to check.
+        dst: DevicePtr,
+        /// Elements.
+        n: u64,
+        /// The mismatch counter (8-byte aligned).
+        count: DevicePtr,
+    },
     /// Counts NaN (added to `counts[0]`) and Inf (`counts[1]`) among `n`
     /// elements of `dtype` (F32, BF16, F16) at `ptr`, without changing them.
     /// With a `gate` (one `u64`), only when the gate is non-zero as the
@@ -443,6 +459,7 @@ impl KernelOp<'_> {
             KernelOp::Convert { .. } => "convert",
             KernelOp::FingerprintSum { .. } => "fingerprint_sum",
             KernelOp::ConvertFingerprint { .. } => "convert_fingerprint",
+            KernelOp::WidenCheck { .. } => "widen_check",
             KernelOp::CountNonFinite { .. } => "count_nonfinite",
             KernelOp::Conv3dGuardDecide { .. } => "conv3d_guard_decide",
             KernelOp::Conv3dGuardCheck { .. } => "conv3d_guard_check",

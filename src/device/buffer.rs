@@ -439,6 +439,53 @@ impl<'a, T: bytemuck::Pod> DeviceView<'a, T> {
         };
         dst.mark_pending(stream)
     }
+
+    /// Queues an asynchronous copy of this view into `dst` starting at
+    /// element `dst_start` (a staging buffer larger than one piece), on
+    /// `stream`. The pinned buffer remembers the copy as
+    /// [`DeviceView::copy_dtoh_async`] does.
+    ///
+    /// Errors: [`Error::OutOfBounds`] when the view does not fit in `dst`
+    /// from `dst_start`.
+    pub fn copy_dtoh_async_range(
+        &self,
+        stream: &Stream,
+        dst: &mut PinnedBuffer<T>,
+        dst_start: usize,
+    ) -> Result<()> {
+        const OP: &str = "copy_dtoh_async_range";
+        stream.check_device(OP, self.device)?;
+        stream.check_device(OP, dst.device())?;
+        if dst_start
+            .checked_add(self.len())
+            .is_none_or(|e| e > dst.len())
+        {
+            return Err(Error::OutOfBounds {
+                op: OP,
+                start: dst_start,
+                end: dst_start.saturating_add(self.len()),
+                len: dst.len(),
+            });
+        }
+        if self.num_bytes() == 0 {
+            return Ok(());
+        }
+        dst.wait()?;
+        let off = dst_start * std::mem::size_of::<T>();
+        // SAFETY: the view is a live range of this device; `dst_start +
+        // len <= dst.len` (checked), so the destination lies inside the
+        // live pinned allocation, which is not read from the host before
+        // the event recorded below completes (PinnedBuffer waits for it
+        // before any host access or free).
+        unsafe {
+            let op = CopyOp::DtoH {
+                dst: dst.as_mut_ptr_for_copy().add(off),
+                src: self.span.ptr,
+            };
+            stream.backend().copy(op, self.num_bytes(), stream.raw())?
+        };
+        dst.mark_pending(stream)
+    }
 }
 
 /// A span of `len` elements of `T` at an outside address, checked for

@@ -22,6 +22,11 @@
 //! | `Conv3dBackwardLaunchFailure` | conv3d backward kernels (gradients, transposed convolution, the tiled weight gradient `conv3d_bwd_weight_tiled`), vendor backward calls, and the tiled tier's weight flip and zero insertion (`conv3d_flip_weight`, `conv3d_zero_insert`) | the call fails ([`Error::InjectedFault`]) |
 //! | `Conv3dBackwardWritesGarbage` | conv3d backward kernels, vendor backward calls, the weight flip and the zero insertion | the call runs, then its whole result (the flipped weight, the spread `dy`) is overwritten with seeded finite values of magnitude up to 1e4 |
 //! | `Conv3dBackwardWritesNonFinite` | conv3d backward kernels, vendor backward calls, the weight flip and the zero insertion | the call runs, then one result element (at a seeded place) is set to NaN |
+//! | `SmallCopyLost` | host-to-device copies of at most 64 KiB | the copy is lost and the destination reads zeros (the gfx11 staging failure: its lost copies are the odd-numbered ones, `When::EveryNth(2)`) |
+//! | `CopyZeroedRange` | host-to-device copies | the copy lands, then a range of it (at most 4 KiB, at a seeded place) is zeroed |
+//! | `DownloadTruncated` | device-to-host copies | only the bytes below the copy's last 4 GiB boundary land (the first half of a copy of 4 GiB or less) |
+//! | `InvalidValueOnLargeCopy` | copies of more than 1 MiB, either direction | the copy fails ([`Error::InjectedFault`]), like `hipErrorInvalidValue` |
+//! | `PinnedRefusedSticky` | pinned host allocations | the allocation fails ([`Error::InjectedFault`]) and leaves a sticky error: the next allocation, copy or launch fails once with it |
 //!
 //! Which operations are hit is decided by each rule's [`When`], counting
 //! the operations a kind applies to; [`When::Random`] draws from a
@@ -103,6 +108,9 @@ struct State {
     counts: [u64; FaultKind::ALL.len()],
     rng: u64,
     log: Vec<InjectedFault>,
+    /// A sticky error left by `PinnedRefusedSticky`, returned once by the
+    /// next allocation, copy or launch.
+    sticky: bool,
 }
 
 #[derive(Debug)]
@@ -157,6 +165,7 @@ impl<B: Backend> Faults<B> {
                 counts: [0; FaultKind::ALL.len()],
                 rng: plan.seed,
                 log: Vec::new(),
+                sticky: false,
             }),
             plan,
         });
@@ -257,6 +266,38 @@ impl<B: Backend> Faults<B> {
             self.inner.copy(op, len, s)?;
             self.inner.stream_synchronize(s)
         }
+    }
+
+    /// The sticky error left by a refused registration, returned (and
+    /// cleared) by the first operation after it.
+    fn sticky(&self, op: &'static str) -> Result<()> {
+        let mut st = match self.shared.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if std::mem::take(&mut st.sticky) {
+            return Err(Self::injected(FaultKind::PinnedRefusedSticky, op));
+        }
+        Ok(())
+    }
+
+    fn set_sticky(&self) {
+        match self.shared.state.lock() {
+            Ok(mut g) => g.sticky = true,
+            Err(p) => p.into_inner().sticky = true,
+        }
+    }
+
+    /// Zeroes a range (at most 4 KiB, at a seeded place) of the `bytes`
+    /// just copied to `dst` on `s`.
+    ///
+    /// # Safety
+    /// `dst` is a live device range of `bytes` bytes, `s` a live stream.
+    unsafe fn zero_range(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
+        let len = bytes.min(4096);
+        let start = (self.rng() % (bytes - len + 1) as u64) as usize;
+        // SAFETY: `start + len <= bytes` inside the caller's range.
+        unsafe { self.inner.memset_zero(dst.offset(start as u64), len, s) }
     }
 
     fn injected(kind: FaultKind, op: &'static str) -> Error {
@@ -466,6 +507,7 @@ unsafe impl<B: Backend> Driver for Faults<B> {
     );
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        self.sticky("alloc")?;
         self.out_of_memory(
             FaultKind::OutOfMemoryOnAlloc,
             ["alloc", "alloc (injected)"],
@@ -476,6 +518,11 @@ unsafe impl<B: Backend> Driver for Faults<B> {
 
     fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
         let op = ["alloc_pinned", "alloc_pinned (injected)"];
+        self.sticky("alloc_pinned")?;
+        if self.fires(FaultKind::PinnedRefusedSticky, op[0]) {
+            self.set_sticky();
+            return Err(Self::injected(FaultKind::PinnedRefusedSticky, op[0]));
+        }
         self.out_of_memory(FaultKind::OutOfMemoryOnPinned, op, bytes)?;
         self.inner.alloc_pinned(bytes)
     }
@@ -505,11 +552,31 @@ unsafe impl<B: Backend> Driver for Faults<B> {
     }
 
     unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> Result<()> {
+        let name = op.name();
+        self.sticky(name)?;
+        if bytes > 1 << 20 && self.fires(FaultKind::InvalidValueOnLargeCopy, name) {
+            return Err(Self::injected(FaultKind::InvalidValueOnLargeCopy, name));
+        }
+        if let CopyOp::DtoH { .. } = op {
+            if self.fires(FaultKind::DownloadTruncated, name) {
+                const FOUR_GIB: usize = 4 << 30;
+                let landed = if bytes > FOUR_GIB {
+                    (bytes - 1) / FOUR_GIB * FOUR_GIB
+                } else {
+                    bytes / 2
+                };
+                // SAFETY: the caller's ranges, shortened.
+                return unsafe { self.inner.copy(op, landed, s) };
+            }
+        }
         let CopyOp::HtoD { dst, src } = op else {
             // SAFETY: forwards the caller's guarantees unchanged.
             return unsafe { self.inner.copy(op, bytes, s) };
         };
-        let name = op.name();
+        if bytes <= 64 << 10 && self.fires(FaultKind::SmallCopyLost, name) {
+            // SAFETY: the destination range is valid for `bytes` (caller).
+            return unsafe { self.inner.memset_zero(dst, bytes, s) };
+        }
         if self.fires(FaultKind::InvalidValueOnCopy, name) {
             return Err(Self::injected(FaultKind::InvalidValueOnCopy, name));
         }
@@ -528,6 +595,10 @@ unsafe impl<B: Backend> Driver for Faults<B> {
             // inside `dst..dst + bytes`.
             return unsafe { self.garbage(dst, src, bytes, s) };
         }
+        if bytes > 0 && self.fires(FaultKind::CopyZeroedRange, name) {
+            // SAFETY: the destination range is valid for `bytes` (caller).
+            return unsafe { self.zero_range(dst, bytes, s) };
+        }
         Ok(())
     }
 }
@@ -544,6 +615,7 @@ unsafe impl<B: Backend> Backend for Faults<B> {
 
     unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
         let name = op.name();
+        self.sticky(name)?;
         match *op {
             KernelOp::Conv3d { args, .. } => {
                 // SAFETY: forwards the caller's guarantees unchanged; the

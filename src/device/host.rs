@@ -284,6 +284,18 @@ unsafe impl Backend for HostBackend {
             // SAFETY: the caller guarantees `n` elements of each dtype at
             // `src` (read) and `dst` (written, exclusive).
             KernelOp::Convert { op, src, dst, n } => unsafe { host_convert(op, src, dst, n) },
+            KernelOp::WidenCheck {
+                op,
+                src,
+                dst,
+                n,
+                count,
+            } => {
+                // SAFETY: the caller guarantees `n` elements of each dtype
+                // at `src` and `dst` (read) and an exclusive u64 at `count`.
+                unsafe { add_u64(count, host_widen_check(op, src, dst, n)?) };
+                Ok(())
+            }
             KernelOp::FingerprintSum {
                 src,
                 bytes,
@@ -397,6 +409,37 @@ unsafe fn host_convert(op: ConvertOp, src: DevicePtr, dst: DevicePtr, n: u64) ->
         )
     };
     crate::convert::convert_bytes(op.from, s, op.to, d)
+}
+
+/// The elements of the f32 output at `dst` that differ from the scalar
+/// reference's widening of `src` (the CPU side of `widen_check_*`).
+///
+/// # Safety
+/// `src` holds `n` elements of `op.from`, `dst` `n` f32.
+unsafe fn host_widen_check(op: ConvertOp, src: DevicePtr, dst: DevicePtr, n: u64) -> Result<u64> {
+    let row = match crate::convert::table::find(op.from, op.to) {
+        Some(r) if op.widen_check_available() => r,
+        _ => {
+            return Err(Error::UnsupportedConversion {
+                op: "widen_check",
+                from: op.from,
+                to: op.to,
+                tensor: None,
+            })
+        }
+    };
+    let ss = elem_size(op.from);
+    // SAFETY: the caller's guarantees.
+    let (s, d) = unsafe { (bytes(src, n * ss), bytes(dst, n * 4)) };
+    let mut bad = 0u64;
+    for (e, w) in s.chunks_exact(ss as usize).zip(d.chunks_exact(4)) {
+        let mut b = [0u8; 8];
+        b[..e.len()].copy_from_slice(e);
+        let want = (row.scalar)(u64::from_le_bytes(b)) as u32;
+        let got = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        bad += u64::from(want != got);
+    }
+    Ok(bad)
 }
 
 /// NaN and Inf among `n` elements of `dtype` at `ptr`, added to the two

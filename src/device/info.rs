@@ -158,6 +158,25 @@ impl ConvertOp {
     pub const fn row(self) -> Option<&'static table::Conversion> {
         table::find(self.from, self.to)
     }
+
+    /// Whether the device has an exact check of this conversion's output
+    /// (`widen_check_{src}_f32`, [`Stream::count_widen_mismatches`](super::Stream::count_widen_mismatches)):
+    /// the lossless rows to f32 with a device kernel (bf16, f16, f8 e4m3
+    /// and e5m2 sources).
+    pub const fn widen_check_available(self) -> bool {
+        match table::find(self.from, self.to) {
+            Some(r) => {
+                r.kernel.is_some()
+                    && r.lossless
+                    && matches!(self.to, DType::F32)
+                    && matches!(
+                        self.from,
+                        DType::BF16 | DType::F16 | DType::F8_E4M3 | DType::F8_E5M2
+                    )
+            }
+            None => false,
+        }
+    }
 }
 
 impl std::fmt::Display for ConvertOp {

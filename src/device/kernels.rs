@@ -108,6 +108,9 @@ pub(crate) enum Kernel {
     /// `convert_fingerprint_{src}_f32`: a row's fused kernel (made by
     /// [`Kernel::convert_fingerprint`] only).
     ConvertFingerprint(ConvertOp),
+    /// `widen_check_{src}_f32`: a widening row's exact check (made by
+    /// [`Kernel::widen_check`] only).
+    WidenCheck(ConvertOp),
     FingerprintSum,
     NonfiniteF32,
     NonfiniteBf16,
@@ -196,6 +199,9 @@ impl Kernel {
             if r.fused.is_some() {
                 v.push(Kernel::ConvertFingerprint(op));
             }
+            if op.widen_check_available() {
+                v.push(Kernel::WidenCheck(op));
+            }
         }
         v.extend(Self::FIXED);
         v
@@ -206,6 +212,7 @@ impl Kernel {
         match self {
             Kernel::Convert(_)
             | Kernel::ConvertFingerprint(_)
+            | Kernel::WidenCheck(_)
             | Kernel::FingerprintSum
             | Kernel::NonfiniteF32
             | Kernel::NonfiniteBf16
@@ -255,6 +262,14 @@ impl Kernel {
                 Some(table::Conversion { fused: Some(k), .. }) => k,
                 _ => "",
             },
+            Kernel::WidenCheck(op) => match op.from {
+                DType::BF16 => "widen_check_bf16_f32",
+                DType::F16 => "widen_check_f16_f32",
+                DType::F8_E4M3 => "widen_check_f8_e4m3_f32",
+                DType::F8_E5M2 => "widen_check_f8_e5m2_f32",
+                // Not made: `Kernel::widen_check` checks the row.
+                _ => "",
+            },
             Kernel::FingerprintSum => "fingerprint_sum_u8",
             Kernel::NonfiniteF32 => "nonfinite_f32",
             Kernel::NonfiniteBf16 => "nonfinite_bf16",
@@ -297,6 +312,15 @@ impl Kernel {
         match table::find(op.from, op.to) {
             Some(r) if r.kernel.is_some() => Ok(Kernel::Convert(op)),
             _ => Err(unsupported("convert", op)),
+        }
+    }
+
+    /// The exact check of `op`'s widening ([`ConvertOp::widen_check_available`]).
+    pub(crate) fn widen_check(op: ConvertOp) -> Result<Kernel> {
+        if op.widen_check_available() {
+            Ok(Kernel::WidenCheck(op))
+        } else {
+            Err(unsupported("widen_check", op))
         }
     }
 
@@ -446,6 +470,17 @@ impl KernelCall {
                 Kernel::convert_fingerprint(op)?,
                 n.div_ceil(Kernel::per_item(op)),
                 vec![U64(src.0), U64(dst.0), U64(n), U64(acc.0)],
+            ),
+            KernelOp::WidenCheck {
+                op,
+                src,
+                dst,
+                n,
+                count,
+            } => (
+                Kernel::widen_check(op)?,
+                n,
+                vec![U64(src.0), U64(dst.0), U64(n), U64(count.0)],
             ),
             KernelOp::CountNonFinite {
                 dtype,

@@ -260,6 +260,100 @@ impl Stream {
         self.convert_fingerprint_raw(&src, S::DTYPE, &mut dst, DType::F32, acc)
     }
 
+    /// Counts the elements of `dst` (f32, as bytes) that differ, bit for
+    /// bit, from the exact widening of the same element of `src` (bytes of
+    /// `from`): the check of a widening that already ran, a separate launch
+    /// reading both buffers. Waits for the result.
+    ///
+    /// Errors: [`Error::UnsupportedConversion`] where
+    /// [`ConvertOp::widen_check_available`] is false for `from -> f32`;
+    /// [`Error::LengthMismatch`] when the counts differ;
+    /// [`Error::Misaligned`]; [`Error::DeviceMismatch`].
+    pub fn count_widen_mismatches(
+        &self,
+        src: &DeviceView<'_, u8>,
+        from: DType,
+        dst: &DeviceView<'_, u8>,
+    ) -> Result<u64> {
+        let mut count = self.alloc_zeros::<u64>(1)?;
+        self.widen_check_into(src, from, dst, &mut count.view_mut())?;
+        let mut c = [0u64];
+        count.copy_dtoh(&mut c)?;
+        Ok(c[0])
+    }
+
+    /// Queues [`Stream::count_widen_mismatches`]'s check on this stream,
+    /// adding the count to `count[0]` (one `u64`, wrapping) instead of
+    /// waiting for it. Errors as that method's, and
+    /// [`Error::LengthMismatch`] for a `count` other than one element.
+    pub fn widen_check_into(
+        &self,
+        src: &DeviceView<'_, u8>,
+        from: DType,
+        dst: &DeviceView<'_, u8>,
+        count: &mut DeviceViewMut<'_, u64>,
+    ) -> Result<()> {
+        const OP: &str = "widen_check";
+        self.check_device(OP, count.device())?;
+        if count.len() != 1 {
+            return Err(Error::LengthMismatch {
+                op: "widen_check count",
+                expected: 1,
+                actual: count.len(),
+                tensor: None,
+            });
+        }
+        self.check_device(OP, src.device())?;
+        self.check_device(OP, dst.device())?;
+        let op = ConvertOp {
+            from,
+            to: DType::F32,
+        };
+        let (true, Some(ss)) = (op.widen_check_available(), from.size()) else {
+            return Err(Error::UnsupportedConversion {
+                op: OP,
+                from,
+                to: DType::F32,
+                tensor: None,
+            });
+        };
+        let n = src.len() / ss;
+        if n * ss != src.len() || dst.len() != n * 4 {
+            return Err(Error::LengthMismatch {
+                op: OP,
+                expected: n * 4,
+                actual: dst.len(),
+                tensor: None,
+            });
+        }
+        for (addr, size) in [(src.device_ptr().0, ss), (dst.device_ptr().0, 4)] {
+            if !addr.is_multiple_of(size as u64) {
+                return Err(Error::Misaligned {
+                    op: OP,
+                    addr,
+                    align: size as u64,
+                });
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: both views are live ranges of this device holding `n`
+        // aligned elements of their dtypes (checked); `count` is a live,
+        // aligned u64 of this device, borrowed mutably; `op` has a check
+        // kernel (checked).
+        unsafe {
+            let k = KernelOp::WidenCheck {
+                op,
+                src: src.device_ptr(),
+                dst: dst.device_ptr(),
+                n: n as u64,
+                count: count.device_ptr(),
+            };
+            self.backend().run(&k, self.raw())
+        }
+    }
+
     /// Counts NaN and Inf in `buf` (f32, bf16, f16) without changing it.
     /// Waits for the result.
     ///

@@ -119,11 +119,29 @@ pub enum FaultKind {
     /// A conv3d backward kernel, vendor backward call, weight flip or zero
     /// insertion writes a NaN.
     Conv3dBackwardWritesNonFinite,
+    /// A small host-to-device copy (at most 64 KiB) is lost and reads back
+    /// as zeros: the gfx11 staging failure, whose lost copies are the
+    /// odd-numbered ones (a rule of `When::EveryNth(2)`).
+    SmallCopyLost,
+    /// A host-to-device copy lands, then a range of it (at most 4 KiB, at a
+    /// seeded place) reads back as zeros.
+    CopyZeroedRange,
+    /// A device-to-host copy arrives in part: only the bytes below its last
+    /// 4 GiB boundary land (copies of 4 GiB or less: the first half, the
+    /// same failure at a size a test can afford).
+    DownloadTruncated,
+    /// A copy (either direction) of more than 1 MiB fails with "invalid
+    /// value", as large copies do after a refused registration.
+    InvalidValueOnLargeCopy,
+    /// A pinned allocation (a host registration) is refused and leaves a
+    /// sticky error that the next runtime call returns once, as HIP 7 does
+    /// until the error is read.
+    PinnedRefusedSticky,
 }
 
 #[cfg(any(test, feature = "testing"))]
 impl FaultKind {
-    pub(crate) const ALL: [FaultKind; 18] = [
+    pub(crate) const ALL: [FaultKind; 23] = [
         FaultKind::CopyLandsZeros,
         FaultKind::CopyLandsGarbage,
         FaultKind::CopyLandsStale,
@@ -142,6 +160,11 @@ impl FaultKind {
         FaultKind::Conv3dBackwardLaunchFailure,
         FaultKind::Conv3dBackwardWritesGarbage,
         FaultKind::Conv3dBackwardWritesNonFinite,
+        FaultKind::SmallCopyLost,
+        FaultKind::CopyZeroedRange,
+        FaultKind::DownloadTruncated,
+        FaultKind::InvalidValueOnLargeCopy,
+        FaultKind::PinnedRefusedSticky,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -170,6 +193,11 @@ impl fmt::Display for FaultKind {
             FaultKind::Conv3dBackwardLaunchFailure => "conv3d backward launch failure",
             FaultKind::Conv3dBackwardWritesGarbage => "conv3d backward writes garbage",
             FaultKind::Conv3dBackwardWritesNonFinite => "conv3d backward writes a nan",
+            FaultKind::SmallCopyLost => "small copy lost (reads back as zeros)",
+            FaultKind::CopyZeroedRange => "copy lands with a zeroed range",
+            FaultKind::DownloadTruncated => "download truncated at a 4 GiB boundary",
+            FaultKind::InvalidValueOnLargeCopy => "invalid value on a copy over 1 MiB",
+            FaultKind::PinnedRefusedSticky => "pinned registration refused, sticky error left",
         };
         f.write_str(s)
     }

@@ -72,7 +72,6 @@ mod widened;
 mod x86;
 
 pub(crate) use blocks::sum_bf16_as_f32_blocks;
-#[cfg(any(test, feature = "testing", feature = "doctor"))]
 pub(crate) use spec::mix64;
 pub(crate) use spec::term;
 pub use spec::{finish, Fingerprint};
