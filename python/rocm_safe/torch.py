@@ -8,7 +8,12 @@ and, on a GPU build (``--features cuda`` / ``--features hip``)::
     sd = load_file("model.safetensors", device="cuda:0", dtype=torch.float32)
     print(last_load_report())          # which rung served each tensor, GB/s
 
-plus the conv3d chain (vendor -> tiled -> naive -> CPU, each result
+plus verified moves of the tensors a trainer already holds
+(:func:`to_device` for batches, :func:`to_cpu` for latents, :func:`cast`,
+:func:`module_to` for models, :class:`VerifiedLoader` and
+:func:`verify_dataloader` for DataLoaders; every byte checked, a ladder
+on failure, :func:`last_move_report`), and
+the conv3d chain (vendor -> tiled -> naive -> CPU, each result
 checked) on torch tensors: :func:`conv3d` and :func:`conv_transpose3d`
 (both differentiable: their gradients go through the chain's backward
 ops, checked the same way), and :func:`install_conv3d_fallback` to serve
@@ -43,6 +48,17 @@ from ._conv3d import (  # noqa: F401
     last_load_report,
     release_memory,
 )
+from ._moves import (  # noqa: F401
+    MoveReport,
+    VerifiedLoader,
+    _verified_cpu_moves,
+    cast,
+    last_move_report,
+    module_to,
+    to_cpu,
+    to_device,
+    verify_dataloader,
+)
 from ._conv3d_fallback import (  # noqa: F401
     _inject_conv3d_failures,
     conv3d_stats,
@@ -69,6 +85,13 @@ __all__ = [
     "uninstall_conv3d_fallback",
     "conv3d_stats",
     "reset_conv3d_stats",
+    "to_device",
+    "to_cpu",
+    "cast",
+    "module_to",
+    "last_move_report",
+    "VerifiedLoader",
+    "verify_dataloader",
 ]
 
 

@@ -27,7 +27,10 @@ mod errors;
 mod guard;
 #[cfg(feature = "testing")]
 mod inject;
+#[cfg(feature = "testing")]
+mod inject_moves;
 mod interop;
+mod moves;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -589,5 +592,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(conv3d::conv_transpose3d_verify, m)?)?;
     #[cfg(feature = "testing")]
     m.add_function(wrap_pyfunction!(inject::inject_conv3d_failures, m)?)?;
+    m.add_function(wrap_pyfunction!(moves::move_upload, m)?)?;
+    m.add_function(wrap_pyfunction!(moves::move_download, m)?)?;
+    m.add_function(wrap_pyfunction!(moves::move_cast, m)?)?;
+    #[cfg(feature = "testing")]
+    m.add_function(wrap_pyfunction!(inject_moves::inject_move_faults, m)?)?;
+    #[cfg(feature = "testing")]
+    m.add_function(wrap_pyfunction!(inject_moves::move_faults_injected, m)?)?;
     Ok(())
 }
