@@ -360,6 +360,35 @@ fn check_every_launch(arch: &str) -> R {
         launched.push(name.into());
     }
 
+    // Exact checks of a widening: (src, dst, n, count), one element per
+    // item.
+    let mut count = s.alloc_zeros::<u64>(1).map_err(err("alloc count"))?;
+    for (name, src, dtype) in [
+        ("widen_check_bf16_f32", bf.view().cast::<u8>(), rocm_safe::DType::BF16),
+        ("widen_check_f16_f32", hf.view().cast::<u8>(), rocm_safe::DType::F16),
+        ("widen_check_f8_e4m3_f32", Ok(f8.view()), rocm_safe::DType::F8_E4M3),
+        ("widen_check_f8_e5m2_f32", Ok(f8.view()), rocm_safe::DType::F8_E5M2),
+    ] {
+        let src = src.map_err(err("cast"))?;
+        let out = f.view();
+        let out = out.cast::<u8>().map_err(err("cast"))?;
+        let l = launches_of(&st, &[name], || {
+            s.widen_check_into(&src, dtype, &out, &mut count.view_mut())
+                .map_err(err("widen_check_into"))
+        })?;
+        check_launch(
+            &l[0],
+            kernel(name)?,
+            &[
+                Want::Ptr(ptr(src.device_ptr())),
+                Want::Ptr(ptr(f.device_ptr())),
+                Want::U64(n as u64),
+                Want::Ptr(ptr(count.device_ptr())),
+            ],
+        )?;
+        launched.push(name.into());
+    }
+
     // Fingerprint: (src, nbytes, first_word, acc), 16 bytes per item.
     let mut acc = s.alloc_zeros::<u64>(1).map_err(err("alloc acc"))?;
     let l = launches_of(&st, &["fingerprint_sum_u8"], || {

@@ -357,7 +357,7 @@ def _upload_all(
                 f"rocm_safe.to_device: a {tuple(t.shape)} {t.dtype} tensor could not be placed on "
                 f"{device} by any checked path and stays on the CPU (see last_move_report())",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
             moved[id(t)] = t
             continue
@@ -388,6 +388,11 @@ def to_device(obj: Any, device: Any, *, dtype: Any = None, verify: bool = True) 
     dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"to_device({dev}): rocm_safe moves tensors between the CPU and \"cuda[:N]\" devices "
+            "(ROCm and CUDA builds of torch both call them cuda)"
+        )
     dt = _as_dtype(dtype)
     report = MoveReport("to_device", str(dev))
     t0 = _now()
@@ -528,7 +533,10 @@ def module_to(module: torch.nn.Module, device: Any = None, dtype: Any = None, *,
     t0 = _now()
     new: Dict[int, torch.Tensor] = {}
     if dev is not None:
-        moved = to_device(data, dev, dtype=dt, verify=verify)
+        with warnings.catch_warnings():
+            # All or nothing: a tensor kept on the host raises below.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            moved = to_device(data, dev, dtype=dt, verify=verify)
         inner = last_move_report()
         if inner is not None:
             for k in ("moves", "caught", "kept_on_host", "unchecked"):
@@ -631,6 +639,34 @@ def verify_dataloader(dataloader: Any, *, dtype: Any = None, verify: bool = True
             self.device = device
 
     cls = type(f"Verified{base.__name__}", (base,), {"__iter__": __iter__})
-    dataloader.__class__ = cls
+    # Accelerate's loaders answer `__class__` with a read-only property
+    # (so that isinstance(dl, DataLoader) holds); the object's own type is
+    # set through object's descriptor. The new class inherits the property.
+    object.__dict__["__class__"].__set__(dataloader, cls)
     dataloader._rocm_safe_verified = True
     return dataloader
+
+
+# --------------------------------------------------------------------------
+# tests
+
+
+def _inject_move_faults(rules: List[Tuple[str, str, int]], seed: int = 0) -> None:
+    """Test hook (a ``--features testing`` build only): from now on, moves
+    run behind the crate's ``Faults`` backend with ``rules``, a list of
+    ``(kind, when, n)`` (kinds: ``small_copy_lost``, ``copy_zeroed_range``,
+    ``download_truncated``, ``invalid_value_on_large_copy``,
+    ``pinned_refused_sticky``, ``convert_writes_zeros``,
+    ``copy_lands_zeros``, ``copy_lands_stale``, ``copy_lands_garbage``,
+    ``invalid_value_on_copy``; when: ``always``, ``nth``, ``every``). An
+    empty list stops. ``RuntimeError`` in a release build."""
+    hook = getattr(_native, "inject_move_faults", None)
+    if hook is None:
+        raise RuntimeError("this rocm_safe was built without --features testing: no fault injection")
+    hook(list(rules), seed)
+
+
+def _move_faults_injected() -> List[Tuple[str, str, int]]:
+    """The faults injected so far (testing builds): ``(kind, op, index)``."""
+    hook = getattr(_native, "move_faults_injected", None)
+    return [] if hook is None else list(hook())

@@ -51,6 +51,8 @@ from ._conv3d import (  # noqa: F401
 from ._moves import (  # noqa: F401
     MoveReport,
     VerifiedLoader,
+    _inject_move_faults,
+    _move_faults_injected,
     _verified_cpu_moves,
     cast,
     last_move_report,
