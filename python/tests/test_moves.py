@@ -194,13 +194,19 @@ def test_module_to_keeps_ties_buffers_and_grads(device):
     ],
 )
 def test_every_injected_fault_is_caught_and_served(device, rules, what):
-    b = batch(1)
-    big = torch.randn(3 << 18)  # 3 MiB: above the large-copy limit
-    on = rt.to_device(b, device) if what != "upload" else None
-    big_on = rt.to_device(big, device) if what == "download" else None
+    # New data each round: a lost copy must leave wrong bytes behind (a
+    # GPU's caching allocator may hand back memory that already holds an
+    # earlier round's identical bytes). Made before the faults are on.
+    rounds = []
+    for i in range(3):  # the odd-numbered copies are the lost ones
+        b = batch(10 + i)
+        big = torch.randn(3 << 18)  # 3 MiB: above the large-copy limit
+        on = rt.to_device(b, device) if what != "upload" else None
+        big_on = rt.to_device(big, device) if what == "download" else None
+        rounds.append((b, big, on, big_on))
     rt._inject_move_faults(rules, seed=3)
     caught = []
-    for _ in range(3):  # the odd-numbered copies are the lost ones
+    for b, big, on, big_on in rounds:
         if what == "upload":
             out = rt.to_device({"b": b, "big": big}, device)
             assert_same(out["b"]["latents"], b["latents"])
