@@ -31,18 +31,16 @@ pub fn header_len(path: PathBuf, prefix: &[u8], file_len: u64) -> PyResult<u64> 
 /// byte range absolute in the file.
 type Entry = (String, &'static str, Vec<u64>, u64, u64);
 
+/// What [`parse_head`] returns: the tensors and the `__metadata__` map.
+type Parsed = (Vec<Entry>, Option<BTreeMap<String, String>>);
+
 /// Validates a header from the stream's first `8 + N` bytes (`head`) and
 /// the stream's length, with every check of a file on disk, and returns
 /// `(tensors, metadata)`: the tensors in data order, each with its byte
 /// range in the file (absolute offsets), and the `__metadata__` map or
 /// `None`.
 #[pyfunction]
-pub fn parse_head(
-    py: Python<'_>,
-    path: PathBuf,
-    head: &[u8],
-    file_len: u64,
-) -> PyResult<(Vec<Entry>, Option<BTreeMap<String, String>>)> {
+pub fn parse_head(py: Python<'_>, path: PathBuf, head: &[u8], file_len: u64) -> PyResult<Parsed> {
     let header = py
         .detach(|| rocm_safe::safetensors::parse_head(&path, head, file_len))
         .map_err(to_py)?;
@@ -87,7 +85,7 @@ pub fn convert_chunk<'py>(
     let (Some(s), Some(d)) = (from.size(), to.size()) else {
         return Err(unsupported());
     };
-    if s == 0 || src.len() % s != 0 {
+    if s == 0 || !src.len().is_multiple_of(s) {
         return Err(crate::SafetensorError::new_err(format!(
             "convert_chunk: {} bytes are not whole {} elements",
             src.len(),
