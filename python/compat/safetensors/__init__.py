@@ -1,6 +1,6 @@
 """A shim named ``safetensors`` that serves the ``safetensors`` package's
 public names from ``rocm_safe``: what CI runs the safetensors project's own
-tests through (``.ci/run-upstream-suite``). Put this folder first on
+tests through (``python/compat/run-upstream-suite.sh``). Put this folder first on
 ``PYTHONPATH`` to use it; nothing else imports it."""
 
 from rocm_safe import (  # noqa: F401
