@@ -249,16 +249,17 @@ class safe_open:
         ``rocm_safe.torch.last_load_report()``) is moved to the device."""
         import torch
 
-        if isinstance(self._ckpt, _stream.StreamCheckpoint):
-            # A file object: read on the host, then moved.
-            out = {}
-            for name in names:
-                buf, dt, shape = self._ckpt.read(name, to=target, floats_only=True)
-                out[name] = self._tensors.from_buffer(buf, dt, shape).to(self._device)
-            return out
-        backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
-        loaded = _native.load_to_device(self._ckpt, names, self._device, target, self._verify, backend)
+        stream = isinstance(self._ckpt, _stream.StreamCheckpoint)
+        # A file object, and sub-byte tensors (F4 and F6, whose torch form is
+        # not DLPack's), are read on the host, then moved.
+        on_host = [n for n in names if stream or self._ckpt.describe(n)[0] in _dtypes.SUB_BYTE]
         out = {}
+        for name in on_host:
+            buf, dt, shape = self._ckpt.read(name, to=target, floats_only=True)
+            out[name] = self._tensors.from_buffer(buf, dt, shape).to(self._device)
+        rest = [n for n in names if n not in out]
+        backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
+        loaded = _native.load_to_device(self._ckpt, rest, self._device, target, self._verify, backend) if rest else []
         for name, capsule in loaded:
             t = torch.from_dlpack(capsule)
             if t.device.type == "cpu":
