@@ -133,8 +133,9 @@ class safe_open:
         filename: a ``.safetensors`` file or a ``.safetensors.index.json``;
             or an open file object (anything with ``seek`` and ``readinto``
             or ``read``: a file opened ``"rb"``, ``io.BytesIO``, an fsspec
-            file), read from its first byte whatever its position, with the
-            same validation; it is not closed with the ``safe_open``.
+            file), read from its first byte whatever its position (which the
+            reads move), with the same validation; it is not closed with the
+            ``safe_open``.
         framework: ``"pt"``/``"torch"``/``"pytorch"`` (torch tensors),
             ``"np"``/``"numpy"``, or, as safetensors takes them, ``"jax"``/``"flax"``,
             ``"tf"``/``"tensorflow"``, ``"mlx"``, ``"paddle"`` (that framework's
