@@ -76,7 +76,8 @@ def check_shim() -> None:
     where = os.path.dirname(os.path.abspath(safetensors.__file__))
     if os.path.dirname(where) != HERE or safetensors.safe_open is not rocm_safe.safe_open:
         raise pytest.UsageError(
-            f"`import safetensors` is {safetensors.__file__}, not the shim in {HERE}: put that folder first on PYTHONPATH"
+            f"`import safetensors` is {safetensors.__file__}, not the shim in {HERE}:"
+            " put that folder first on PYTHONPATH"
         )
 
 

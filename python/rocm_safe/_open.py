@@ -291,7 +291,9 @@ class _safe_open_handle(safe_open):
 
     def __init__(self, f: Any, framework: str, device: Union[str, int, Any] = "cpu", *, backend: str = "mmap"):
         if not _stream.is_file_object(f):
-            raise TypeError(f"_safe_open_handle takes an open file object (with seek and readinto), not {type(f).__name__}")
+            raise TypeError(
+                f"_safe_open_handle takes an open file object (with seek and readinto), not {type(f).__name__}"
+            )
         super().__init__(f, framework, device, backend=backend)
 
 

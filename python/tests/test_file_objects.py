@@ -161,8 +161,8 @@ def test_malformed_files_read_as_from_a_path(name, tmp_path):
 
 
 def test_stricter_checks_hold_for_streams():
-    dup = raw_file(b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
-              b"\1")
+    one = b'"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}'
+    dup = raw_file(b"{" + one + b"," + one + b"}", b"\1")
     for content, what in [(dup, "duplicate"), (b"version https://git-lfs.github.com/spec/v1\noid x\n", "lfs pointer")]:
         with pytest.raises(SafetensorError, match=what):
             safe_open(io.BytesIO(content), "np")

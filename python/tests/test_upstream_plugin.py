@@ -39,7 +39,10 @@ def test_skipped():
     pytest.skip("not here")
 '''
 
-README = "# x\n\n## What differs from `safetensors`\n\n- the first reason,\n  over two lines.\n\n## Next\n\n- elsewhere\n"
+README = (
+    "# x\n\n## What differs from `safetensors`\n\n- the first reason,\n  over two lines.\n\n## Next\n\n"
+    "- elsewhere\n"
+)
 
 
 def run(tmp_path, tests, listed, readme=README, shadow=False):
