@@ -10,7 +10,9 @@ mod common;
 use std::path::Path;
 
 use common::st_files::{file_bytes, write};
-use rocm_safe::safetensors::{parse_bytes, SafeTensors, SafeTensorsWriter, TensorSpec};
+use rocm_safe::safetensors::{
+    header_len, parse_bytes, parse_head, SafeTensors, SafeTensorsWriter, TensorSpec,
+};
 use rocm_safe::{DType, Error};
 
 /// Opens a hand-made file and returns the error; also checks that the
@@ -22,11 +24,49 @@ fn open_err(header: &str, data: &[u8]) -> Error {
     let e = SafeTensors::open(&p).unwrap_err();
     let e2 = parse_bytes(&p, &bytes).unwrap_err();
     assert_eq!(e.to_string(), e2.to_string());
+    assert_eq!(e.to_string(), stream_err(&p, &bytes).to_string());
     assert!(
         e.to_string().contains("t.safetensors"),
         "error names the file: {e}"
     );
     e
+}
+
+/// The error of the stream readers' two steps ([`header_len`] on the
+/// first 40 bytes, then [`parse_head`] on the first `8 + N`), which must
+/// be the file reader's.
+fn stream_err(p: &Path, bytes: &[u8]) -> Error {
+    let len = bytes.len() as u64;
+    match header_len(p, &bytes[..bytes.len().min(40)], len) {
+        Err(e) => e,
+        Ok(n) => {
+            let end = bytes.len().min(8 + n as usize);
+            parse_head(p, &bytes[..end], len).unwrap_err()
+        }
+    }
+}
+
+#[test]
+fn stream_head_parses_as_the_file_does() {
+    let bytes = file_bytes(ONE, &[7, 9]);
+    let p = Path::new("s.safetensors");
+    let n = header_len(p, &bytes[..40], bytes.len() as u64).unwrap();
+    assert_eq!(n as usize, ONE.len());
+    // Bytes after the head (the data) are ignored.
+    let h = parse_head(p, &bytes, bytes.len() as u64).unwrap();
+    let whole = parse_bytes(p, &bytes).unwrap();
+    assert_eq!(h.tensors(), whole.tensors());
+    assert_eq!(h.data_start(), 8 + n);
+    assert_eq!(h.data_len(), 2);
+    // A stream that ended inside its header.
+    let e = parse_head(p, &bytes[..20], bytes.len() as u64).unwrap_err();
+    assert!(
+        matches!(e, Error::HeaderOutOfBounds { file_len: 20, .. }),
+        "{e}"
+    );
+    // A data section shorter than the header says: the layout check.
+    let e = parse_head(p, &bytes, bytes.len() as u64 - 1).unwrap_err();
+    assert!(matches!(e, Error::DataLayout { .. }), "{e}");
 }
 
 const ONE: &str = r#"{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}"#;

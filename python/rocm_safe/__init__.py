@@ -16,6 +16,10 @@ Files that safetensors refuses are refused, as :class:`SafetensorError`,
 and so are files with duplicate keys, Git LFS pointers or overlapping
 tensors, which safetensors may accept.
 
+The ``safetensors`` module's raw API of 0.8 is here too: ``TensorSpec``,
+``serialize``, ``serialize_file``, ``deserialize``; and ``safe_open`` (or
+``_safe_open_handle``) reads open file objects (fsspec files included).
+
 ``import rocm_safe`` imports numpy only; ``rocm_safe.torch`` imports torch.
 """
 
@@ -26,13 +30,18 @@ from typing import Any
 
 from . import _native
 from ._native import SafetensorError, __version__
-from ._open import safe_open
+from ._open import _safe_open_handle, safe_open
 from ._panic import InternalError, guard_names
+from ._spec import TensorSpec, deserialize, serialize, serialize_file
 
 __all__ = [
     "SafetensorError",
     "InternalError",
     "safe_open",
+    "TensorSpec",
+    "serialize",
+    "serialize_file",
+    "deserialize",
     "doctor",
     "features",
     "kernel_loads",
@@ -82,7 +91,7 @@ def doctor(json: bool = False) -> Any:
     return _json.loads(text)
 
 
-guard_names(globals(), ("doctor", "features", "kernel_loads"))
+guard_names(globals(), ("doctor", "features", "kernel_loads", "serialize", "serialize_file", "deserialize"))
 
 
 def __getattr__(name: str):

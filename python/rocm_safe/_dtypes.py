@@ -13,10 +13,16 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _native
+from ._native import SafetensorError
 
 # Element sizes in bytes (sub-byte F4/F6 have none): from the library's
 # dtype list.
 ITEMSIZE = {name: bits // 8 for name, bits in _native.dtypes() if bits % 8 == 0}
+
+# The sub-byte dtypes (F4, F6_E2M3, F6_E3M2) and their widths in bits:
+# several elements share a byte, so they load as their packed bytes (see
+# ``storage_shape``), or, for F4 in torch, as ``torch.float4_e2m1fn_x2``.
+SUB_BYTE = {name: bits for name, bits in _native.dtypes() if bits % 8 != 0}
 
 # The library's conversion table, one row per (source, target) pair:
 # (from, to, src_size, dst_size, kernel, fused, per_item, lossless).
@@ -80,6 +86,7 @@ _TORCH = {
     "F8_E4M3FNUZ": "float8_e4m3fnuz",
     "F8_E5M2FNUZ": "float8_e5m2fnuz",
     "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn_x2",
 }
 
 # Names accepted for dtype= (lower case) -> safetensors name.
@@ -110,6 +117,7 @@ _ALIASES = {
     "float8_e4m3fnuz": "F8_E4M3FNUZ",
     "float8_e5m2fnuz": "F8_E5M2FNUZ",
     "float8_e8m0fnu": "F8_E8M0",
+    "float4_e2m1fn_x2": "F4",
 }
 
 
@@ -118,7 +126,7 @@ def safetensors_name(dtype: Any) -> str:
     name, a numpy/torch/ml_dtypes name, a numpy dtype or type, or a torch
     dtype. ``ValueError`` for anything else."""
     if isinstance(dtype, str):
-        if dtype in ITEMSIZE or dtype in ("F4", "F6_E2M3", "F6_E3M2"):
+        if dtype in ITEMSIZE or dtype in SUB_BYTE:
             return dtype
         key = dtype.lower()
         if key.startswith("torch."):
@@ -172,22 +180,65 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def torch_dtype(name: str):
-    """The torch dtype of a safetensors dtype (imports torch)."""
+    """The torch dtype of a safetensors dtype (imports torch), or None
+    where this torch has none (F6_E2M3 and F6_E3M2 in any torch; F4 and
+    F8_E8M0 before torch 2.8): such tensors load as their bytes (uint8)."""
     import torch
 
     attr = _TORCH.get(name)
-    dt = getattr(torch, attr, None) if attr else None
-    if dt is None:
-        raise TypeError(f"safetensors dtype {name} has no equivalent in torch {torch.__version__}")
-    return dt
+    return getattr(torch, attr, None) if attr else None
+
+
+def nbytes(name: str, shape) -> int:
+    """Bytes of a tensor of dtype ``name`` and ``shape``
+    (``SafetensorError`` when sub-byte elements do not fill whole bytes,
+    which no valid file holds)."""
+    elements = 1
+    for d in shape:
+        elements *= int(d)
+    if name in ITEMSIZE:
+        return elements * ITEMSIZE[name]
+    bits = elements * SUB_BYTE[name]
+    if bits % 8:
+        raise SafetensorError(f"{elements} {name} elements do not fill whole bytes")
+    return bits // 8
+
+
+def storage_shape(name: str, shape) -> list:
+    """The shape of a tensor's bytes as they load where the framework has
+    no type for its dtype: ``shape`` for dtypes of whole bytes; for the
+    sub-byte dtypes (F4, F6_*) ``shape`` with its last dimension counted in
+    bytes (``last * bits / 8``: F4 ``[4, 6]`` -> ``[4, 3]``, F6 ``[2, 8]`` ->
+    ``[2, 6]``) when that is whole, else one dimension of all the bytes."""
+    shape = [int(d) for d in shape]
+    bits = SUB_BYTE.get(name)
+    if bits is None:
+        return shape
+    if shape and (shape[-1] * bits) % 8 == 0:
+        return shape[:-1] + [shape[-1] * bits // 8]
+    return [nbytes(name, shape)]
+
+
+def keeps_rows(name: str, shape) -> bool:
+    """Whether the bytes of a tensor keep its first dimension as theirs
+    (``storage_shape`` above): always for whole-byte dtypes (not for a
+    scalar), for sub-byte ones when the last dimension fills whole bytes
+    and there are two dimensions at least. Slices of sub-byte tensors
+    select such rows."""
+    if not shape:
+        return False
+    if name not in SUB_BYTE:
+        return True
+    return len(shape) >= 2 and (int(shape[-1]) * SUB_BYTE[name]) % 8 == 0
 
 
 def storage_array(buf, name: str, shape) -> np.ndarray:
     """A numpy view of ``buf`` (a bytearray) as same-width integers of the
-    given shape: the form in which any dtype can be sliced."""
+    given shape: the form in which any dtype can be sliced. Sub-byte
+    dtypes: uint8 of ``storage_shape(name, shape)``."""
     size = ITEMSIZE.get(name)
     if size is None:
-        raise TypeError(f"safetensors dtype {name} (sub-byte) cannot be loaded as an array")
+        return np.frombuffer(buf, dtype=np.uint8).reshape(storage_shape(name, shape))
     arr = np.frombuffer(buf, dtype=_SURROGATE[size]).reshape(shape)
     if sys.byteorder == "big":  # the file is little-endian
         arr = arr.byteswap()
@@ -195,14 +246,29 @@ def storage_array(buf, name: str, shape) -> np.ndarray:
 
 
 def to_numpy(storage: np.ndarray, name: str) -> np.ndarray:
-    """A storage view (see ``storage_array``) as an array of its dtype."""
+    """A storage view (see ``storage_array``) as an array of its dtype;
+    sub-byte tensors stay their packed bytes (uint8): ml_dtypes' float4 and
+    float6 types hold one element per byte."""
+    if name in SUB_BYTE:
+        return storage
     return storage.view(numpy_dtype(name))
 
 
-def to_torch(storage: np.ndarray, name: str):
-    """A storage view as a torch tensor of its dtype, sharing memory."""
+def to_torch(storage: np.ndarray, name: str, shape):
+    """A storage view as a torch tensor of its dtype, sharing memory; a
+    tensor of a dtype this torch lacks (F6_*) as its bytes (uint8, see
+    ``storage_shape``). F4 is ``torch.float4_e2m1fn_x2``, two elements per
+    item: the last dimension of ``shape`` (the logical shape, as in the
+    file) halved, which needs it even (``SafetensorError`` otherwise)."""
     import torch
 
     dt = torch_dtype(name)
     t = torch.from_numpy(storage)
-    return t if t.dtype == dt else t.view(dt)
+    if dt is None or t.dtype == dt:
+        return t
+    if name == "F4" and (not shape or int(shape[-1]) % 2):
+        raise SafetensorError(
+            f"a F4 tensor of shape {list(shape)} cannot be a torch.float4_e2m1fn_x2 tensor: that type packs"
+            " two elements of the last dimension per item, so the last dimension must be even"
+        )
+    return t.view(dt)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _dtypes, _native
+from . import _dtypes, _native, _stream
 from ._native import SafetensorError
 
 # The framework names safetensors accepts (case-sensitive, as there).
@@ -98,17 +98,24 @@ class _Tensors:
     def __init__(self, framework: str):
         self.framework = framework
 
-    def wrap(self, storage: np.ndarray, dtype: str):
+    def wrap(self, storage: np.ndarray, dtype: str, shape):
+        """``storage`` (see ``_dtypes.storage_array``) as a tensor of this
+        framework; ``shape`` is its logical shape (as in the file), which
+        differs from the storage's for sub-byte dtypes."""
         if self.framework == "pt":
-            return _dtypes.to_torch(storage, dtype)
+            return _dtypes.to_torch(storage, dtype, shape)
         arr = _dtypes.to_numpy(storage, dtype)
         return arr if self.framework == "np" else _from_numpy(self.framework, arr)
 
-    def from_buffer(self, buf, dtype: str, shape) -> Any:
-        if self.framework != "pt":
-            # Fail before any array is made when numpy cannot hold the dtype.
+    def check(self, dtype: str) -> None:
+        """Fails before any array is made when numpy cannot hold ``dtype``
+        (bf16/fp8 without ml_dtypes: ``TypeError``, as safetensors.numpy)."""
+        if self.framework != "pt" and dtype not in _dtypes.SUB_BYTE:
             _dtypes.numpy_dtype(dtype)
-        return self.wrap(_dtypes.storage_array(buf, dtype, shape), dtype)
+
+    def from_buffer(self, buf, dtype: str, shape) -> Any:
+        self.check(dtype)
+        return self.wrap(_dtypes.storage_array(buf, dtype, shape), dtype, shape)
 
 
 class safe_open:
@@ -123,7 +130,12 @@ class safe_open:
                 t = f.get_tensor(name)
 
     Args:
-        filename: a ``.safetensors`` file or a ``.safetensors.index.json``.
+        filename: a ``.safetensors`` file or a ``.safetensors.index.json``;
+            or an open file object (anything with ``seek`` and ``readinto``
+            or ``read``: a file opened ``"rb"``, ``io.BytesIO``, an fsspec
+            file), read from its first byte whatever its position (which the
+            reads move), with the same validation; it is not closed with the
+            ``safe_open``.
         framework: ``"pt"``/``"torch"``/``"pytorch"`` (torch tensors),
             ``"np"``/``"numpy"``, or, as safetensors takes them, ``"jax"``/``"flax"``,
             ``"tf"``/``"tensorflow"``, ``"mlx"``, ``"paddle"`` (that framework's
@@ -166,7 +178,10 @@ class safe_open:
         self._dtype = _dtypes.conversion_target(dtype)
         self._verify = _verify(verify)
         self._tensors = _Tensors(self._framework)
-        self._ckpt = _native.Checkpoint(os.fspath(filename))
+        if _stream.is_file_object(filename):
+            self._ckpt = _stream.StreamCheckpoint(filename)
+        else:
+            self._ckpt = _native.Checkpoint(os.fspath(filename))
         if self._device != "cpu" and self._framework != "pt":
             self._ckpt.close()
             shown = "numpy" if self._framework == "np" else framework
@@ -235,9 +250,17 @@ class safe_open:
         ``rocm_safe.torch.last_load_report()``) is moved to the device."""
         import torch
 
-        backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
-        loaded = _native.load_to_device(self._ckpt, names, self._device, target, self._verify, backend)
+        stream = isinstance(self._ckpt, _stream.StreamCheckpoint)
+        # A file object, and sub-byte tensors (F4 and F6, whose torch form is
+        # not DLPack's), are read on the host, then moved.
+        on_host = [n for n in names if stream or self._ckpt.describe(n)[0] in _dtypes.SUB_BYTE]
         out = {}
+        for name in on_host:
+            buf, dt, shape = self._ckpt.read(name, to=target, floats_only=True)
+            out[name] = self._tensors.from_buffer(buf, dt, shape).to(self._device)
+        rest = [n for n in names if n not in out]
+        backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
+        loaded = _native.load_to_device(self._ckpt, rest, self._device, target, self._verify, backend) if rest else []
         for name, capsule in loaded:
             t = torch.from_dlpack(capsule)
             if t.device.type == "cpu":
@@ -257,6 +280,21 @@ class safe_open:
 
     def __repr__(self) -> str:
         return f"rocm_safe.safe_open({os.fspath(self._ckpt.path)!r}, framework={self._framework!r}, device={self._device!r})"
+
+
+class _safe_open_handle(safe_open):
+    """``safetensors._safe_open_handle``: :class:`safe_open` over an open
+    file object ``f`` (anything with ``seek`` and ``readinto`` or ``read``:
+    a file opened ``"rb"`` or ``"r"``, ``io.BytesIO``, an fsspec file),
+    validated as a file is; ``f`` stays open. ``TypeError`` for anything
+    else (a path: use :class:`safe_open`)."""
+
+    def __init__(self, f: Any, framework: str, device: Union[str, int, Any] = "cpu", *, backend: str = "mmap"):
+        if not _stream.is_file_object(f):
+            raise TypeError(
+                f"_safe_open_handle takes an open file object (with seek and readinto), not {type(f).__name__}"
+            )
+        super().__init__(f, framework, device, backend=backend)
 
 
 # safetensors reads True/False as 1/0, numpy and torch as a mask (a new
@@ -296,6 +334,22 @@ class _Slice:
     def _normalize(self, index) -> tuple:
         shape = self._shape
         idx = index if isinstance(index, tuple) else (index,)
+        lists = [x for x in idx if isinstance(x, list)]
+        if lists:
+            # numpy, torch and safetensors: `[]` selects nothing of its
+            # dimension (`t[[]]` has shape [0, ...]). Alone, or with slices
+            # and `...`: with an int or a second list numpy broadcasts them
+            # together and may move the dimensions.
+            if any(lists):
+                raise SafetensorError(
+                    f"tensor {self._name!r}: a non-empty list is not an index here (numpy's integer-array"
+                    " indexing is not supported): use slices and ints"
+                )
+            if len(lists) > 1 or any(_is_int(x) for x in idx):
+                raise _slice_error(
+                    self._name, index, shape, "an empty list indexes here only with slices and an ellipsis"
+                )
+            idx = tuple(slice(0, 0) if isinstance(x, list) else x for x in idx)
         ells = [i for i, x in enumerate(idx) if x is Ellipsis]
         if len(ells) > 1:
             raise _slice_error(self._name, index, shape, "an index can only have a single ellipsis")
@@ -333,40 +387,77 @@ class _Slice:
                 raise _slice_error(self._name, index, shape, _BOOL_INDEX)
             else:
                 raise SafetensorError(
-                    f"tensor {self._name!r}: unsupported slice index at position {axis}: expected slice, int, or ellipsis"
+                    f"tensor {self._name!r}: unsupported slice index at position {axis}: expected slice, int,"
+                    " ellipsis or an empty list"
                 )
         return tuple(out)
+
+    def _rows(self, first) -> Tuple[int, int, Any]:
+        """``(lo, hi, local)``: the rows ``lo..hi`` of the first dimension
+        that the first index (an int or a slice) needs, and that index
+        relative to ``lo``."""
+        if isinstance(first, int):
+            return first, first + 1, 0
+        r = range(*first.indices(self._shape[0]))
+        if len(r) == 0:
+            return 0, 0, slice(0, 0)
+        lo, hi = min(r), max(r) + 1
+        stop = r.stop - lo
+        return lo, hi, slice(r.start - lo, stop if stop >= 0 else None, r.step)
 
     def __getitem__(self, index):
         idx = self._normalize(index)
         owner = self._owner
         ckpt = self._ckpt
         target = owner._dtype
+        if self._dtype in _dtypes.SUB_BYTE:
+            return self._packed(idx, index)
         if not self._shape or not idx:
             buf, out, shape = ckpt.read(self._name, to=target, floats_only=True)
             storage = _dtypes.storage_array(buf, out, shape)
-            return owner._device_of(owner._tensors.wrap(storage[idx + (Ellipsis,)], out))
-        first = idx[0]
-        if isinstance(first, int):
-            lo, hi, local = first, first + 1, 0
-        else:
-            r = range(*first.indices(self._shape[0]))
-            if len(r) == 0:
-                lo = hi = 0
-                local = slice(0, 0)
-            else:
-                lo, hi = min(r), max(r) + 1
-                stop = r.stop - lo
-                local = slice(r.start - lo, stop if stop >= 0 else None, r.step)
-        if owner._framework == "np":
-            _dtypes.numpy_dtype(ckpt.target_dtype(self._name, target, True))
+            part = storage[idx + (Ellipsis,)]
+            return owner._device_of(owner._tensors.wrap(part, out, part.shape))
+        lo, hi, local = self._rows(idx[0])
+        owner._tensors.check(ckpt.target_dtype(self._name, target, True))
         buf, out, shape = ckpt.read(self._name, to=target, rows=(lo, hi), floats_only=True)
         storage = _dtypes.storage_array(buf, out, shape)
         part = storage[(local,) + idx[1:] + (Ellipsis,)]
         if part.nbytes != storage.nbytes or not part.flags.c_contiguous:
             # Keep only what was asked for, not the rows it was cut from.
             part = part.copy(order="C")
-        return owner._device_of(owner._tensors.wrap(part, out))
+        return owner._device_of(owner._tensors.wrap(part, out, part.shape))
+
+    def _packed(self, idx: tuple, index):
+        """A slice of a sub-byte tensor (F4, F6_*: several elements per
+        byte): whole rows only. The index may select the whole tensor, or
+        rows of its first dimension when every row is whole bytes (two
+        dimensions at least, the last one whole bytes); any index inside
+        a row is a ``SafetensorError``."""
+        owner, shape, name = self._owner, self._shape, self._name
+        owner._tensors.check(self._dtype)
+        rest_full = all(
+            isinstance(x, slice) and range(*x.indices(d)) == range(d) for x, d in zip(idx[1:], shape[1:])
+        )
+        first = idx[0] if idx else slice(None)
+        every_row = not shape or (isinstance(first, slice) and range(*first.indices(shape[0])) == range(shape[0]))
+        if rest_full and every_row:
+            buf, out, s = self._ckpt.read(name)
+            return owner._device_of(owner._tensors.from_buffer(buf, out, s))
+        if not rest_full or not _dtypes.keeps_rows(self._dtype, shape):
+            raise _slice_error(
+                name,
+                index,
+                shape,
+                f"{self._dtype} packs several elements per byte: a slice of it selects whole rows (an index of the"
+                " first dimension only, of a tensor whose rows are whole bytes)",
+            )
+        lo, hi, local = self._rows(first)
+        buf, out, s = self._ckpt.read(name, rows=(lo, hi))
+        part = _dtypes.storage_array(buf, out, s)[local]
+        logical = list(shape[1:]) if isinstance(local, int) else [len(range(*local.indices(hi - lo)))] + list(shape[1:])
+        if part.nbytes != len(buf) or not part.flags.c_contiguous:
+            part = part.copy(order="C")
+        return owner._device_of(owner._tensors.wrap(part, out, logical))
 
     def __repr__(self) -> str:
         return f"<rocm_safe slice {self._name!r} {self._dtype} {self._shape}>"
@@ -383,4 +474,5 @@ _guard_methods(
     ("__init__", "__enter__", "__exit__", "close", "keys", "offset_keys", "metadata",
      "get_tensor", "get_tensors", "get_slice"),
 )
+_guard_methods(_safe_open_handle, ("__init__",))
 _guard_methods(_Slice, ("get_shape", "get_dtype", "__len__", "__getitem__"))

@@ -4,18 +4,33 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
 from . import _native
 from ._errors import write_error
 
-# Bytes handed to the writer per call: the only copy made while saving.
-_CHUNK = 64 << 20
+class Span(NamedTuple):
+    """A tensor's bytes as a memory address and a length (``TensorSpec``'s
+    ``data_ptr`` and ``data_len``): the caller keeps that memory alive and
+    unchanged while it is saved."""
 
-# (name, safetensors dtype, shape, the tensor's bytes as a flat uint8 array)
-Item = Tuple[str, str, List[int], np.ndarray]
+    address: int
+    length: int
+
+
+# (name, safetensors dtype, shape, the tensor's bytes: a flat uint8 array
+# that the item holds, or a Span)
+Item = Tuple[str, str, List[int], Union[np.ndarray, Span]]
+
+
+def _span(raw: Union[np.ndarray, Span]) -> Span:
+    if isinstance(raw, Span):
+        return raw
+    if not raw.flags.c_contiguous:  # never made so by this package's callers
+        raise ValueError("a tensor's bytes must be contiguous to be saved")
+    return Span(raw.ctypes.data if raw.nbytes else 0, raw.nbytes)
 
 
 def check_metadata(metadata: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
@@ -36,7 +51,9 @@ def write_file(items: List[Item], filename: Union[str, os.PathLike], metadata: O
     (``SafetensorError``), nor is anything that is not a regular file.
     An I/O error (a missing folder, a full disk) raises its ``OSError``
     subclass, which is also a ``SafetensorError`` (as the safetensors
-    package raises it), ``filename`` the file being saved."""
+    package raises it), ``filename`` the file being saved. Each tensor is
+    written from its own memory with the GIL released: other threads run
+    while a large file is saved."""
     metadata = check_metadata(metadata)
     by_name = {}
     for name, dtype, shape, raw in items:
@@ -49,11 +66,10 @@ def write_file(items: List[Item], filename: Union[str, os.PathLike], metadata: O
         raise write_error(e, filename) from None
     try:
         for name in w.order():
-            raw = by_name[name]
-            if raw.nbytes == 0:
-                w.write(name, b"")
-            for off in range(0, raw.nbytes, _CHUNK):
-                w.write(name, raw[off : off + _CHUNK].tobytes())
+            # Straight from the tensor's memory, the GIL released while it
+            # is written (`items` holds the arrays until the end).
+            address, length = _span(by_name[name])
+            w.write_address(name, address, length)
         w.finish()
     except OSError as e:
         w.abort()

@@ -214,6 +214,16 @@ def _items(tensors: Dict[str, torch.Tensor]):
             dtype = _dtypes.safetensors_name(t.dtype)
         except ValueError:
             raise SafetensorValueError(f"Key `{name}`: dtype {t.dtype} cannot be saved in safetensors") from None
+        shape = list(t.shape)
+        if dtype == "F4":
+            # float4_e2m1fn_x2 holds two F4 values per item: the file
+            # records the logical shape, the last dimension doubled.
+            if not shape:
+                raise SafetensorValueError(
+                    f"Key `{name}`: a 0-d float4_e2m1fn_x2 tensor holds two F4 values in no dimension: give it a"
+                    " shape (e.g. .reshape(1)) to save it"
+                )
+            shape[-1] *= 2
         flat = t.detach()
         if flat.device.type != "cpu":
             flat = flat.to("cpu")
@@ -221,7 +231,7 @@ def _items(tensors: Dict[str, torch.Tensor]):
         if flat.is_complex():
             flat = torch.view_as_real(flat).reshape(-1)
         raw = flat.view(torch.uint8).numpy()
-        items.append((name, dtype, list(t.shape), raw))
+        items.append((name, dtype, shape, raw))
     return items
 
 
@@ -252,6 +262,18 @@ def storage_ptr(tensor: torch.Tensor) -> int:
         return tensor.untyped_storage().data_ptr()
     except Exception:  # noqa: BLE001 - no storage (meta, some subclasses)
         return 0
+
+
+def _end_ptr(tensor: torch.Tensor) -> int:
+    """The address one past the last byte of ``tensor``'s last element in
+    memory (its ``data_ptr()`` when it is empty), as
+    ``safetensors.torch._end_ptr``: for a strided view, the last element
+    its strides reach."""
+    if not tensor.nelement():
+        return tensor.data_ptr()
+    size = tensor.element_size()
+    last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))
+    return tensor.data_ptr() + last * size + size
 
 
 def storage_size(tensor: torch.Tensor) -> int:

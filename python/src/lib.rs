@@ -31,6 +31,7 @@ mod inject;
 mod inject_moves;
 mod interop;
 mod moves;
+mod stream;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -508,6 +509,54 @@ impl Writer {
         py.detach(|| w.write_chunk(name, bytes)).map_err(to_py)
     }
 
+    /// Appends the `length` bytes at memory address `address` to tensor
+    /// `name` (as `write`), read straight from that memory with the GIL
+    /// released: no copy is made, and other Python threads run while the
+    /// bytes are written.
+    ///
+    /// The caller guarantees that `address` points to `length` readable
+    /// bytes that stay alive and unchanged during the call: the contract of
+    /// `TensorSpec.data_ptr` in the `safetensors` API (`serialize_file`);
+    /// rocm_safe's own saves pass the address of a numpy array they hold.
+    /// A null address with a non-zero length, or a range that wraps around
+    /// the address space, is a `SafetensorError`; so is a length past the
+    /// tensor's end (checked before any byte is read).
+    fn write_address(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        address: usize,
+        length: usize,
+    ) -> PyResult<()> {
+        if length > 0 && (address == 0 || address.checked_add(length).is_none()) {
+            return Err(SafetensorError::new_err(format!(
+                "tensor {name:?}: {length} bytes at address {address:#x} are not valid memory"
+            )));
+        }
+        if isize::try_from(length).is_err() {
+            return Err(SafetensorError::new_err(format!(
+                "tensor {name:?}: {length} bytes is more than one buffer can hold"
+            )));
+        }
+        let mut guard = self.lock();
+        let w = guard
+            .as_mut()
+            .ok_or_else(|| PyRuntimeError::new_err("writer already finished or aborted"))?;
+        let bytes: &[u8] = if length == 0 {
+            &[]
+        } else {
+            // SAFETY: `address` is non-null and `address + length` does not
+            // wrap (checked above), `length <= isize::MAX`, and u8 needs no
+            // alignment. That the range is readable memory that nothing
+            // writes during the call is this method's documented contract
+            // with its caller (`TensorSpec.data_ptr`'s, as in the
+            // safetensors package): the Python layer passes the buffer of an
+            // array it keeps alive for the call.
+            unsafe { std::slice::from_raw_parts(address as *const u8, length) }
+        };
+        py.detach(|| w.write_chunk(name, bytes)).map_err(to_py)
+    }
+
     /// Flushes, fsyncs and renames the file into place; returns its path.
     fn finish(&self, py: Python<'_>) -> PyResult<PathBuf> {
         let w = self
@@ -570,6 +619,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Checkpoint>()?;
     m.add_class::<Writer>()?;
     m.add_function(wrap_pyfunction!(load_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::header_len, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::parse_head, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::convert_chunk, m)?)?;
     m.add_function(wrap_pyfunction!(doctor_report, m)?)?;
     m.add_function(wrap_pyfunction!(features, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_loads_json, m)?)?;

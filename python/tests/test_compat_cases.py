@@ -280,7 +280,62 @@ def metadata_empty_map(lib, d):
         return f.metadata(), f.keys()
 
 
+def raw_api(lib, d):
+    # safetensors 0.8's TensorSpec / serialize / serialize_file / deserialize.
+    mod = st if lib is THEIRS else rocm_safe
+    arrays = {k: ALL_DTYPES[k] for k in ("f32", "bf16", "i8", "bool", "c64", "scalar", "empty")}
+    specs = {k: mod.TensorSpec(dtype=v.dtype.name, shape=v.shape, data_ptr=v.ctypes.data, data_len=v.nbytes)
+             for k, v in arrays.items()}
+    data = mod.serialize(specs, metadata={"m": "x"})
+    mod.serialize_file(specs, d / "m.safetensors", metadata={"m": "x"})
+    f4 = mod.TensorSpec(dtype="float4_e2m1fn_x2", shape=[2, 3], data_ptr=1, data_len=6)
+    # deserialize: safetensors' order (of the list, and of each dict) is a
+    # hash map's: compared sorted.
+    back = sorted((name, sorted(entry.items())) for name, entry in mod.deserialize(data))
+    return (data, (d / "m.safetensors").read_bytes(), back,
+            [(s.dtype, s.shape, s.data_len) for s in specs.values()], f4.dtype, f4.shape)
+
+
+def raw_api_refusal(what):
+    def case(lib, d):
+        mod = st if lib is THEIRS else rocm_safe
+        a = np.arange(6, dtype=np.float32)
+        if what == "unknown_dtype":
+            return mod.TensorSpec(dtype="F32", shape=[1], data_ptr=0, data_len=0)
+        if what == "negative_dim":
+            return mod.TensorSpec(dtype="float32", shape=[-1], data_ptr=0, data_len=0)
+        if what == "positional":
+            return mod.TensorSpec("float32", [1], 0, 0)
+        if what == "raw_dict":
+            return mod.serialize({"a": {"dtype": "float32", "shape": [6], "data_ptr": a.ctypes.data, "data_len": 24}})
+        if what == "wrong_len":
+            return mod.serialize({"a": mod.TensorSpec(dtype="float32", shape=[2], data_ptr=a.ctypes.data, data_len=24)})
+        if what == "metadata_not_str":
+            return mod.serialize({}, metadata={"a": 1})
+        if what == "immutable":
+            s = mod.TensorSpec(dtype="float32", shape=[1], data_ptr=0, data_len=0)
+            s.data_len = 4
+        if what == "deserialize_garbage":
+            return mod.deserialize(b"abc")
+        raise AssertionError(what)
+
+    return case
+
+
+def file_handle(lib, d):
+    stn.save_file({"a": np.arange(6, dtype=np.float32).reshape(2, 3)}, d / "m.safetensors", metadata={"k": "v"})
+    handle = st._safe_open_handle if lib is THEIRS else rocm_safe._safe_open_handle
+    with open(d / "m.safetensors", "rb") as f, handle(f, framework="np") as g:
+        return g.keys(), g.metadata(), g.get_tensor("a"), g.get_slice("a")[1:]
+
+
 SAME = {
+    "raw_api": raw_api,
+    **{f"raw_api_{w}": raw_api_refusal(w) for w in ("unknown_dtype", "negative_dim", "positional", "raw_dict",
+                                                    "wrong_len", "metadata_not_str", "immutable",
+                                                    "deserialize_garbage")},
+    "file_handle": file_handle,
+    "slice_empty_list": slicing([]),
     **{f"roundtrip_file_{k}": roundtrip_file(k) for k in ALL_DTYPES if not k.startswith("f8")},
     **{f"save_file_{k}": save_only(k) for k in ("f8_e4m3", "f8_e5m2")},
     "roundtrip_bytes": roundtrip_bytes,
@@ -403,6 +458,58 @@ def test_f8_arrays_load_as_ml_dtypes(dtype, tmp_path):
     theirs, ours = outcomes(roundtrip_file(dtype), tmp_path)
     assert isinstance(theirs[1], AttributeError)
     assert ours[0] == "ok" and ours[1][1] == norm({"t": ALL_DTYPES[dtype]})
+
+
+def test_a_missing_file_says_errno_and_name(tmp_path):
+    # Both FileNotFoundError; ours is the OS error's own message.
+    theirs, ours = outcomes(open_missing, tmp_path)
+    assert isinstance(theirs[1], FileNotFoundError) and isinstance(ours[1], FileNotFoundError)
+    path = str(tmp_path / "ours" / "missing.safetensors")
+    assert str(theirs[1]) == f"No such file or directory: {tmp_path / 'theirs' / 'missing.safetensors'}"
+    assert str(ours[1]) == f"[Errno 2] {path}: open: No such file or directory (os error 2): {path!r}"
+    assert ours[1].errno == 2 and ours[1].filename == path
+
+
+@pytest.mark.parametrize("index", [np.s_[:, []], np.s_[[], :], np.s_[..., []]])
+def test_an_empty_list_among_slices(index, tmp_path):
+    # safetensors takes `[]` alone only; we index as numpy does.
+    theirs, ours = outcomes(slicing(index), tmp_path)
+    assert theirs[0] == "raised" and isinstance(theirs[1], st.SafetensorError)
+    assert ours == ("ok", norm(np.arange(12, dtype=np.float32).reshape(3, 4)[index]))
+
+
+def test_file_objects_without_a_name(tmp_path):
+    # safetensors reopens a file object by its `name`; we read the object,
+    # so a BytesIO (or an fsspec memory file) works, and so does safe_open.
+    data = stn.save({"a": np.arange(3, dtype=np.int16)})
+
+    def from_bytes_io(lib, d):
+        handle = st._safe_open_handle if lib is THEIRS else rocm_safe._safe_open_handle
+        with handle(__import__("io").BytesIO(data), "np") as g:
+            return g.get_tensor("a")
+
+    theirs, ours = outcomes(from_bytes_io, tmp_path / "h")
+    assert isinstance(theirs[1], AttributeError) and ours == ("ok", norm(np.arange(3, dtype=np.int16)))
+    theirs, ours = outcomes(lambda lib, d: lib.safe_open(__import__("io").BytesIO(data), "np").keys(), tmp_path / "s")
+    assert isinstance(theirs[1], TypeError) and ours == ("ok", ["a"])
+
+
+def test_sub_byte_tensors_load_as_bytes_in_numpy(tmp_path):
+    # F4 and F6 (no numpy type holds them packed): their bytes, where
+    # safetensors.numpy fails.
+    f = raw({"f4": {"dtype": "F4", "shape": [2, 4], "data_offsets": [0, 4]},
+             "f6": {"dtype": "F6_E2M3", "shape": [4], "data_offsets": [4, 7]}}, bytes(range(7)))
+    theirs, ours = outcomes(bad_file(f), tmp_path)
+    assert theirs[0] == "raised"
+    assert ours == ("ok", norm({"f4": np.arange(4, dtype=np.uint8).reshape(2, 2),
+                                "f6": np.arange(4, 7, dtype=np.uint8)}))
+
+
+def test_deserialize_takes_a_bytearray(tmp_path):
+    data = stn.save({"a": np.arange(3, dtype=np.int8)})
+    theirs, ours = outcomes(lambda lib, d: (st if lib is THEIRS else rocm_safe).deserialize(bytearray(data)), tmp_path)
+    assert isinstance(theirs[1], TypeError)
+    assert ours == ("ok", norm([("a", {"shape": [3], "dtype": "I8", "data": bytearray(b"\0\1\2")})]))
 
 
 def test_our_additions(tmp_path):

@@ -145,6 +145,39 @@ pub fn parse_bytes(path: &Path, file: &[u8]) -> Result<Header> {
     parse_header(path, header, file_len - 8 - n)
 }
 
+/// The header length `N` of a file, from its first bytes: `prefix` holds
+/// at least `min(file_len, 40)` of them ([`LFS_POINTER_PREFIX`]'s length
+/// rounded up), `file_len` is the file's length. The checks of
+/// [`parse_bytes`] on the length prefix (a Git LFS pointer, a file under 8
+/// bytes, `N` over [`MAX_HEADER_LEN`] or past the end of the file), for
+/// readers that hold a stream, not the whole file: they read `8 + N` bytes
+/// next and pass them to [`parse_head`].
+pub fn header_len(path: &Path, prefix: &[u8], file_len: u64) -> Result<u64> {
+    check_prefix(path, prefix, file_len)
+}
+
+/// Validates a file's header from its first `8 + N` bytes (`head`: the
+/// length prefix and the JSON header; bytes after them are ignored) and
+/// the file's length: every check of [`parse_bytes`], the layout of the
+/// data section included, without the data section in memory. For readers
+/// of a stream (a Python file object), which then read each tensor at its
+/// validated offsets ([`Header::data_start`] plus
+/// [`TensorInfo::data_offsets`]). A `head` shorter than `8 + N` (a stream
+/// that ended early) is [`Error::HeaderOutOfBounds`].
+pub fn parse_head(path: &Path, head: &[u8], file_len: u64) -> Result<Header> {
+    let n = check_prefix(path, head, file_len)?;
+    let header = usize::try_from(n)
+        .ok()
+        .and_then(|n| head.get(8..)?.get(..n))
+        .ok_or_else(|| Error::HeaderOutOfBounds {
+            path: path.to_owned(),
+            header_len: n,
+            file_len: head.len() as u64,
+        })?;
+    // check_prefix guarantees 8 + n <= file_len.
+    parse_header(path, header, file_len - 8 - n)
+}
+
 /// Validates the JSON header (the `N` bytes after the length prefix) of a
 /// file whose data section has `data_len` bytes.
 pub(crate) fn parse_header(path: &Path, header: &[u8], data_len: u64) -> Result<Header> {

@@ -115,6 +115,6 @@ pub use convert_file::{convert_file, ConvertOptions, ConvertProgress, ConvertSum
 pub use file::{SafeTensors, CHUNK_BYTES};
 #[doc(hidden)]
 pub use header::parse_bytes;
-pub use header::{Header, TensorInfo, LFS_POINTER_PREFIX, MAX_HEADER_LEN};
+pub use header::{header_len, parse_head, Header, TensorInfo, LFS_POINTER_PREFIX, MAX_HEADER_LEN};
 pub use open::FileId;
 pub use writer::{SafeTensorsWriter, TensorSpec, WriteOptions};
