@@ -364,10 +364,26 @@ fn check_every_launch(arch: &str) -> R {
     // item.
     let mut count = s.alloc_zeros::<u64>(1).map_err(err("alloc count"))?;
     for (name, src, dtype) in [
-        ("widen_check_bf16_f32", bf.view().cast::<u8>(), rocm_safe::DType::BF16),
-        ("widen_check_f16_f32", hf.view().cast::<u8>(), rocm_safe::DType::F16),
-        ("widen_check_f8_e4m3_f32", Ok(f8.view()), rocm_safe::DType::F8_E4M3),
-        ("widen_check_f8_e5m2_f32", Ok(f8.view()), rocm_safe::DType::F8_E5M2),
+        (
+            "widen_check_bf16_f32",
+            bf.view().cast::<u8>(),
+            rocm_safe::DType::BF16,
+        ),
+        (
+            "widen_check_f16_f32",
+            hf.view().cast::<u8>(),
+            rocm_safe::DType::F16,
+        ),
+        (
+            "widen_check_f8_e4m3_f32",
+            Ok(f8.view()),
+            rocm_safe::DType::F8_E4M3,
+        ),
+        (
+            "widen_check_f8_e5m2_f32",
+            Ok(f8.view()),
+            rocm_safe::DType::F8_E5M2,
+        ),
     ] {
         let src = src.map_err(err("cast"))?;
         let out = f.view();

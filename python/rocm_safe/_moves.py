@@ -42,8 +42,13 @@ __all__ = [
 ]
 
 # Tensors of at most this many bytes travel packed: one staging copy, one
-# copy to the device and one check for all of them.
-_PACK_BYTES = 1 << 20
+# copy to the device and one check for all of them (a batch: its latents
+# and embeddings too; a model's parameters: only the small ones, so that
+# each large one keeps an allocation of its own).
+_PACK_BYTES = 16 << 20
+_MODULE_PACK_BYTES = 1 << 20
+# At most this many bytes in one packed span.
+_GROUP_BYTES = 64 << 20
 # Each packed tensor starts at a multiple of this (any dtype's alignment).
 _ALIGN = 256
 
@@ -229,12 +234,14 @@ def _upload_group(
     views (sharing one allocation), or ``None`` when no rung served (the
     report says why)."""
     lens = [t.numel() * t.element_size() for t in srcs]
-    offsets, at = [], 0
+    offsets, sizes, at = [], [], 0
     for n in lens:
-        at = -(-at // _ALIGN) * _ALIGN
-        offsets.append(at)
-        at += n
+        off = -(-at // _ALIGN) * _ALIGN
+        sizes += [off - at, n]
+        offsets.append(off)
+        at = off + n
     total = max(at, 1)
+    sizes.append(total - at)
     land = torch.empty(total, dtype=torch.uint8, device=device)
     dev, stream = _native_device(device)
     try:
@@ -251,10 +258,8 @@ def _upload_group(
         report._d["caught"].append(str(e))
         return None
     report._add(r)
-    out = []
-    for t, off, n in zip(srcs, offsets, lens):
-        out.append(land[off : off + n].view(t.dtype).reshape(t.shape))
-    return out
+    views = land.split(sizes)[1::2]  # one call for every slice
+    return [v.view(t.dtype).view(t.shape) for v, t in zip(views, srcs)]
 
 
 def _upload_one(
@@ -288,8 +293,7 @@ def _cast_on_device(
     if t.dtype == dtype:
         return t
     frm, to = _st_name(t.dtype), _st_name(dtype)
-    pairs = {(c[0], c[1]) for c in _conversion_pairs()}
-    if frm is None or to is None or (frm, to) not in pairs:
+    if frm is None or to is None or (frm, to) not in _conversion_pairs():
         report._d["unchecked"].append(f"cast {t.dtype}->{dtype}: no exact conversion in rocm-safe (torch's)")
         return t.to(dtype)
     out = torch.empty(t.shape, dtype=dtype, device=t.device)
@@ -308,12 +312,13 @@ def _cast_on_device(
     return out
 
 
-_PAIRS: List[Tuple[str, str]] = []
+_PAIRS: set = set()
 
 
-def _conversion_pairs() -> List[Tuple[str, str]]:
+def _conversion_pairs() -> set:
+    """The ``(from, to)`` pairs rocm-safe converts exactly."""
     if not _PAIRS:
-        _PAIRS.extend((c[0], c[1]) for c in _native.conversions())
+        _PAIRS.update((c[0], c[1]) for c in _native.conversions())
     return _PAIRS
 
 
@@ -329,20 +334,31 @@ def _upload_all(
     dtype: Optional[torch.dtype],
     verify: bool,
     report: MoveReport,
+    pack_bytes: int = _PACK_BYTES,
 ) -> Dict[int, torch.Tensor]:
     """Moved versions of CPU ``tensors`` (by id); a tensor no rung could
     place stays the CPU tensor (and is listed in the report)."""
     moved: Dict[int, torch.Tensor] = {}
-    small: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    groups: List[List[Tuple[torch.Tensor, torch.Tensor]]] = [[]]
+    group_bytes = 0
     large: List[Tuple[torch.Tensor, torch.Tensor]] = []
     for t in tensors:
         src = t.detach()
         if not src.is_contiguous():
             src = src.contiguous()
         nbytes = src.numel() * src.element_size()
-        (small if nbytes <= _PACK_BYTES else large).append((t, src))
+        if nbytes > pack_bytes:
+            large.append((t, src))
+            continue
+        if group_bytes + nbytes > _GROUP_BYTES and groups[-1]:
+            groups.append([])
+            group_bytes = 0
+        groups[-1].append((t, src))
+        group_bytes += nbytes + _ALIGN
     results: List[Tuple[torch.Tensor, Optional[torch.Tensor]]] = []
-    if small:
+    for small in groups:
+        if not small:
+            continue
         got = _upload_group([s for _, s in small], device, verify, report)
         if got is None:
             # The packed span failed every rung: each one on its own.
@@ -376,15 +392,20 @@ def to_device(obj: Any, device: Any, *, dtype: Any = None, verify: bool = True) 
     floating-point tensors only (integer and bool tensors keep theirs),
     on the device after the upload, checked.
 
-    CPU tensors of at most 1 MiB travel together (one staging copy, one
-    copy and one check for all of them; they then share one device
-    allocation). Each upload is checked (the host's fingerprint of the
+    CPU tensors of at most 16 MiB travel together (one staging copy, one
+    copy and one check for up to 64 MiB of them; they then share one
+    device allocation). Each upload is checked (the host's fingerprint of the
     staged bytes against the device's of what landed) and goes down the
     ladder on failure; a tensor that no rung could place stays on the CPU,
     with a ``RuntimeWarning`` and a line in :func:`last_move_report`.
     Tensors already on a GPU are moved by torch (``.to``), counted as
     unchecked. ``verify=False`` copies without the checks.
     """
+    return _to_device(obj, device, dtype, verify, _PACK_BYTES)
+
+
+def _to_device(obj: Any, device: Any, dtype: Any, verify: bool, pack_bytes: int) -> Any:
+    """:func:`to_device`, with tensors of at most ``pack_bytes`` packed."""
     dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -401,7 +422,7 @@ def to_device(obj: Any, device: Any, *, dtype: Any = None, verify: bool = True) 
     verified = _verified_target(dev)
     cpu_ones = [t for t in tensors if t.device.type == "cpu" and verified]
     if cpu_ones:
-        moved.update(_upload_all(cpu_ones, dev, dt, verify, report))
+        moved.update(_upload_all(cpu_ones, dev, dt, verify, report, pack_bytes))
     for t in tensors:
         if id(t) in moved:
             continue
@@ -427,7 +448,7 @@ def _download(t: torch.Tensor, dtype: torch.dtype, verify: bool, report: MoveRep
         report._d["unchecked"].append(f"{tuple(t.shape)}: made contiguous on the device by torch")
         src = src.contiguous()
     frm, to = _st_name(src.dtype), _st_name(dtype)
-    convert_here = frm is not None and to is not None and (frm == to or (frm, to) in set(_conversion_pairs()))
+    convert_here = frm is not None and to is not None and (frm == to or (frm, to) in _conversion_pairs())
     out_dtype = dtype if convert_here else src.dtype
     out = torch.empty(src.shape, dtype=out_dtype, device="cpu")
     dev, stream = _native_device(src.device)
@@ -536,7 +557,7 @@ def module_to(module: torch.nn.Module, device: Any = None, dtype: Any = None, *,
         with warnings.catch_warnings():
             # All or nothing: a tensor kept on the host raises below.
             warnings.simplefilter("ignore", RuntimeWarning)
-            moved = to_device(data, dev, dtype=dt, verify=verify)
+            moved = _to_device(data, dev, dt, verify, _MODULE_PACK_BYTES)
         inner = last_move_report()
         if inner is not None:
             for k in ("moves", "caught", "kept_on_host", "unchecked"):

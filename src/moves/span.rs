@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use crate::convert::fingerprint::sum_bytes;
+use crate::convert::fingerprint::{copy_and_sum, sum_bytes};
 use crate::error::{Error, Result};
 
 /// Bytes per parallel task of a fill or copy (a multiple of 4, so each
@@ -60,6 +60,13 @@ impl<'a> Span<'a> {
         self.parts.iter().map(|p| p.1.len()).sum::<usize>() != self.len
     }
 
+    /// The source bytes `start .. start + len` when one piece holds them all.
+    fn within_one_part(&self, start: usize, len: usize) -> Option<&'a [u8]> {
+        let i = self.parts.partition_point(|p| p.0 + p.1.len() <= start);
+        let &(off, b) = self.parts.get(i)?;
+        (off <= start && start + len <= off + b.len()).then(|| &b[start - off..start - off + len])
+    }
+
     /// Writes the span's bytes `start .. start + out.len()` into `out`.
     fn fill(&self, start: usize, out: &mut [u8]) {
         let end = start + out.len();
@@ -89,6 +96,10 @@ impl<'a> Span<'a> {
         debug_assert!(start.is_multiple_of(4));
         let one = |k: usize, piece: &mut [u8]| {
             let at = start + k * PIECE;
+            if let Some(src) = self.within_one_part(at, piece.len()) {
+                // One pass over the source: copied as it is summed.
+                return copy_and_sum((at / 4) as u64, src, piece);
+            }
             self.fill(at, piece);
             sum_bytes((at / 4) as u64, piece)
         };

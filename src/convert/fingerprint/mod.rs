@@ -105,6 +105,31 @@ pub fn sum_bytes(start_word: u64, bytes: &[u8]) -> u64 {
     ))
 }
 
+/// Copies `src` into `dst` (the same length) and returns [`sum_bytes`]`(
+/// start_word, src)`, in one pass over `src` where the CPU allows (AVX2,
+/// `start_word` at a block boundary: the whole blocks are summed as they
+/// are stored, with non-temporal stores into an aligned `dst`), else a
+/// copy then a sum. The staging copy of an upload and its fingerprint.
+pub(crate) fn copy_and_sum(start_word: u64, src: &[u8], dst: &mut [u8]) -> u64 {
+    debug_assert_eq!(src.len(), dst.len());
+    #[cfg(target_arch = "x86_64")]
+    if start_word.is_multiple_of(256)
+        && crate::convert::kernels::has_avx2()
+        && src.len() == dst.len()
+    {
+        let (blocks, _) = src.as_chunks::<1024>();
+        let head = 1024 * blocks.len();
+        // SAFETY: `dst` is a distinct, writable slice as long as `src`
+        // (both borrowed: they cannot overlap), so its first `head` bytes
+        // take the blocks; the CPU was just detected to have AVX2.
+        let s = unsafe { x86::copy_sum_blocks_avx2(start_word / 256, blocks, dst.as_mut_ptr()) };
+        dst[head..].copy_from_slice(&src[head..]);
+        return s.wrapping_add(sum_bytes(start_word + (head / 4) as u64, &src[head..]));
+    }
+    dst.copy_from_slice(src);
+    sum_bytes(start_word, dst)
+}
+
 /// The partial sum `S` over `words`, the first of which sits at word
 /// position `start` of the whole buffer, on the calling thread. Partial
 /// sums of disjoint ranges add (wrapping) to the sum of their union.

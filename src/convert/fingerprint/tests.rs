@@ -384,3 +384,30 @@ proptest::proptest! {
         proptest::prop_assert_eq!(got, fused_by_separate_sums(f16, start, &bytes));
     }
 }
+
+/// The one-pass staging copy: the same sum as `sum_bytes` and a faithful
+/// copy, at block starts (the fused loop, aligned and misaligned `dst`)
+/// and elsewhere (copy then sum), with partial blocks and words.
+#[test]
+fn copy_and_sum_copies_and_sums_like_sum_bytes() {
+    let src: Vec<u8> = (0..9000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut backing = vec![0u8; 9100];
+    for start in [0u64, 256, 512 * 7, 3, 255] {
+        for len in [0usize, 1, 1023, 1024, 1025, 4096, 9000] {
+            for shift in [0usize, 1, 32, 33] {
+                let dst = &mut backing[shift..shift + len];
+                dst.fill(0xAB);
+                let s = copy_and_sum(start, &src[..len], dst);
+                assert_eq!(
+                    s,
+                    sum_bytes(start, &src[..len]),
+                    "start {start} len {len} shift {shift}"
+                );
+                assert_eq!(s, reference_sum(start, &src[..len]));
+                assert_eq!(&backing[shift..shift + len], &src[..len]);
+            }
+        }
+    }
+}

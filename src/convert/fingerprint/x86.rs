@@ -478,3 +478,70 @@ pub(super) fn sum_blocks_avx2(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
     let lanes: [u64; 4] = bytemuck::cast(total);
     lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
 }
+
+/// [`sum_blocks_avx2`] that also copies each block to `dst` as it is
+/// summed (one pass over the source: the staging copy of an upload and
+/// its fingerprint). The stores are non-temporal when `dst` is 32-byte
+/// aligned (the staging buffer is read by the copy engine, not the CPU),
+/// followed by a store fence.
+///
+/// # Safety
+/// `dst` is writable for `1024 * blocks.len()` bytes that overlap no
+/// block; the CPU has AVX2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn copy_sum_blocks_avx2(
+    first_block: u64,
+    blocks: &[[u8; 1024]],
+    dst: *mut u8,
+) -> u64 {
+    const AHEAD: usize = 8;
+    const PREFETCH_BYTES: usize = 4096;
+    let stream = (dst as usize).is_multiple_of(32);
+    let mut total = _mm256_setzero_si256();
+    let mut out = dst;
+    for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
+        let mut keys = [(0u32, 0u32); AHEAD];
+        for (j, k) in (0u64..).zip(keys.iter_mut()) {
+            *k = block_consts(first_block + group * AHEAD as u64 + j);
+        }
+        for (b, &(ba, bm)) in bs.iter().zip(&keys) {
+            let ahead = b.as_ptr().wrapping_add(PREFETCH_BYTES);
+            for line in 0..16 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+            }
+            let vba = _mm256_set1_epi32(ba as i32);
+            let vbm = _mm256_set1_epi32(bm as i32);
+            let mut even = _mm256_setzero_si256();
+            let mut odd = _mm256_setzero_si256();
+            let (vectors, _) = b.as_chunks::<32>();
+            for ((w, a), m) in vectors.iter().zip(&ADD8).zip(&MUL8) {
+                let w: __m256i = bytemuck::cast(*w);
+                // SAFETY: `out` walks `dst`'s `1024 * blocks.len()` bytes
+                // 32 at a time (the caller's), aligned when `stream`.
+                unsafe {
+                    if stream {
+                        _mm256_stream_si256(out.cast(), w);
+                    } else {
+                        _mm256_storeu_si256(out.cast(), w);
+                    }
+                    out = out.add(32);
+                }
+                let a: __m256i = bytemuck::cast(*a);
+                let m: __m256i = bytemuck::cast(*m);
+                let x = _mm256_add_epi32(w, _mm256_xor_si256(a, vba));
+                let m = _mm256_xor_si256(m, vbm);
+                even = _mm256_add_epi64(even, _mm256_mul_epu32(x, m));
+                odd = _mm256_add_epi64(
+                    odd,
+                    _mm256_mul_epu32(_mm256_srli_epi64::<32>(x), _mm256_srli_epi64::<32>(m)),
+                );
+            }
+            total = _mm256_add_epi64(total, _mm256_add_epi64(even, odd));
+        }
+    }
+    if stream {
+        _mm_sfence();
+    }
+    let lanes: [u64; 4] = bytemuck::cast(total);
+    lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
+}
