@@ -20,6 +20,7 @@ Re-exported by :mod:`rocm_safe.torch`, where users find them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
 from collections.abc import Mapping
@@ -196,7 +197,9 @@ def _capsule(t: torch.Tensor):
     return torch.utils.dlpack.to_dlpack(t)
 
 
+@functools.lru_cache(maxsize=None)
 def _st_name(dtype: torch.dtype) -> Optional[str]:
+    """The safetensors name of a torch dtype, ``None`` for one without."""
     try:
         return safetensors_name(dtype)
     except ValueError:
