@@ -193,6 +193,11 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+# Dtypes DLPack carries as they are (the natives view any capsule as bytes);
+# others travel as a uint8 view of their bytes.
+_DLPACK_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8})
+
+
 def _capsule(t: torch.Tensor):
     return torch.utils.dlpack.to_dlpack(t)
 
@@ -301,12 +306,13 @@ def _cast_on_device(
         return t.to(dtype)
     out = torch.empty(t.shape, dtype=dtype, device=t.device)
     dev, stream = _native_device(t.device)
+    src = t.contiguous()
     r = _native.move_cast(
         dev,
         stream,
-        _capsule(_bytes_of(t.contiguous())),
+        _capsule(src if src.dtype in _DLPACK_DTYPES else _bytes_of(src)),
         frm,
-        _capsule(_bytes_of(out)),
+        _capsule(out if out.dtype in _DLPACK_DTYPES else _bytes_of(out)),
         to,
         verify,
         _backend(),
