@@ -264,13 +264,19 @@ def test_verified_loader_moves_each_batch(device):
     assert list(rt.VerifiedLoader([], device)) == []
 
 
-def test_accelerate_prepared_loader_delivers_through_the_verified_path():
+@pytest.mark.parametrize("device", DEVICES)
+def test_accelerate_prepared_loader_delivers_through_the_verified_path(device):
     accelerate = pytest.importorskip("accelerate")
     from torch.utils.data import DataLoader, TensorDataset
 
+    from accelerate.state import AcceleratorState
+
     xs = torch.randn(10, 3).bfloat16()
     ys = torch.arange(10)
-    acc = accelerate.Accelerator(cpu=True)
+    # Accelerate's state is a process singleton: each device starts afresh.
+    AcceleratorState._reset_state(True)
+    acc = accelerate.Accelerator(cpu=device == "cpu")
+    assert acc.device == torch.device(device)
     dl = acc.prepare(DataLoader(TensorDataset(xs, ys), batch_size=4))
     assert rt.verify_dataloader(dl) is dl
     assert rt.verify_dataloader(dl) is dl  # idempotent
@@ -278,7 +284,8 @@ def test_accelerate_prepared_loader_delivers_through_the_verified_path():
     for x, y in dl:
         r = rt.last_move_report()
         assert r["op"] == "to_device" and len(r["moves"]) == 1, str(r)
-        seen.append((x, y))
+        assert x.device == torch.device(device) and y.device == torch.device(device)
+        seen.append((x.cpu(), y.cpu()))
     assert torch.equal(torch.cat([x for x, _ in seen]), xs)
     assert torch.equal(torch.cat([y for _, y in seen]), ys)
     assert isinstance(dl, accelerate.data_loader.DataLoaderShard)
