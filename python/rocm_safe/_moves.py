@@ -195,7 +195,27 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor:
 
 # Dtypes DLPack carries as they are (the natives view any capsule as bytes);
 # others travel as a uint8 view of their bytes.
-_DLPACK_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8})
+_DLPACK_DTYPES = frozenset(
+    {
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor as a capsule takes it: as it is where DLPack
+    carries its dtype (the natives read any capsule as bytes), else its
+    bytes as uint8."""
+    return t if t.dtype in _DLPACK_DTYPES else _bytes_of(t)
 
 
 def _capsule(t: torch.Tensor):
@@ -256,7 +276,7 @@ def _upload_group(
         r = _native.move_upload(
             dev,
             stream,
-            [_capsule(_bytes_of(t)) for t in srcs],
+            [_capsule(_raw(t)) for t in srcs],
             offsets,
             _capsule(land),
             verify,
@@ -279,9 +299,9 @@ def _upload_one(
         r = _native.move_upload(
             dev,
             stream,
-            [_capsule(_bytes_of(src))],
+            [_capsule(_raw(src))],
             [0],
-            _capsule(_bytes_of(out)),
+            _capsule(_raw(out)),
             verify,
             _backend(),
         )
@@ -310,9 +330,9 @@ def _cast_on_device(
     r = _native.move_cast(
         dev,
         stream,
-        _capsule(src if src.dtype in _DLPACK_DTYPES else _bytes_of(src)),
+        _capsule(_raw(src)),
         frm,
-        _capsule(out if out.dtype in _DLPACK_DTYPES else _bytes_of(out)),
+        _capsule(_raw(out)),
         to,
         verify,
         _backend(),
@@ -464,9 +484,9 @@ def _download(t: torch.Tensor, dtype: torch.dtype, verify: bool, report: MoveRep
     r = _native.move_download(
         dev,
         stream,
-        _capsule(_bytes_of(src)),
+        _capsule(_raw(src)),
         frm if convert_here else "U8",
-        _capsule(_bytes_of(out)),
+        _capsule(_raw(out)),
         (to if convert_here else "U8"),
         verify,
         _backend(),
