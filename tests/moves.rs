@@ -320,9 +320,8 @@ fn truncated_downloads_are_caught(open: Open<'_>) {
 }
 
 fn large_copies_refused_go_down_to_pageable(open: Open<'_>) {
-    // Staging of 2 MiB: the staged and small-chunk rungs would each copy
-    // more than 1 MiB at once only for the staged one; make both fail by
-    // refusing every large copy and using 2 MiB small chunks.
+    // Every copy of more than 1 MiB is refused. With 2 MiB staging and 2
+    // MiB small chunks, every rung copies more than that at once.
     let dev = faulty(open, &[(FaultKind::InvalidValueOnLargeCopy, When::Always)]);
     let stream = dev.stream().unwrap();
     let o = MoveOptions::default()
