@@ -271,21 +271,8 @@ def _upload_group(
     total = max(at, 1)
     sizes.append(total - at)
     land = torch.empty(total, dtype=torch.uint8, device=device)
-    dev, stream = _native_device(device)
-    try:
-        r = _native.move_upload(
-            dev,
-            stream,
-            [_capsule(_raw(t)) for t in srcs],
-            offsets,
-            _capsule(land),
-            verify,
-            _backend(),
-        )
-    except RuntimeError as e:
-        report._d["caught"].append(str(e))
+    if not _native_upload(srcs, offsets, land, verify, report):
         return None
-    report._add(r)
     views = land.split(sizes)[1::2]  # one call for every slice
     return [v.view(t.dtype).view(t.shape) for v, t in zip(views, srcs)]
 
@@ -294,22 +281,24 @@ def _upload_one(
     src: torch.Tensor, device: torch.device, verify: bool, report: MoveReport
 ) -> Optional[torch.Tensor]:
     out = torch.empty(src.shape, dtype=src.dtype, device=device)
-    dev, stream = _native_device(device)
+    return out if _native_upload([src], [0], _raw(out), verify, report) else None
+
+
+def _native_upload(
+    srcs: List[torch.Tensor], offsets: List[int], dst: torch.Tensor, verify: bool, report: MoveReport
+) -> bool:
+    """The checked upload of CPU ``srcs`` into ``dst`` at byte ``offsets``;
+    ``False`` (the failure in the report) when no rung served."""
+    dev, stream = _native_device(dst.device)
     try:
         r = _native.move_upload(
-            dev,
-            stream,
-            [_capsule(_raw(src))],
-            [0],
-            _capsule(_raw(out)),
-            verify,
-            _backend(),
+            dev, stream, [_capsule(_raw(t)) for t in srcs], offsets, _capsule(dst), verify, _backend()
         )
     except RuntimeError as e:
         report._d["caught"].append(str(e))
-        return None
+        return False
     report._add(r)
-    return out
+    return True
 
 
 def _cast_on_device(

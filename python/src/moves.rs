@@ -119,6 +119,23 @@ fn host_imports(objs: &[Bound<'_, PyAny>], what: &str) -> PyResult<Vec<Imported>
     objs.iter().map(|o| take_capsule(&host, o, what)).collect()
 }
 
+/// What every move needs: the device (behind the faults, when injected),
+/// the stream and the device's mover.
+struct MoveCall {
+    dev: Device,
+    stream: Stream,
+    mover: Arc<Mutex<Mover>>,
+}
+
+impl MoveCall {
+    fn open(device: &str, backend: Option<&str>, stream: u64, verify: bool) -> PyResult<MoveCall> {
+        let dev = move_device(device, backend)?;
+        let stream = move_stream(&dev, stream)?;
+        let mover = mover_of(&dev, verify)?;
+        Ok(MoveCall { dev, stream, mover })
+    }
+}
+
 /// A report as a dict: `kind`, `bytes`, `pieces`, `rung`, `check`,
 /// `attempts` (a list of `(rung, failure)`), `seconds`, `text`.
 fn report_dict<'py>(py: Python<'py>, r: &MoveReport) -> PyResult<Bound<'py, PyDict>> {
@@ -158,15 +175,17 @@ pub fn move_upload<'py>(
     verify: bool,
     backend: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let dev = move_device(device, backend)?;
+    let MoveCall {
+        dev,
+        stream: s,
+        mover,
+    } = MoveCall::open(device, backend, stream, verify)?;
     let mut out = take_capsule(&dev, dst, "move_upload dst")?;
-    let s = move_stream(&dev, stream)?;
     let imports = host_imports(&srcs, "move_upload src")?;
     let slices = imports
         .iter()
         .map(|i| host_bytes(i, "move_upload src"))
         .collect::<PyResult<Vec<&[u8]>>>()?;
-    let mover = mover_of(&dev, verify)?;
     let mut view = out
         .view_mut::<u8>()
         .map_err(|e| PyValueError::new_err(format!("move_upload dst: {e}")))?;
@@ -197,15 +216,17 @@ pub fn move_download<'py>(
     backend: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (from, to) = (dtype_named(from_dtype)?, dtype_named(to_dtype)?);
-    let dev = move_device(device, backend)?;
+    let MoveCall {
+        dev,
+        stream: s,
+        mover,
+    } = MoveCall::open(device, backend, stream, verify)?;
     let input = take_capsule(&dev, src, "move_download src")?;
-    let s = move_stream(&dev, stream)?;
     let mut host = host_imports(std::slice::from_ref(dst), "move_download dst")?;
     let out = match host.first_mut() {
         Some(h) => host_bytes_mut(h, "move_download dst")?,
         None => return Err(PyValueError::new_err("move_download dst: missing")),
     };
-    let mover = mover_of(&dev, verify)?;
     let view = input
         .view::<u8>()
         .map_err(|e| PyValueError::new_err(format!("move_download src: {e}")))?;
@@ -236,11 +257,13 @@ pub fn move_cast<'py>(
     backend: Option<&str>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (from, to) = (dtype_named(from_dtype)?, dtype_named(to_dtype)?);
-    let dev = move_device(device, backend)?;
+    let MoveCall {
+        dev,
+        stream: s,
+        mover,
+    } = MoveCall::open(device, backend, stream, verify)?;
     let input = take_capsule(&dev, src, "move_cast src")?;
     let mut output = take_capsule(&dev, dst, "move_cast dst")?;
-    let s = move_stream(&dev, stream)?;
-    let mover = mover_of(&dev, verify)?;
     let sv = input
         .view::<u8>()
         .map_err(|e| PyValueError::new_err(format!("move_cast src: {e}")))?;

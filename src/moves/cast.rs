@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{exhausted, MoveCheck, MoveKind, MoveReport, MoveRung, Mover};
+use super::{element_count, exhausted, MoveCheck, MoveKind, MoveReport, MoveRung, Mover};
 use crate::convert::table;
 use crate::device::{ConvertOp, DeviceView, DeviceViewMut, Stream};
 use crate::dtype::DType;
@@ -28,16 +28,7 @@ pub(super) fn cast(
         tensor: None,
     };
     let row = table::find(from, to).ok_or_else(unsupported)?;
-    let (ss, ds) = (row.src_size, row.dst_size);
-    let n = src.len() / ss;
-    if n * ss != src.len() || dst.len() != n * ds {
-        return Err(Error::LengthMismatch {
-            op: OP,
-            expected: n * ds,
-            actual: dst.len(),
-            tensor: None,
-        });
-    }
+    let n = element_count(OP, src.len(), row.src_size, dst.len(), row.dst_size)?;
     let t0 = Instant::now();
     let mut attempts: Vec<Attempt<MoveRung>> = Vec::new();
     let on_device = row.kernel.is_some() && from != to;

@@ -351,15 +351,7 @@ impl Mover {
         const OP: &str = "download_into";
         stream.check_device(OP, src.device())?;
         let (ss, ds) = element_sizes(OP, from, to)?;
-        let n = src.len() / ss;
-        if n * ss != src.len() || dst.len() != n * ds {
-            return Err(Error::LengthMismatch {
-                op: OP,
-                expected: n * ds,
-                actual: dst.len(),
-                tensor: None,
-            });
-        }
+        element_count(OP, src.len(), ss, dst.len(), ds)?;
         let t0 = Instant::now();
         let rungs = [MoveRung::Staged, MoveRung::SmallChunks, MoveRung::Pageable];
         let mut attempts = Vec::new();
@@ -716,6 +708,28 @@ fn element_sizes(op: &'static str, from: DType, to: DType) -> Result<(usize, usi
         _ if from == to => Ok((1, 1)),
         _ => Err(unsupported()),
     }
+}
+
+/// The elements of a source of `src_bytes` bytes of `ss`-byte elements,
+/// checking that it holds whole elements and that the destination's
+/// `dst_bytes` hold as many of `ds` bytes.
+fn element_count(
+    op: &'static str,
+    src_bytes: usize,
+    ss: usize,
+    dst_bytes: usize,
+    ds: usize,
+) -> Result<usize> {
+    let n = src_bytes / ss;
+    if n * ss != src_bytes || dst_bytes != n * ds {
+        return Err(Error::LengthMismatch {
+            op,
+            expected: n * ds,
+            actual: dst_bytes,
+            tensor: None,
+        });
+    }
+    Ok(n)
 }
 
 /// The error of a move whose every rung failed.

@@ -439,44 +439,9 @@ pub(super) fn fused_blocks_avx512<const F16: bool>(
 /// 64-bit products.
 #[target_feature(enable = "avx2")]
 pub(super) fn sum_blocks_avx2(first_block: u64, blocks: &[[u8; 1024]]) -> u64 {
-    // Block keys are computed 8 at a time ahead of the blocks that use
-    // them: a key is a chain of dependent multiplies, which would
-    // otherwise stall the start of every block.
-    const AHEAD: usize = 8;
-    const PREFETCH_BYTES: usize = 4096;
-    let mut total = _mm256_setzero_si256();
-    for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
-        let mut keys = [(0u32, 0u32); AHEAD];
-        for (j, k) in (0u64..).zip(keys.iter_mut()) {
-            *k = block_consts(first_block + group * AHEAD as u64 + j);
-        }
-        for (b, &(ba, bm)) in bs.iter().zip(&keys) {
-            let ahead = b.as_ptr().wrapping_add(PREFETCH_BYTES);
-            for line in 0..16 {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
-            }
-            let vba = _mm256_set1_epi32(ba as i32);
-            let vbm = _mm256_set1_epi32(bm as i32);
-            let mut even = _mm256_setzero_si256();
-            let mut odd = _mm256_setzero_si256();
-            let (vectors, _) = b.as_chunks::<32>();
-            for ((w, a), m) in vectors.iter().zip(&ADD8).zip(&MUL8) {
-                let w: __m256i = bytemuck::cast(*w);
-                let a: __m256i = bytemuck::cast(*a);
-                let m: __m256i = bytemuck::cast(*m);
-                let x = _mm256_add_epi32(w, _mm256_xor_si256(a, vba));
-                let m = _mm256_xor_si256(m, vbm);
-                even = _mm256_add_epi64(even, _mm256_mul_epu32(x, m));
-                odd = _mm256_add_epi64(
-                    odd,
-                    _mm256_mul_epu32(_mm256_srli_epi64::<32>(x), _mm256_srli_epi64::<32>(m)),
-                );
-            }
-            total = _mm256_add_epi64(total, _mm256_add_epi64(even, odd));
-        }
-    }
-    let lanes: [u64; 4] = bytemuck::cast(total);
-    lanes.iter().fold(0u64, |s, &l| s.wrapping_add(l))
+    // SAFETY: without a copy, no destination is written; the caller's CPU
+    // has AVX2 (this function's own contract).
+    unsafe { blocks_avx2::<false>(first_block, blocks, std::ptr::null_mut()) }
 }
 
 /// [`sum_blocks_avx2`] that also copies each block to `dst` as it is
@@ -494,9 +459,28 @@ pub(super) unsafe fn copy_sum_blocks_avx2(
     blocks: &[[u8; 1024]],
     dst: *mut u8,
 ) -> u64 {
+    // SAFETY: the caller's contract is the loop's with a copy.
+    unsafe { blocks_avx2::<true>(first_block, blocks, dst) }
+}
+
+/// The block sums of [`sum_blocks_avx2`], and with `COPY` each block
+/// stored to `dst` as it is summed (non-temporal where `dst` is 32-byte
+/// aligned). Block keys are computed 8 at a time ahead of the blocks that
+/// use them: a key is a chain of dependent multiplies, which would
+/// otherwise stall the start of every block.
+///
+/// # Safety
+/// With `COPY`, `dst` is writable for `1024 * blocks.len()` bytes that
+/// overlap no block (without, `dst` is not used); the CPU has AVX2.
+#[target_feature(enable = "avx2")]
+unsafe fn blocks_avx2<const COPY: bool>(
+    first_block: u64,
+    blocks: &[[u8; 1024]],
+    dst: *mut u8,
+) -> u64 {
     const AHEAD: usize = 8;
     const PREFETCH_BYTES: usize = 4096;
-    let stream = (dst as usize).is_multiple_of(32);
+    let stream = COPY && (dst as usize).is_multiple_of(32);
     let mut total = _mm256_setzero_si256();
     let mut out = dst;
     for (group, bs) in (0u64..).zip(blocks.chunks(AHEAD)) {
@@ -516,15 +500,18 @@ pub(super) unsafe fn copy_sum_blocks_avx2(
             let (vectors, _) = b.as_chunks::<32>();
             for ((w, a), m) in vectors.iter().zip(&ADD8).zip(&MUL8) {
                 let w: __m256i = bytemuck::cast(*w);
-                // SAFETY: `out` walks `dst`'s `1024 * blocks.len()` bytes
-                // 32 at a time (the caller's), aligned when `stream`.
-                unsafe {
-                    if stream {
-                        _mm256_stream_si256(out.cast(), w);
-                    } else {
-                        _mm256_storeu_si256(out.cast(), w);
+                if COPY {
+                    // SAFETY: `out` walks `dst`'s `1024 * blocks.len()`
+                    // bytes 32 at a time (the caller's), aligned when
+                    // `stream`.
+                    unsafe {
+                        if stream {
+                            _mm256_stream_si256(out.cast(), w);
+                        } else {
+                            _mm256_storeu_si256(out.cast(), w);
+                        }
+                        out = out.add(32);
                     }
-                    out = out.add(32);
                 }
                 let a: __m256i = bytemuck::cast(*a);
                 let m: __m256i = bytemuck::cast(*m);
