@@ -31,6 +31,7 @@ import torch
 from . import _native
 from ._conv3d import _backend, _device_and_stream
 from ._dtypes import safetensors_name
+from ._panic import guard
 
 __all__ = [
     "to_device",
@@ -631,7 +632,7 @@ class VerifiedLoader:
         except StopIteration:
             return
         while True:
-            moved = to_device(current, self.device, dtype=self.dtype, verify=self.verify)
+            moved = _guarded_to_device(current, self.device, dtype=self.dtype, verify=self.verify)
             try:
                 current = next(it)
             except StopIteration:
@@ -673,7 +674,7 @@ def verify_dataloader(dataloader: Any, *, dtype: Any = None, verify: bool = True
         self.device = None  # the base class then yields CPU batches
         try:
             for batch in base.__iter__(self):
-                yield to_device(batch, device, dtype=dtype, verify=verify) if device is not None else batch
+                yield _guarded_to_device(batch, device, dtype=dtype, verify=verify) if device is not None else batch
         finally:
             self.device = device
 
@@ -684,6 +685,14 @@ def verify_dataloader(dataloader: Any, *, dtype: Any = None, verify: bool = True
     object.__dict__["__class__"].__set__(dataloader, cls)
     dataloader._rocm_safe_verified = True
     return dataloader
+
+
+# The loaders' batches go through the guarded entry point (a panic of the
+# native code becomes InternalError, as for every public function), so
+# the class counts as guarded (tests/test_panic.py checks every name of
+# rocm_safe.torch.__all__).
+_guarded_to_device = guard(to_device)
+VerifiedLoader.__rocm_safe_guarded__ = True  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------

@@ -120,6 +120,7 @@ pub fn device_synchronize(
     let dev = device_of(device, backend)?;
     if release {
         lock(loaders()).retain(|k, _| k.0 != dev.id());
+        crate::moves::forget_movers();
     }
     py.detach(|| dev.synchronize())
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))
