@@ -111,7 +111,8 @@ class DistributedLoadError(RuntimeError):
 # Test hooks: {kind: group rank}. Kinds: "corrupt_received" (flip a byte
 # of the first tensor that rank received, after the exchange, before its
 # check), "exit_before_read", "exit_before_exchange" (the process exits
-# with status 17 at that point, as a rank that died). Also read from the
+# with status 17 at that point, as a rank that died), "hang_before_read"
+# (the rank sleeps for an hour there, as a rank that hangs). Also read from the
 # environment (ROCM_SAFE_DIST_FAULT="kind:rank[,kind:rank]") at each load,
 # for processes a launcher starts.
 _FAULTS: Dict[str, int] = {}
@@ -123,7 +124,7 @@ def _inject_distributed_fault(kind: Optional[str], rank: Optional[int] = None) -
     if kind is None:
         _FAULTS.clear()
         return
-    if kind not in ("corrupt_received", "exit_before_read", "exit_before_exchange"):
+    if kind not in ("corrupt_received", "exit_before_read", "exit_before_exchange", "hang_before_read"):
         raise ValueError(f"unknown fault {kind!r}")
     _FAULTS[kind] = int(rank if rank is not None else 0)
 
@@ -490,6 +491,8 @@ def _load_planned(f, plan, pg, ctl, rank, world, dev, faults, secs, t0) -> Dict[
 
     # ---- read: this rank's share (and its slices).
     _maybe_exit(faults, "exit_before_read", rank)
+    if faults.get("hang_before_read") == rank:
+        time.sleep(3600)
     t1 = time.perf_counter()
     have: Dict[str, torch.Tensor] = {}
     meta: Dict[str, Tuple[str, List[int], int]] = {}

@@ -126,9 +126,20 @@ def suite(rank, world, d, out):
 
 def die(rank, world, d, out):
     path = os.path.join(d, "model.safetensors")
+    timeout = float(os.environ.get("DIST_TEST_CONTROL_TIMEOUT", "0"))
+    kw = {}
+    if timeout:
+        # The control group rocm-safe makes for an NCCL group (a gloo group
+        # of its own with `timeout`), here over a gloo group told to look
+        # like NCCL: the status exchanges time out on it.
+        from rocm_safe import _distributed
+
+        _distributed.dist.get_backend = lambda group=None: "nccl"
+        kw["timeout"] = timeout
+        kw["device"] = "cpu"
     t0 = time.monotonic()
     try:
-        rt.load_distributed(path)
+        rt.load_distributed(path, **kw)
     except rt.DistributedLoadError as e:
         out["raised"] = {"phase": e.phase, "message": str(e)}
     except Exception as e:  # noqa: BLE001 - recorded: the test says what was expected

@@ -47,7 +47,10 @@ def _model(seed: int):
     }
 
 
-def _run(scenario: str, world: int, d: str, env_extra=None, timeout=150):
+def _run(scenario: str, world: int, d: str, env_extra=None, timeout=150, wait_for=None):
+    """Starts ``world`` workers and waits for those of ``wait_for`` (all by
+    default), then kills any still running; returns the processes, their
+    output and the results they wrote."""
     env = dict(os.environ)
     env.update(env_extra or {})
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -60,15 +63,16 @@ def _run(scenario: str, world: int, d: str, env_extra=None, timeout=150):
         )
         for r in range(world)
     ]
-    outs = []
+    outs = [""] * world
     try:
-        for p in procs:
-            o, _ = p.communicate(timeout=timeout)
-            outs.append(o.decode(errors="replace"))
+        for r in wait_for if wait_for is not None else range(world):
+            o, _ = procs[r].communicate(timeout=timeout)
+            outs[r] = o.decode(errors="replace")
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+                p.wait()
     results = {}
     for r in range(world):
         f = os.path.join(d, f"result-{r}.json")
@@ -123,6 +127,26 @@ def test_a_rank_that_dies(files, when):
     # Bounded: well under the group's 30 s timeout plus start-up.
     assert results[0]["seconds"] < 40, results[0]
     assert time.monotonic() - t0 < 90
+
+
+def test_a_rank_that_hangs_times_out_on_the_control_group(files):
+    # Rank 1 hangs before its read; rank 0 waits in the read status
+    # exchange, on the gloo control group rocm-safe makes (5 s timeout),
+    # and raises; the test then ends rank 1.
+    procs, outs, results = _run(
+        "die",
+        2,
+        str(files),
+        {"ROCM_SAFE_DIST_FAULT": "hang_before_read:1", "DIST_TEST_CONTROL_TIMEOUT": "5"},
+        timeout=60,
+        wait_for=[0],
+    )
+    assert 0 in results, outs[0][-3000:]
+    raised = results[0].get("raised")
+    assert raised is not None and raised["phase"] == "read", results[0]
+    assert "status exchange failed" in raised["message"], raised
+    assert 4 < results[0]["seconds"] < 30, results[0]
+    assert 1 not in results  # the hanging rank never finished
 
 
 # ---------------------------------------------------------------- in process
