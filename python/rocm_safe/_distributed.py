@@ -272,7 +272,14 @@ def _make_plan(
                 dim = _dim_of(rule, len(shape), name)
         if dim is not None and dtype in _dtypes.SUB_BYTE:
             raise ValueError(f"tensor {name!r}: {dtype} packs several elements per byte; it cannot be sharded")
-        t = {"name": name, "dtype": dtype, "shape": list(shape), "out_dtype": out_dtype, "bytes": nbytes}
+        t = {
+            "name": name,
+            "dtype": dtype,
+            "shape": list(shape),
+            "out_dtype": out_dtype,
+            "bytes": nbytes,
+            "file_bytes": _dtypes.nbytes(dtype, shape),
+        }
         if dim is not None:
             t["dim"] = dim
             t["ranges"] = _split(shape[dim], world)
@@ -338,12 +345,12 @@ def _torch_dtype(name: str) -> torch.dtype:
 
 # ---------------------------------------------------------------- reads
 
-def _byte_ranges(f: safe_open) -> Dict[str, Tuple[str, int]]:
-    """``name -> (file, absolute offset of its first byte)`` for every
-    tensor, from each file's header, validated by the library."""
+def _byte_ranges(f: safe_open) -> Dict[str, Tuple[str, int, int]]:
+    """``name -> (file, first byte, end byte)`` (absolute offsets) for
+    every tensor, from each file's header, validated by the library."""
     ckpt = f._ckpt
     paths = ckpt.shard_paths() if ckpt.is_sharded() else [ckpt.path]
-    out: Dict[str, Tuple[str, int]] = {}
+    out: Dict[str, Tuple[str, int, int]] = {}
     for p in paths:
         p = os.fspath(p)
         size = os.path.getsize(p)
@@ -353,47 +360,87 @@ def _byte_ranges(f: safe_open) -> Dict[str, Tuple[str, int]]:
             fh.seek(0)
             head = fh.read(8 + n)
         tensors, _ = _native.parse_head(p, head, size)
-        for name, _dt, _shape, begin, _end in tensors:
-            out[name] = (p, begin)
+        for name, _dt, _shape, begin, end in tensors:
+            out[name] = (p, begin, end)
     return out
 
 
-def _read_slice(f: safe_open, t: Dict[str, Any], rank: int, where: Dict[str, Tuple[str, int]]) -> torch.Tensor:
-    """This rank's slice of tensor ``t`` on the host, converted to its
-    output dtype: dimension 0 through the library's row read; another
-    dimension by reading only the runs of bytes of the slice."""
+def _read_slice(f: safe_open, t: Dict[str, Any], rank: int, where, convert: bool = True) -> torch.Tensor:
+    """This rank's slice of tensor ``t`` on the host (converted to its
+    output dtype when ``convert``): dimension 0 through the library's row
+    read; another dimension by reading only the runs of bytes of the slice
+    (``_native.read_strided``, at the offsets of the validated header)."""
     name, dtype, shape, dim = t["name"], t["dtype"], t["shape"], t["dim"]
     lo, hi = t["ranges"][rank]
-    target = t["out_dtype"] if t["out_dtype"] != dtype else None
+    target = t["out_dtype"] if convert and t["out_dtype"] != dtype else None
     if dim == 0:
         buf, out, s = f._ckpt.read(name, to=target, rows=(lo, hi), floats_only=True)
         return f._tensors.from_buffer(buf, out, s)
     size = _dtypes.ITEMSIZE[dtype]
     outer = int(np.prod(shape[:dim], dtype=np.int64))
     inner = int(np.prod(shape[dim + 1 :], dtype=np.int64))
-    run = (hi - lo) * inner * size
+    path, begin, end = where[name]
     row = shape[dim] * inner * size
-    raw = bytearray(outer * run)
-    if run:
-        path, begin = where[name]
-        view = memoryview(raw)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            for o in range(outer):
-                at, want = begin + o * row + lo * inner * size, view[o * run : (o + 1) * run]
-                got = 0
-                while got < run:
-                    n = os.preadv(fd, [want[got:]], at + got)
-                    if n <= 0:
-                        raise OSError(f"{path}: tensor {name!r}: the file ended at byte {at + got} while reading")
-                    got += n
-        finally:
-            os.close(fd)
+    raw = _native.read_strided(path, begin, end, outer, row, lo * inner * size, (hi - lo) * inner * size)
     out_shape = list(shape)
     out_shape[dim] = hi - lo
     if target is not None:
         raw = _native.convert_chunk(dtype, bytes(raw), target)
     return f._tensors.from_buffer(raw, target or dtype, out_shape)
+
+
+def _load_slices(f: safe_open, sharded: List[Dict[str, Any]], rank: int, dev: torch.device) -> Tuple[Dict[str, torch.Tensor], int]:
+    """This rank's slice of every split tensor, on ``dev``, and the bytes
+    read for them. On a GPU: slices of dimension 0 through the verified
+    loader (rows); the others read on the host (raw) and moved with the
+    verified upload, converted on the device (``to_device(dtype=)``)."""
+    out: Dict[str, torch.Tensor] = {}
+    read = 0
+    where = _byte_ranges(f) if any(t["dim"] != 0 for t in sharded) else {}
+    if dev.type == "cpu":
+        for t in sharded:
+            x = _read_slice(f, t, rank, where)
+            out[t["name"]] = x
+            read += _slice_bytes(t, rank)
+        return out, read
+    rows = []
+    host: Dict[str, List[Tuple[str, torch.Tensor]]] = {}
+    for t in sharded:
+        lo, hi = t["ranges"][rank]
+        read += _slice_bytes(t, rank)
+        if t["dim"] == 0 and hi > lo:
+            rows.append((t["name"], lo, hi))
+            continue
+        x = _read_slice(f, t, rank, where, convert=False)
+        host.setdefault(t["out_dtype"] if t["out_dtype"] != t["dtype"] else "", []).append((t["name"], x))
+    if rows:
+        loaded = _native.load_rows_to_device(f._ckpt, rows, str(dev), f._dtype, f._verify, _backend())
+        for name, capsule in loaded:
+            x = torch.from_dlpack(capsule)
+            out[name] = x if x.device == dev else x.to(dev)
+    from ._moves import to_device
+
+    for target, items in host.items():
+        names = [n for n, _ in items]
+        moved = to_device([x for _, x in items], dev, dtype=_dtypes.torch_dtype(target) if target else None)
+        for n, x in zip(names, moved):
+            if x.device != dev:
+                raise RuntimeError(f"the verified upload kept {n!r} on the host (see last_move_report())")
+            out[n] = x
+    by = {t["name"]: t for t in sharded}
+    for n, x in out.items():
+        want = _dtypes.torch_dtype(by[n]["out_dtype"])
+        if x.dtype != want:
+            raise RuntimeError(f"tensor {n!r}: its slice loaded as {x.dtype}, not {want}")
+    return out, read
+
+
+def _slice_bytes(t: Dict[str, Any], rank: int) -> int:
+    """The bytes of this rank's slice in the file."""
+    lo, hi = t["ranges"][rank]
+    n = int(np.prod(t["shape"], dtype=np.int64))
+    d = t["shape"][t["dim"]]
+    return 0 if d == 0 else (n // d) * (hi - lo) * _dtypes.ITEMSIZE[t["dtype"]]
 
 
 # ---------------------------------------------------------------- the load
@@ -506,24 +553,15 @@ def _load_planned(f, plan, pg, ctl, rank, world, dev, faults, secs, t0) -> Dict[
         elif names:
             have.update(f._to_device(names, f._dtype))
         for t in mine:
-            read_bytes += t["bytes"]
+            read_bytes += t["file_bytes"]
         fps = _fingerprints([have[n] for n in names], dev)
         for n, fp in zip(names, fps):
             x = have[n]
             meta[n] = (str(x.dtype), list(x.shape), fp)
         if sharded:
-            where = _byte_ranges(f) if any(t["dim"] != 0 for t in sharded) else {}
-            host = [_read_slice(f, t, rank, where) for t in sharded]
-            read_bytes += sum(x.numel() * x.element_size() for x in host)
-            if dev.type != "cpu":
-                from ._moves import to_device
-
-                host = to_device(host, dev)
-                stayed = [t["name"] for t, x in zip(sharded, host) if x.device != dev]
-                if stayed:
-                    raise RuntimeError(f"the verified upload kept {stayed[:8]} on the host (see last_move_report())")
-            for t, x in zip(sharded, host):
-                have[t["name"]] = x
+            slices, n = _load_slices(f, sharded, rank, dev)
+            have.update(slices)
+            read_bytes += n
     except Exception as e:  # noqa: BLE001 - reported to every rank
         error = f"{type(e).__name__}: {e}"
     statuses = _gather(ctl, {"error": error, "meta": meta if error is None else {}}, "read", rank)

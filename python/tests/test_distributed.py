@@ -224,3 +224,34 @@ def test_fingerprint_native_refuses_what_is_not_a_capsule():
         _native.tensor_fingerprint("cpu", 0, object())
     with pytest.raises(ValueError):
         _native.tensor_fingerprints("gpu:x", 0, [])
+
+
+def test_read_strided_reads_only_its_runs_and_refuses_what_does_not_fit(tmp_path):
+    p = tmp_path / "f.bin"
+    data = bytes(range(256)) * 4
+    p.write_bytes(data)
+    # 4 runs of 3 bytes, stride 10, 2 bytes in, from byte 100.
+    got = _native.read_strided(str(p), 100, 140, 4, 10, 2, 3)
+    assert bytes(got) == b"".join(data[100 + o * 10 + 2 : 100 + o * 10 + 5] for o in range(4))
+    # Many runs (several threads).
+    got = _native.read_strided(str(p), 0, 1024, 512, 2, 1, 1)
+    assert bytes(got) == data[1::2]
+    with pytest.raises(ValueError, match="do not fit"):
+        _native.read_strided(str(p), 100, 140, 5, 10, 2, 3)  # past the range
+    with pytest.raises(ValueError, match="do not fit"):
+        _native.read_strided(str(p), 100, 140, 4, 10, 8, 3)  # a run past its row
+    from rocm_safe import SafetensorError
+
+    with pytest.raises(SafetensorError, match="shorter"):
+        _native.read_strided(str(p), 1000, 2000, 1, 10, 0, 3)  # the file is shorter
+    with pytest.raises(OSError):
+        _native.read_strided(str(tmp_path / "missing.bin"), 0, 10, 1, 10, 0, 3)
+
+
+def test_load_rows_to_device_refuses_the_cpu(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.ones(4, 2)}, str(tmp_path / "m.safetensors"))
+    ck = _native.Checkpoint(str(tmp_path / "m.safetensors"))
+    with pytest.raises(ValueError, match="Checkpoint.read"):
+        _native.load_rows_to_device(ck, [("a", 0, 2)], "cpu")
