@@ -422,7 +422,12 @@ def _load_slices(f: safe_open, sharded: List[Dict[str, Any]], rank: int, dev: to
 
     for target, items in host.items():
         names = [n for n, _ in items]
-        moved = to_device([x for _, x in items], dev, dtype=_dtypes.torch_dtype(target) if target else None)
+        moved = to_device(
+            [x for _, x in items],
+            dev,
+            dtype=_dtypes.torch_dtype(target) if target else None,
+            verify=f._verify != "off",
+        )
         for n, x in zip(names, moved):
             if x.device != dev:
                 raise RuntimeError(f"the verified upload kept {n!r} on the host (see last_move_report())")

@@ -91,6 +91,25 @@ def suite(rank, world, d, out):
     assert r["sharded"] == len(dims), r
     out["shard"] = {"read_bytes": r["read_bytes"]}
 
+    # 3b. shard converted to f32 while reading, and on a sharded
+    # checkpoint (an index over two files).
+    sd = rt.load_distributed(path, mode="shard", shard_plan=plan, dtype=torch.float32)
+    for k in names:
+        want = ref32[k]
+        if k in dims:
+            want = torch.tensor_split(want, world, dim=dims[k])[rank]
+        assert same(sd[k], want), (k, sd[k].dtype, want.dtype)
+    index = os.path.join(d, "sharded", "model.safetensors.index.json")
+    sd = rt.load_distributed(index, mode="shard", shard_plan=plan)
+    for k in names:
+        want = ref[k]
+        if k in dims:
+            want = torch.tensor_split(want, world, dim=dims[k])[rank]
+        assert same(sd[k], want), (k, "sharded checkpoint")
+    sd = rt.load_distributed(index)
+    for k in names:
+        assert same(sd[k], ref[k]), (k, "sharded checkpoint")
+
     # 4. the same through load_file(process_group=...).
     sd = rt.load_file(path, process_group=dist.group.WORLD)
     for k in names:

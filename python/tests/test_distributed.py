@@ -88,6 +88,18 @@ def files(tmp_path):
 
     save_file(_model(1), str(tmp_path / "model.safetensors"))
     save_file(_model(2) | {"extra": torch.ones(3)}, str(tmp_path / "other.safetensors"))
+    # The same tensors as a sharded checkpoint: two files and an index.
+    model = _model(1)
+    names = list(model)
+    (tmp_path / "sharded").mkdir()
+    parts = {"part-1.safetensors": names[::2], "part-2.safetensors": names[1::2]}
+    weight_map = {}
+    for file, keys in parts.items():
+        save_file({k: model[k] for k in keys}, str(tmp_path / "sharded" / file))
+        weight_map.update({k: file for k in keys})
+    (tmp_path / "sharded" / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     data = (tmp_path / "model.safetensors").read_bytes()
     (tmp_path / "truncated.safetensors").write_bytes(data[: len(data) // 2])
     return tmp_path
@@ -147,6 +159,45 @@ def test_a_rank_that_hangs_times_out_on_the_control_group(files):
     assert "status exchange failed" in raised["message"], raised
     assert 4 < results[0]["seconds"] < 30, results[0]
     assert 1 not in results  # the hanging rank never finished
+
+
+# ---------------------------------------------------------------- one GPU
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (torch.cuda)")
+def test_gpu_one_rank_replicate_and_shard(files, tmp_path):
+    """The GPU paths of one rank (the verified loader for its share and its
+    row slices, strided slices moved with the verified upload, device
+    fingerprints), on a group of one over gloo in this process."""
+    import rocm_safe
+
+    assert set(rocm_safe.features()) & {"cuda", "hip"}, "this wheel was built without a GPU backend"
+    from safetensors.torch import load_file
+
+    ref = load_file(str(files / "model.safetensors"))
+    dist.init_process_group(
+        "gloo", init_method="file://" + str(tmp_path / "gpu_store"), rank=0, world_size=1
+    )
+    try:
+        for dtype in (None, torch.float32):
+            sd = rt.load_distributed(str(files / "model.safetensors"), device="cuda:0", dtype=dtype)
+            for k, v in ref.items():
+                want = v.to(dtype) if dtype is not None and v.is_floating_point() else v
+                assert sd[k].device.type == "cuda", k
+                assert torch.equal(sd[k].cpu().reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)), k
+                assert sd[k].dtype == want.dtype and sd[k].shape == want.shape, k
+            plan = {"layers.*.q": "colwise", "layers.*.o": "rowwise", "emb": 1, "cube": -1}
+            sd = rt.load_distributed(
+                str(files / "model.safetensors"), device="cuda:0", dtype=dtype, mode="shard", shard_plan=plan
+            )
+            assert rt.last_distributed_report()["sharded"] == 5
+            for k, v in ref.items():
+                want = v.to(dtype) if dtype is not None and v.is_floating_point() else v
+                assert torch.equal(sd[k].cpu().reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)), k
+        # Device fingerprints are the host's.
+        t = torch.randn(12345, device="cuda:0")
+        assert D._fingerprints([t], t.device) == D._fingerprints([t.cpu()], torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------- in process
