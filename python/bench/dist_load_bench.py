@@ -190,7 +190,10 @@ def main() -> int:
             bad = [k for k, v in ref.items() if not same(sd[k], v.to(dev))]
             if bad or len(sd) != len(ref):
                 ok = False
-                print(f"rank {rank}: replicate differs from safetensors: {bad[:5]} ({len(sd)} vs {len(ref)})", flush=True)
+                print(
+                    f"rank {rank}: replicate differs from safetensors: {bad[:5]} ({len(sd)} vs {len(ref)})",
+                    flush=True,
+                )
         del sd
         release(dev)
 

@@ -15,7 +15,9 @@ to every rank with the plan (one ``all_gather_object`` per load). The bytes
 then go out from their owner by ``broadcast`` on the process group (NCCL,
 RCCL or gloo: torch's transport, never one of ours): large tensors one by
 one into their own memory, small ones packed per owner into one buffer and
-unpacked into their own tensors. Every rank fingerprints every tensor it
+unpacked into their own tensors (the memory for everything a rank receives
+is allocated before the first broadcast, so running out of it is reported
+like any failure). Every rank fingerprints every tensor it
 received and compares it with the owner's: a corrupted exchange is caught
 on the rank that got it.
 
@@ -97,8 +99,8 @@ class DistributedLoadError(RuntimeError):
     """A distributed load failed on one rank or more; raised on every rank.
     ``failures`` maps each failing rank (of the process group) to its
     error message; ``phase`` is the phase that failed (``"plan"``,
-    ``"read"``, ``"exchange"``, ``"verify"``) or the collective that
-    failed."""
+    ``"read"``, ``"alloc"`` (memory for what a rank receives),
+    ``"exchange"`` (a collective of the exchange failed), ``"verify"``)."""
 
     def __init__(self, message: str, phase: str, failures: Optional[Dict[int, str]] = None):
         super().__init__(message)
@@ -112,7 +114,9 @@ class DistributedLoadError(RuntimeError):
 # of the first tensor that rank received, after the exchange, before its
 # check), "exit_before_read", "exit_before_exchange" (the process exits
 # with status 17 at that point, as a rank that died), "hang_before_read"
-# (the rank sleeps for an hour there, as a rank that hangs). Also read from the
+# (the rank sleeps for an hour there, as a rank that hangs), "fail_read",
+# "fail_alloc" (that phase raises on that rank, as an I/O error or
+# running out of memory would). Also read from the
 # environment (ROCM_SAFE_DIST_FAULT="kind:rank[,kind:rank]") at each load,
 # for processes a launcher starts.
 _FAULTS: Dict[str, int] = {}
@@ -124,7 +128,14 @@ def _inject_distributed_fault(kind: Optional[str], rank: Optional[int] = None) -
     if kind is None:
         _FAULTS.clear()
         return
-    if kind not in ("corrupt_received", "exit_before_read", "exit_before_exchange", "hang_before_read"):
+    if kind not in (
+        "corrupt_received",
+        "exit_before_read",
+        "exit_before_exchange",
+        "hang_before_read",
+        "fail_read",
+        "fail_alloc",
+    ):
         raise ValueError(f"unknown fault {kind!r}")
     _FAULTS[kind] = int(rank if rank is not None else 0)
 
@@ -224,7 +235,8 @@ def _dim_of(rule: Any, ndim: int, name: str) -> Optional[int]:
         return ndim - 1 if ndim >= 2 else None
     if isinstance(rule, bool) or not isinstance(rule, int):
         raise ValueError(
-            f"shard_plan[{name!r}]: {rule!r} is not a dimension (an int, \"colwise\", \"rowwise\", \"replicate\" or None)"
+            f"shard_plan[{name!r}]: {rule!r} is not a dimension"
+            " (an int, \"colwise\", \"rowwise\", \"replicate\" or None)"
         )
     d = rule + ndim if rule < 0 else rule
     if not 0 <= d < ndim:
@@ -389,7 +401,9 @@ def _read_slice(f: safe_open, t: Dict[str, Any], rank: int, where, convert: bool
     return f._tensors.from_buffer(raw, target or dtype, out_shape)
 
 
-def _load_slices(f: safe_open, sharded: List[Dict[str, Any]], rank: int, dev: torch.device) -> Tuple[Dict[str, torch.Tensor], int]:
+def _load_slices(
+    f: safe_open, sharded: List[Dict[str, Any]], rank: int, dev: torch.device
+) -> Tuple[Dict[str, torch.Tensor], int]:
     """This rank's slice of every split tensor, on ``dev``, and the bytes
     read for them. On a GPU: slices of dimension 0 through the verified
     loader (rows); the others read on the host (raw) and moved with the
@@ -502,7 +516,8 @@ def load_distributed(
     plan: Optional[Dict[str, Any]] = None
     error = None
     try:
-        f = safe_open(filename, framework="pt", device="cpu" if dev.type == "cpu" else str(dev), dtype=dtype, verify=verify)
+        where = "cpu" if dev.type == "cpu" else str(dev)
+        f = safe_open(filename, framework="pt", device=where, dtype=dtype, verify=verify)
         entries = []
         for name in f.offset_keys():
             dt, shape = f._ckpt.describe(name)
@@ -551,6 +566,8 @@ def _load_planned(f, plan, pg, ctl, rank, world, dev, faults, secs, t0) -> Dict[
     read_bytes = 0
     error = None
     try:
+        if faults.get("fail_read") == rank:
+            raise OSError("injected read failure (test hook)")
         names = [t["name"] for t in mine]
         if dev.type == "cpu":
             for n in names:
@@ -576,19 +593,35 @@ def _load_planned(f, plan, pg, ctl, rank, world, dev, faults, secs, t0) -> Dict[
         carried.update(s["meta"])
     secs["read"] = time.perf_counter() - t1
 
-    # ---- exchange: from each owner by broadcast, in plan order.
-    _maybe_exit(faults, "exit_before_exchange", rank)
+    # ---- alloc: memory for what this rank receives.
     t2 = time.perf_counter()
+    error = None
+    big: List[str] = []
+    small: Dict[int, Any] = {}
     received: List[str] = []
-    received_bytes = 0
+    scratch = None
     try:
-        received, received_bytes = _exchange(tensors, carried, have, pg, rank, world, dev)
+        if faults.get("fail_alloc") == rank:
+            raise MemoryError("injected allocation failure (test hook)")
+        big, small, received, scratch = _allocate(tensors, carried, have, rank, world, dev)
+    except Exception as e:  # noqa: BLE001 - reported to every rank
+        error = f"{type(e).__name__}: {e}"
+    statuses = _gather(ctl, {"error": error}, "alloc", rank)
+    _check_status(statuses, "alloc", rank)
+    received_bytes = sum(_bytes(have[n]).numel() for n in received)
+
+    # ---- exchange: from each owner by broadcast, in the layout's order.
+    _maybe_exit(faults, "exit_before_exchange", rank)
+    owner_of = {t["name"]: t["owner"] for t in tensors if "owner" in t}
+    try:
+        _exchange(big, small, owner_of, have, pg, rank, world, scratch)
     except Exception as e:  # noqa: BLE001 - a failed collective
         raise DistributedLoadError(
             f"rank {rank}: the exchange failed (a rank died or the process group failed): {type(e).__name__}: {e}",
             "exchange",
             {rank: str(e)},
         ) from e
+    del scratch
     secs["exchange"] = time.perf_counter() - t2
 
     # ---- verify: what arrived against the owner's fingerprint.
@@ -643,79 +676,95 @@ def _owner(tensors, name: str) -> int:
     return -1
 
 
-def _exchange(tensors, carried, have, pg, rank, world, dev) -> Tuple[List[str], int]:
-    """Every replicated tensor from its owner to every rank, in plan order:
-    large ones one broadcast each into their own memory, small ones packed
-    per owner (buckets of at most ``_BUCKET_BYTES``) and unpacked into their
-    own memory. Returns the names received and their bytes."""
-    received: List[str] = []
-    nbytes = 0
-    small: Dict[int, List[str]] = {}
+def _layout(tensors, carried, world) -> Tuple[List[str], Dict[int, List[List[Tuple[str, int, int]]]]]:
+    """The exchange's layout, the same on every rank: the names broadcast
+    one by one (4 MiB or more, in plan order), and per owner its small
+    tensors in buckets of ``(name, offset, bytes)`` (at most
+    ``_BUCKET_BYTES`` each unless one tensor is larger)."""
+    big: List[str] = []
+    small: Dict[int, List[List[Tuple[str, int, int]]]] = {}
+    if world == 1:
+        return big, small
     for t in tensors:
         if "owner" not in t:
             continue
         name, owner = t["name"], t["owner"]
         dt, shape, _fp = carried[name]
-        size = t["bytes"]
-        if world == 1:
+        size = _torch_nbytes(dt, shape)
+        if size >= _PACK_BELOW:
+            big.append(name)
             continue
-        if size < _PACK_BELOW:
-            small.setdefault(owner, []).append(name)
-            continue
-        src = dist.get_global_rank(pg, owner) if pg is not dist.group.WORLD else owner
-        if owner == rank:
-            x = have[name].contiguous()
-            have[name] = x
-        else:
-            x = torch.empty(shape, dtype=_torch_dtype(dt), device=dev)
-            have[name] = x
-            received.append(name)
-            nbytes += size
-        if size:
-            dist.broadcast(_bytes(x), src=src, group=pg)
-    for owner in range(world):
-        names = small.get(owner, [])
-        src = dist.get_global_rank(pg, owner) if pg is not dist.group.WORLD else owner
-        bucket: List[Tuple[str, int, int]] = []
+        buckets = small.setdefault(owner, [[]])
         at = 0
-        for i, name in enumerate(names + [None]):
-            size = 0
-            if name is not None:
-                dt, shape, _fp = carried[name]
-                size = _torch_nbytes(dt, shape)
-            if name is None or (bucket and -(-at // _ALIGN) * _ALIGN + size > _BUCKET_BYTES):
-                if bucket:
-                    got = _send_bucket(bucket, at, carried, have, owner, src, pg, rank, dev)
-                    received.extend(got)
-                    nbytes += sum(n for nm, _o, n in bucket if nm in got)
-                bucket, at = [], 0
-                if name is None:
-                    break
-            at = -(-at // _ALIGN) * _ALIGN
-            bucket.append((name, at, size))
-            at += size
-    return received, nbytes
+        if buckets[-1]:
+            _n, off, n = buckets[-1][-1]
+            at = -(-(off + n) // _ALIGN) * _ALIGN
+        if buckets[-1] and at + size > _BUCKET_BYTES:
+            buckets.append([])
+            at = 0
+        buckets[-1].append((name, at, size))
+    return big, small
+
+
+def _allocate(tensors, carried, have, rank, world, dev):
+    """Memory for everything this rank will receive (so that running out
+    of it is reported in a status exchange, not in the middle of the
+    collectives), and one scratch buffer for the largest bucket."""
+    big, small = _layout(tensors, carried, world)
+    owner = {t["name"]: t.get("owner") for t in tensors}
+    received: List[str] = []
+    for name in big:
+        if owner[name] != rank:
+            dt, shape, _fp = carried[name]
+            have[name] = torch.empty(shape, dtype=_torch_dtype(dt), device=dev)
+            received.append(name)
+    scratch_bytes = 0
+    for o, buckets in small.items():
+        for b in buckets:
+            if b:
+                _n, off, n = b[-1]
+                scratch_bytes = max(scratch_bytes, off + n)
+            if o != rank:
+                for name, _off, _n in b:
+                    dt, shape, _fp = carried[name]
+                    have[name] = torch.empty(shape, dtype=_torch_dtype(dt), device=dev)
+                    received.append(name)
+    scratch = torch.empty(max(scratch_bytes, 1), dtype=torch.uint8, device=dev) if small else None
+    return big, small, received, scratch
+
+
+def _exchange(big, small, owner_of, have, pg, rank, world, scratch) -> None:
+    """Every replicated tensor from its owner to every rank, in the
+    layout's order: the large ones one broadcast each straight into their
+    memory, then per owner its buckets of small ones, packed into
+    ``scratch``, broadcast, and unpacked into their own memory. Only
+    collectives and copies: the memory was allocated before."""
+
+    def src_of(owner: int) -> int:
+        return owner if pg is dist.group.WORLD else dist.get_global_rank(pg, owner)
+
+    for name in big:
+        o = owner_of[name]
+        x = have[name]
+        if o == rank and not x.is_contiguous():
+            x = have[name] = x.contiguous()
+        dist.broadcast(_bytes(x), src=src_of(o), group=pg)
+    for o in range(world):
+        for bucket in small.get(o, []):
+            if not bucket:
+                continue
+            _n, off, n = bucket[-1]
+            flat = scratch[: max(off + n, 1)]
+            if o == rank:
+                for name, off, n in bucket:
+                    if n:
+                        flat[off : off + n].copy_(_bytes(have[name].contiguous()))
+            dist.broadcast(flat, src=src_of(o), group=pg)
+            if o != rank:
+                for name, off, n in bucket:
+                    if n:
+                        _bytes(have[name]).copy_(flat[off : off + n])
 
 
 def _torch_nbytes(dt: str, shape: List[int]) -> int:
     return int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=_torch_dtype(dt)).element_size()
-
-
-def _send_bucket(bucket, total, carried, have, owner, src, pg, rank, dev) -> List[str]:
-    flat = torch.empty(max(total, 1), dtype=torch.uint8, device=dev)
-    if owner == rank:
-        for name, off, size in bucket:
-            if size:
-                flat[off : off + size].copy_(_bytes(have[name].contiguous()))
-    dist.broadcast(flat, src=src, group=pg)
-    if owner == rank:
-        return []
-    got = []
-    for name, off, size in bucket:
-        dt, shape, _fp = carried[name]
-        x = torch.empty(shape, dtype=_torch_dtype(dt), device=dev)
-        if size:
-            _bytes(x).copy_(flat[off : off + size])
-        have[name] = x
-        got.append(name)
-    return got

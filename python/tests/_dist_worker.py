@@ -125,6 +125,16 @@ def suite(rank, world, d, out):
     assert "received with bytes other than their owner read" in msg, msg
     out["corrupt_received"] = msg
 
+    # 5b. a rank whose read fails, a rank that cannot allocate what it
+    # receives: every rank raises, naming it.
+    for kind, phase in (("fail_read", "read"), ("fail_alloc", "alloc")):
+        rt._inject_distributed_fault(kind, world - 1)
+        try:
+            msg = expect_error(lambda: rt.load_distributed(path), phase, [world - 1])
+        finally:
+            rt._inject_distributed_fault(None)
+        assert "injected" in msg and f"rank {world - 1}" in msg, msg
+
     # 6. rank 1's file is truncated: every rank raises before any byte moves.
     bad = os.path.join(d, "truncated.safetensors") if rank == 1 else path
     msg = expect_error(lambda: rt.load_distributed(bad), "plan", [1])
