@@ -179,15 +179,18 @@ def last_distributed_report() -> Optional[Dict[str, Any]]:
 _CONTROL: Dict[Any, Any] = {}
 
 
+def _backend_name(pg) -> str:
+    try:
+        return str(dist.get_backend(pg)).lower()
+    except Exception:  # noqa: BLE001 - a group without a single backend name
+        return ""
+
+
 def _control_group(pg, timeout: float):
     """The gloo group the status exchanges run on: ``pg`` itself when it is
     gloo, else a gloo group over ``pg``'s ranks, made once per group (every
     rank of ``pg`` makes it in its first load: the same order everywhere)."""
-    try:
-        backend = str(dist.get_backend(pg)).lower()
-    except Exception:  # noqa: BLE001 - a group without a single backend name
-        backend = ""
-    if backend == "gloo":
+    if _backend_name(pg) == "gloo":
         return pg
     key = id(pg)
     if key not in _CONTROL:
@@ -315,11 +318,7 @@ def _digest(plan: Dict[str, Any]) -> str:
 
 def _resolve_device(device: Any, pg) -> torch.device:
     if device is None:
-        try:
-            backend = str(dist.get_backend(pg)).lower()
-        except Exception:  # noqa: BLE001
-            backend = ""
-        if backend in ("nccl", "rccl") and torch.cuda.is_available():
+        if _backend_name(pg) in ("nccl", "rccl") and torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
     if isinstance(device, int) and not isinstance(device, bool):
@@ -506,6 +505,12 @@ def load_distributed(
     pg = process_group if process_group is not None else dist.group.WORLD
     rank, world = dist.get_rank(pg), dist.get_world_size(pg)
     dev = _resolve_device(device, pg)
+    backend = _backend_name(pg)
+    if dev.type == "cpu" and "nccl" in backend and "gloo" not in backend:
+        raise ValueError(
+            f"device {dev}: an NCCL/RCCL process group moves GPU tensors only: pass this rank's GPU"
+            " (device=f\"cuda:{local_rank}\"), or use a gloo group for a load to the CPU"
+        )
     faults = _faults()
     ctl = _control_group(pg, timeout)
     secs: Dict[str, float] = {}

@@ -166,6 +166,14 @@ def die(rank, world, d, out):
         _distributed.dist.get_backend = lambda group=None: "nccl"
         kw["timeout"] = timeout
         kw["device"] = "cpu"
+        # (A real NCCL group refuses a load to the CPU before any collective.)
+        try:
+            rt.load_distributed(path, device="cpu")
+        except ValueError as e:
+            assert "moves GPU tensors only" in str(e), e
+        else:
+            raise AssertionError("an NCCL group took a load to the CPU")
+        _distributed._backend_name = lambda pg: "another backend"
     t0 = time.monotonic()
     try:
         rt.load_distributed(path, **kw)
