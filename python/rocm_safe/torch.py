@@ -102,7 +102,6 @@ __all__ = [
     "verify_dataloader",
     "load_distributed",
     "last_distributed_report",
-    "DistributedLoadError",
 ]
 
 
