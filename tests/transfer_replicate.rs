@@ -35,21 +35,23 @@ fn want(ckpt: &Checkpoint, name: &str, dtype: DType) -> Vec<u8> {
     }
 }
 
-#[test]
-fn every_device_gets_every_tensor_exactly_each_loaded_once() {
+/// Loads the mixed checkpoint onto `devices` (as stored and widened to
+/// f32) and checks every tensor on every device, each loaded once, every
+/// copy checked.
+fn replicated_exactly(devices: &[Device]) {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
+    let n = devices.len();
     for dtype in [None, Some(DType::F32)] {
-        let devices: Vec<Device> = (0..3).map(|_| Device::host()).collect();
         let r = load_replicated(
             &ckpt,
             &NAMES,
-            &devices,
+            devices,
             &small(dtype),
             &ViaHost { chunk_bytes: 4099 },
         )
         .unwrap();
-        assert_eq!(r.devices.len(), 3);
+        assert_eq!(r.devices.len(), n);
         assert_eq!(r.peer, "via host");
         for (d, list) in r.devices.iter().enumerate() {
             let names: Vec<&str> = list.iter().map(|t| t.name.as_str()).collect();
@@ -70,17 +72,41 @@ fn every_device_gets_every_tensor_exactly_each_loaded_once() {
         let loaded: usize = r.reports.iter().map(|x| x.tensors.len()).sum();
         assert_eq!(loaded, NAMES.len());
         assert!(r.reports.iter().all(|x| !x.tensors.is_empty()));
-        for (i, n) in NAMES.iter().enumerate() {
-            assert!(r.reports[r.owners[i]].tensor(n).is_some(), "{n}");
+        for (i, name) in NAMES.iter().enumerate() {
+            assert!(r.reports[r.owners[i]].tensor(name).is_some(), "{name}");
         }
         // Every copy to another device was checked there.
         let buffers = r.devices[0].iter().filter(|t| t.data.is_device()).count();
-        assert_eq!(r.checked, 2 * buffers);
+        assert_eq!(r.checked, (n - 1) * buffers);
         assert_eq!(
-            r.get(2, "d.f32").map(|t| t.shape.clone()),
+            r.get(n - 1, "d.f32").map(|t| t.shape.clone()),
             Some(vec![70, 1001])
         );
     }
+}
+
+#[test]
+fn every_device_gets_every_tensor_exactly_each_loaded_once() {
+    let devices: Vec<Device> = (0..3).map(|_| Device::host()).collect();
+    replicated_exactly(&devices);
+}
+
+/// Two GPUs of this build's backend (`cargo test --features cuda --test
+/// transfer_replicate -- --ignored` on a machine with two).
+#[cfg(any(feature = "cuda", feature = "hip"))]
+#[test]
+#[ignore = "needs two GPUs"]
+fn two_gpus_get_every_tensor_exactly() {
+    use rocm_safe::device::BackendKind;
+    let kind = if cfg!(feature = "cuda") {
+        BackendKind::Cuda
+    } else {
+        BackendKind::Hip
+    };
+    let devices: Vec<Device> = (0..2)
+        .map(|i| Device::open(kind, i).unwrap_or_else(|e| panic!("open {}:{i}: {e}", kind.name())))
+        .collect();
+    replicated_exactly(&devices);
 }
 
 #[test]
