@@ -44,6 +44,9 @@ def _model(seed: int):
         "mask": torch.rand(17, generator=g) > 0.5,
         "scalar": torch.tensor(3.5),
         "empty": torch.zeros(0, 4),
+        "f8": torch.randn(9, 7, generator=g).to(torch.float8_e4m3fn),
+        "c64": torch.randn(5, generator=g, dtype=torch.complex64),
+        "u8": torch.randint(0, 255, (13,), generator=g, dtype=torch.uint8),
     }
 
 
