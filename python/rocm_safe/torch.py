@@ -61,6 +61,12 @@ from ._moves import (  # noqa: F401
     to_device,
     verify_dataloader,
 )
+from ._distributed import (  # noqa: F401
+    DistributedLoadError,
+    _inject_distributed_fault,
+    last_distributed_report,
+    load_distributed,
+)
 from ._conv3d_fallback import (  # noqa: F401
     _inject_conv3d_failures,
     conv3d_stats,
@@ -94,6 +100,8 @@ __all__ = [
     "last_move_report",
     "VerifiedLoader",
     "verify_dataloader",
+    "load_distributed",
+    "last_distributed_report",
 ]
 
 
@@ -104,6 +112,9 @@ def load_file(
     dtype: Any = None,
     verify: Any = None,
     backend: str = "mmap",
+    process_group: Any = None,
+    mode: str = "replicate",
+    shard_plan: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors file, or of a sharded checkpoint
     (``*.safetensors.index.json``), as torch tensors, each read once into

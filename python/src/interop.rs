@@ -37,7 +37,7 @@ use pyo3::types::PyDict;
 
 use rocm_safe::device::{BackendKind, Device};
 use rocm_safe::dlpack::{ffi::DLManagedTensor, Export, Imported, Managed};
-use rocm_safe::transfer::{LoadOptions, Loader};
+use rocm_safe::transfer::{LoadOptions, Loader, Request};
 use rocm_safe::verify::Policy;
 use rocm_safe::DType;
 
@@ -344,9 +344,25 @@ pub fn load(
     dtype: Option<DType>,
     policy: Policy,
 ) -> PyResult<Vec<(String, Py<PyAny>)>> {
+    let reqs: Vec<Request> = names.iter().map(Request::whole).collect();
+    load_requests(py, checkpoint, &reqs, device, backend, dtype, policy)
+}
+
+/// The GPU load of whole tensors or rows of their first dimension
+/// (`Request`s), with the cached loader of the device: [`load`], and the
+/// row slices of a distributed load's shards (`distributed.rs`).
+pub fn load_requests(
+    py: Python<'_>,
+    checkpoint: &Checkpoint,
+    reqs: &[Request],
+    device: &str,
+    backend: Option<&str>,
+    dtype: Option<DType>,
+    policy: Policy,
+) -> PyResult<Vec<(String, Py<PyAny>)>> {
     let ckpt = checkpoint.get()?;
-    for n in names {
-        ckpt.info(n).map_err(to_py)?;
+    for r in reqs {
+        ckpt.info(&r.name).map_err(to_py)?;
     }
     let dev = device_of(device, backend)?;
     let key = (dev.id(), dtype, crate::policy_name(policy));
@@ -365,9 +381,8 @@ pub fn load(
             }
         }
     };
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let loaded = py
-        .detach(|| lock(&loader).load_names(&ckpt, &refs))
+        .detach(|| lock(&loader).load(&ckpt, reqs))
         .map_err(to_py)?;
     let report = Py::new(py, report_of(py, &loaded.report)?)?;
     *lock(last_report()) = Some(report);

@@ -23,7 +23,9 @@
 
 mod conv3d;
 mod device;
+mod distributed;
 mod errors;
+mod fingerprint;
 mod guard;
 #[cfg(feature = "testing")]
 mod inject;
@@ -647,6 +649,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(moves::move_upload, m)?)?;
     m.add_function(wrap_pyfunction!(moves::move_download, m)?)?;
     m.add_function(wrap_pyfunction!(moves::move_cast, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint::tensor_fingerprints, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint::tensor_fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint::bytes_fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed::load_rows_to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed::read_strided, m)?)?;
     #[cfg(feature = "testing")]
     m.add_function(wrap_pyfunction!(inject_moves::inject_move_faults, m)?)?;
     #[cfg(feature = "testing")]

@@ -83,6 +83,7 @@ mod loaded;
 mod options;
 mod pass;
 mod plan;
+pub mod replicate;
 mod report;
 mod ring;
 mod source;
