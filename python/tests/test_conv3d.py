@@ -290,11 +290,15 @@ def test_replace_never_calls_torch_for_what_the_chain_takes(device, monkeypatch)
     s = rt.conv3d_stats()
     assert (s["calls"], s["direct"], s["fell_back"], calls[0]) == (1, 1, 0, 0)
     assert sum(t["served"] for t in s["tiers"].values()) == 1
-    # What the chain cannot take goes to torch: other dtypes, and
-    # parameters it refuses (asymmetric "same" padding).
+    # What the chain cannot take goes to torch, counted as unchecked with
+    # the reason: other dtypes. An asymmetric "same" padding is padded
+    # explicitly (as torch does) and served by the chain.
     F.conv3d(x.double(), w.double())
-    F.conv3d(x, torch.randn(8, 8, 2, 2, 2, device=device), padding="same")
-    assert calls[0] == 2 and rt.conv3d_stats()["direct"] == 1
+    w2 = torch.randn(8, 8, 2, 2, 2, device=device)
+    out = F.conv3d(x, w2, padding="same")
+    torch.testing.assert_close(out, real(x, w2, padding="same"), rtol=1e-4, atol=1e-4)
+    s = rt.conv3d_stats()
+    assert calls[0] == 1 and s["direct"] == 2 and s["unchecked"] == {"dtype torch.float64": 1}, s
 
 
 @pytest.mark.parametrize("device", DEVICES)
