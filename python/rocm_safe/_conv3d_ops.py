@@ -146,10 +146,14 @@ def _backward(ctx, grad_output):
     mask[2] = mask[2] and ctx.bias_size >= 0
     if not any(mask):
         return (None,) * 10
-    gi, gw, gb = conv3d_guarded_backward(
+    args = (
         grad_output.contiguous(), input, weight, ctx.bias_size, stride, padding, dilation, transposed,
         output_padding, groups, mode, mask,
     )
+    if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+        gi, gw, gb = _GuardedConvBackward.apply(*args)
+    else:
+        gi, gw, gb = conv3d_guarded_backward(*args)
     return (
         gi if mask[0] else None,
         gw if mask[1] else None,
@@ -209,8 +213,6 @@ def _at(t, d, i):
 @conv3d_guarded.register_vmap
 def _conv3d_guarded_vmap(info, in_dims, input, weight, bias, *rest):
     xd, wd, bd = in_dims[:3]
-    if any(d is not None for d in in_dims[3:]):
-        raise ValueError("rocm_safe conv3d under vmap: only tensors can be batched")
     if xd is not None and wd is None and bd is None:
         x = input.movedim(xd, 0)
         y = conv3d_guarded(x.flatten(0, 1), weight, bias, *rest)
@@ -250,6 +252,28 @@ class _GuardedConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         return _backward(ctx, grad_output)
+
+
+class _GuardedConvBackward(torch.autograd.Function):
+    """The backward operator under a ``torch.func`` transform (once
+    differentiable: a gradient of the gradients is refused)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(*args):
+        return conv3d_guarded_backward(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "rocm_safe's guarded conv3d is differentiable once: a gradient of its gradients"
+            " (double backward, torch.func.hessian) is not supported"
+        )
 
 
 def guarded_conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, mode):

@@ -183,6 +183,10 @@ def test_small_model_under_each_condition(device, mode, condition, tmp_path):
     want = _step(model, x, ctx=copy.copy(ctx))  # torch's own healthy run
     if condition.startswith("autocast"):
         assert want[0].dtype == dtype  # autocast's conv dtype
+    if condition == "vmap":
+        # Per-sample (unbatched) inputs, vmapped over a batch of 2.
+        xs = torch.randn(2, 3, 3, 4, 4, device=device)
+        want = (model(xs).detach(), [])
     teardown = None
     rt.install_conv3d_fallback(mode)
     if condition.startswith("compile"):
@@ -208,8 +212,6 @@ def test_small_model_under_each_condition(device, mode, condition, tmp_path):
                 warnings.simplefilter("ignore", RuntimeWarning)
                 with aten_faults(failure, failure) as faults:
                     if condition == "vmap":
-                        xs = torch.randn(2, 3, 3, 4, 4, device=device)
-                        want = (model(xs).detach(), [])
                         got = (torch.func.vmap(model)(xs), [])
                         grads = False
                     elif condition == "func_grad":
