@@ -49,7 +49,13 @@ def memory_format(t: Tensor, other: Optional[Tensor] = None) -> torch.memory_for
     return torch.contiguous_format
 
 
-@torch.library.custom_op(_OP, mutates_args=())
+# cudagraph_unsafe: the kernels make host-side decisions (and, on a GPU,
+# queue the guard's verdict read-back), so inductor's CUDA graphs
+# ("reduce-overhead") are split around the operators rather than capture them.
+_TAGS = (torch.Tag.cudagraph_unsafe,)
+
+
+@torch.library.custom_op(_OP, mutates_args=(), tags=_TAGS)
 def conv3d_guarded(
     input: Tensor,
     weight: Tensor,
@@ -74,7 +80,7 @@ def _conv3d_guarded_fake(input, weight, bias, stride, padding, dilation, transpo
     return out.contiguous(memory_format=memory_format(input, weight))
 
 
-@torch.library.custom_op(_BACKWARD_OP, mutates_args=())
+@torch.library.custom_op(_BACKWARD_OP, mutates_args=(), tags=_TAGS)
 def conv3d_guarded_backward(
     grad_output: Tensor,
     input: Tensor,

@@ -340,18 +340,35 @@ def test_vae_gradient_checkpointing(device, name, mode):
     _run_failures(mode, lambda: _vae_step(vae, x), want, dict(rtol=1e-3, atol=1e-4), want64=want64)
 
 
+# Compiling the Wan VAE's training step with inductor takes minutes on a
+# 2-core CPU: those cells run on a GPU machine, or where
+# ROCM_SAFE_HEAVY_TESTS=1; CI runs the representative cell (aot_eager:
+# Dynamo and AOTAutograd around the operator, "verify", every failure).
+# The small model covers inductor in every mode on the CPU.
+_HEAVY = pytest.mark.skipif(
+    not (torch.cuda.is_available() or __import__("os").environ.get("ROCM_SAFE_HEAVY_TESTS") == "1"),
+    reason="heavy on a CPU (minutes of inductor compile): set ROCM_SAFE_HEAVY_TESTS=1",
+)
+_COMPILED_CELLS = [
+    pytest.param("verify", "aot_eager"),
+    pytest.param("fallback", "aot_eager", marks=_HEAVY),
+    pytest.param("replace", "aot_eager", marks=_HEAVY),
+] + [pytest.param(m, "inductor", marks=_HEAVY) for m in MODES]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mode", MODES)
-def test_wan_vae_compiled_training_step(device, mode):
-    """The Wan VAE under torch.compile (inductor): torch's conv runs inside
-    the operator's kernel, inside the compiled graph, and is caught there."""
+@pytest.mark.parametrize("mode,backend", _COMPILED_CELLS)
+def test_wan_vae_compiled_training_step(device, mode, backend):
+    """The Wan VAE's training step under torch.compile: torch's conv runs
+    inside the operator's kernel, inside the compiled graph, and is caught
+    there (forward and backward)."""
     pytest.importorskip("diffusers")
     vae = _vae("wan").to(device)
     x = _vae_input("wan", device)
     want = _vae_step(vae, x)
     rt.install_conv3d_fallback(mode)
     torch._dynamo.reset()
-    compiled = torch.compile(vae)
+    compiled = torch.compile(vae, backend=backend)
 
     def step():
         vae.zero_grad()
@@ -405,6 +422,25 @@ def test_jit_trace_records_the_guarded_op_and_runs_it(mode):
         out = traced(x)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     assert faults.calls["forward"] == (0 if mode == "replace" else 2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_export_records_the_guarded_op_and_runs_it(mode):
+    model = small_model("cpu").eval()
+    x = torch.randn(1, 3, 3, 4, 4)
+    ref = model(x).detach()
+    rt.install_conv3d_fallback(mode)
+    ep = torch.export.export(model, (x,))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets.count("rocm_safe.conv3d_guarded.default") == 2, targets
+    assert not any("convolution" in t for t in targets), targets
+    rt.reset_conv3d_stats()
+    with aten_faults("raises") as faults:
+        out = ep.module()(x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    s = rt.conv3d_stats()
+    assert faults.calls["forward"] == (0 if mode == "replace" else 2)
+    assert s["calls"] == 2 and (s["direct"] if mode == "replace" else s["fell_back"]) == 2, s
 
 
 def test_jit_trace_of_the_chain_api_records_the_chain():
@@ -501,3 +537,65 @@ def test_float64_is_served_by_torch_and_counted_unchecked():
         F.conv3d(x, w)
     assert rt.conv3d_stats()["raised"] == 1
     assert_counts_add_up(rt.conv3d_stats())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_verify_under_autocast_has_no_false_alarms(device, dtype):
+    """A healthy torch under autocast: "verify" checks in autocast's dtype
+    at its tolerance, finds nothing wrong, and keeps autocast's output
+    dtype (the small model and the Wan VAE)."""
+    pytest.importorskip("diffusers")
+    model = small_model(device)
+    vae = _vae("wan").to(device)
+    x = torch.randn(1, 3, 3, 4, 4, device=device)
+    xv = _vae_input("wan", device)
+    with torch.autocast(device, dtype=dtype):
+        ref, ref_v = model(x), vae(xv).sample
+    rt.install_conv3d_fallback("verify")
+    rt.reset_conv3d_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a false alarm fails the test
+        with torch.autocast(device, dtype=dtype):
+            out, out_v = model(x), vae(xv).sample
+        s = rt.conv3d_stats()
+    assert out.dtype == ref.dtype and out_v.dtype == ref_v.dtype
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(out_v, ref_v)
+    assert s["mismatches"] == 0 and s["fell_back"] == 0 and s["verified"] > 0, s
+    assert s["checked"] == s["verified"], s  # "verify" counts as checked only what it compared
+    assert_counts_add_up(s)
+
+
+@pytest.mark.parametrize("failure", ["nan", "wrong"])
+def test_verify_catches_what_it_used_to_count_as_verified(failure):
+    """float16 operands (no autocast) and an asymmetric padding="same":
+    checked for real (or served by the chain), never counted as verified
+    without a check; mixed dtypes: torch's own error, counted."""
+    rt.install_conv3d_fallback("verify")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 4, 5, 5, generator=g)
+    w = torch.randn(4, 4, 3, 3, 3, generator=g) / 6
+    w2 = torch.randn(4, 4, 2, 2, 2, generator=g) / 6
+    wt = torch.randn(4, 3, 3, 3, 3, generator=g) / 6
+    cases = [
+        (lambda: F.conv3d(x.half(), w.half(), padding=1), F.conv3d(x, w, padding=1)),
+        (lambda: F.conv_transpose3d(x.half(), wt.half(), stride=2), F.conv_transpose3d(x, wt, stride=2)),
+        (lambda: F.conv3d(x, w2, padding="same"), F.conv3d(x, w2, padding="same")),
+    ]
+    for call, ref in cases:
+        _forget()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            with aten_faults(failure) as faults:
+                out = call()
+        s = rt.conv3d_stats()
+        assert faults.calls["forward"] == 1
+        torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+        assert s["fell_back"] == 1 and s["checked"] == 0, s
+        assert_counts_add_up(s)
+    _forget()
+    with pytest.raises(RuntimeError):
+        F.conv3d(x.bfloat16(), w)
+    s = rt.conv3d_stats()
+    assert (s["calls"], s["raised"], s["verified"]) == (1, 1, 0), s
