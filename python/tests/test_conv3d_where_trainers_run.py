@@ -599,3 +599,27 @@ def test_verify_catches_what_it_used_to_count_as_verified(failure):
         F.conv3d(x.bfloat16(), w)
     s = rt.conv3d_stats()
     assert (s["calls"], s["raised"], s["verified"]) == (1, 1, 0), s
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16, torch.float16], ids=str)
+def test_verify_training_step_of_a_healthy_torch_raises_no_alarm(device, autocast):
+    """A healthy torch: "verify" checks the forward and the gradients
+    (input, weight, bias) of a training step, in f32 and under autocast,
+    and finds nothing wrong; the step is torch's own."""
+    model = small_model(device)
+    x = torch.randn(2, 3, 3, 4, 4, device=device)
+    ctx = None if autocast is None else torch.autocast(device, dtype=autocast)
+    want = _step(model, x, ctx=copy.copy(ctx))
+    rt.install_conv3d_fallback("verify")
+    rt.reset_conv3d_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = _step(model, x, ctx=copy.copy(ctx))
+        s = rt.conv3d_stats()
+    assert_counts_add_up(s)
+    assert (s["mismatches"], s["backward_mismatches"], s["fell_back"], s["backward_fell_back"]) == (0, 0, 0, 0), s
+    assert s["verified"] == s["calls"] == 2 and s["backward_verified"] == s["backward_calls"] == 2, s
+    torch.testing.assert_close(got[0], want[0])
+    for a, e in zip(got[1], want[1]):
+        torch.testing.assert_close(a, e)
