@@ -35,7 +35,12 @@ from ._conv3d import (
     conv_transpose3d,
     conv_transpose3d_chain_grads,
 )
-from ._conv3d_ops import guarded_conv, memory_format
+try:
+    from ._conv3d_ops import guarded_conv, memory_format
+
+    _OPS_ERROR: Optional[str] = None
+except ImportError as _e:  # an older torch: the rest of rocm_safe.torch still works
+    _OPS_ERROR = str(_e)
 
 __all__ = [
     "install_conv3d_fallback",
@@ -957,10 +962,13 @@ def install_conv3d_fallback(mode: str = "fallback") -> None:
     :func:`uninstall_conv3d_fallback` puts back exactly the functions that
     were there.
 
-    Errors: ``ValueError`` for an unknown mode.
+    Errors: ``ValueError`` for an unknown mode; ``RuntimeError`` on a torch
+    older than 2.4 (no ``torch.library.custom_op``).
     """
     if mode not in _MODES:
         raise ValueError(f"install_conv3d_fallback: mode must be one of {_MODES}, not {mode!r}")
+    if _OPS_ERROR is not None:
+        raise RuntimeError(f"install_conv3d_fallback: {_OPS_ERROR}")
     F = torch.nn.functional
     with _lock:
         if _installed["conv3d"] is not None:

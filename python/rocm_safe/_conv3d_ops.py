@@ -52,7 +52,9 @@ def memory_format(t: Tensor, other: Optional[Tensor] = None) -> torch.memory_for
 # cudagraph_unsafe: the kernels make host-side decisions (and, on a GPU,
 # queue the guard's verdict read-back), so inductor's CUDA graphs
 # ("reduce-overhead") are split around the operators rather than capture them.
-_TAGS = (torch.Tag.cudagraph_unsafe,)
+_TAGS = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+if not hasattr(torch.library, "custom_op"):  # torch < 2.4
+    raise ImportError(f"rocm_safe's conv3d fallback needs torch >= 2.4 (torch.library.custom_op), not {torch.__version__}")
 
 
 @torch.library.custom_op(_OP, mutates_args=(), tags=_TAGS)
@@ -216,7 +218,6 @@ def _at(t, d, i):
     return t if t is None or d is None else t.select(d, i)
 
 
-@conv3d_guarded.register_vmap
 def _conv3d_guarded_vmap(info, in_dims, input, weight, bias, *rest):
     xd, wd, bd = in_dims[:3]
     if xd is not None and wd is None and bd is None:
@@ -227,7 +228,6 @@ def _conv3d_guarded_vmap(info, in_dims, input, weight, bias, *rest):
     return torch.stack(outs), 0
 
 
-@conv3d_guarded_backward.register_vmap
 def _conv3d_guarded_backward_vmap(info, in_dims, grad_output, input, weight, *rest):
     gd, xd, wd = in_dims[:3]
     outs = [
@@ -235,6 +235,11 @@ def _conv3d_guarded_backward_vmap(info, in_dims, grad_output, input, weight, *re
         for i in range(info.batch_size)
     ]
     return tuple(torch.stack([o[k] for o in outs]) for k in range(3)), (0, 0, 0)
+
+
+if hasattr(conv3d_guarded, "register_vmap"):  # torch >= 2.5 (else vmap refuses the op)
+    conv3d_guarded.register_vmap(_conv3d_guarded_vmap)
+    conv3d_guarded_backward.register_vmap(_conv3d_guarded_backward_vmap)
 
 
 # --------------------------------------------------------------------------
