@@ -130,8 +130,19 @@ def _zero_counts() -> None:
 _zero_counts()
 
 
+# The counts are updated from any thread that runs a conv (a read-modify-
+# write each): under their own lock, so that none is lost.
+_count_lock = threading.Lock()
+
+
+def _inc(key: str) -> None:
+    with _count_lock:
+        _counts[key] += 1
+
+
 def _bump(d: Dict[str, int], key: str) -> None:
-    d[key] = d.get(key, 0) + 1
+    with _count_lock:
+        d[key] = d.get(key, 0) + 1
 
 
 class _CannotCheck(Exception):
@@ -359,9 +370,9 @@ def _guard(out, x, w, b, stride_t, padding_t, dilation_t, groups, sig, verify: b
     if ticket is None:
         return "the tiled kernel does not take it"
     _pending[(dev, ticket)] = (sig, "conv3d")
-    _counts["guarded"] += 1
+    _inc("guarded")
     if verify:
-        _counts["verified"] += 1
+        _inc("verified")
     return None
 
 
@@ -374,15 +385,15 @@ def _take_records(dev: str, records) -> None:
             continue
         sig, kind = info
         if repaired:
-            _counts["repaired"] += 1
+            _inc("repaired")
         if failed:
             _failed_signatures.add(sig)
-            _counts["fell_back"] += 1
+            _inc("fell_back")
             if non_finite and operands_finite:
-                _counts["fell_back_on_non_finite"] += 1
+                _inc("fell_back_on_non_finite")
             else:
-                _counts["fell_back_on_mismatch"] += 1
-                _counts["mismatches"] += 1
+                _inc("fell_back_on_mismatch")
+                _inc("mismatches")
                 _last_mismatch[0] = problem
                 warnings.warn(
                     f"rocm_safe: torch's {kind} returned wrong values ({problem}); the"
@@ -392,9 +403,9 @@ def _take_records(dev: str, records) -> None:
                     stacklevel=3,
                 )
         else:
-            _counts["checked"] += 1
+            _inc("checked")
         if repair_failed:
-            _counts["repair_failed"] += 1
+            _inc("repair_failed")
             _failed_signatures.add(sig)
             warnings.warn(
                 f"rocm_safe: the GPU repair of a wrong {kind} output failed its own check"
@@ -455,7 +466,7 @@ def _layout(out: torch.Tensor, x, w) -> torch.Tensor:
 
 def _warn_mismatch(kind: str, mismatch: str, what: str = "") -> None:
     if not what:
-        _counts["mismatches"] += 1  # (the backward's: backward_mismatches)
+        _inc("mismatches")  # (the backward's: backward_mismatches)
     _last_mismatch[0] = mismatch
     warnings.warn(
         f"rocm_safe: torch's {kind}{what} returned wrong values ({mismatch});"
@@ -476,9 +487,9 @@ def serve_forward(mode, x, w, b, params):
         return _layout(_chain_forward(x, w, b, params), x, w)
     if mode not in _MODES:
         raise ValueError(f"rocm_safe::conv3d_guarded: unknown mode {mode!r}")
-    _counts["calls"] += 1
+    _inc("calls")
     if transposed:
-        _counts["transpose_calls"] += 1
+        _inc("transpose_calls")
     refused = _chain_takes(x, w, b)
     sig = _signature(kind, x, w, b, params) if refused is None else None
 
@@ -486,13 +497,13 @@ def serve_forward(mode, x, w, b, params):
         try:
             result = _chain_forward(x, w, b, params)
         except Exception as chain_error:
-            _counts["chain_failed"] += 1
-            _counts["raised"] += 1
+            _inc("chain_failed")
+            _inc("raised")
             if error is not None:
                 raise error from chain_error
             raise
-        _counts["fell_back"] += 1
-        _counts[reason] += 1
+        _inc("fell_back")
+        _inc(reason)
         return _layout(result, x, w)
 
     if refused is None and (mode == "replace" or sig in _failed_signatures):
@@ -501,17 +512,17 @@ def serve_forward(mode, x, w, b, params):
         except (TypeError, ValueError) as e:
             refused = f"the chain refuses it ({e})"  # torch's path below
         except Exception:
-            _counts["chain_failed"] += 1
-            _counts["raised"] += 1
+            _inc("chain_failed")
+            _inc("raised")
             raise
         else:
-            _counts["direct"] += 1
+            _inc("direct")
             return _layout(result, x, w)
     try:
         out = _call_torch(kind, x, w, b, params)
     except Exception as e:  # noqa: BLE001 - any failure of torch's path
         if refused is not None:
-            _counts["raised"] += 1
+            _inc("raised")
             raise
         _failed_signatures.add(sig)
         return to_chain(e, "fell_back_on_error")
@@ -544,12 +555,12 @@ def serve_forward(mode, x, w, b, params):
         _failed_signatures.add(sig)
         return to_chain(None, "fell_back_on_non_finite")
     if not verify:
-        _counts["checked"] += 1
+        _inc("checked")
         return out
     if not check_now:
         # (Each synchronous check waits for the output; checking every call
         # would cost far more than the conv.)
-        _counts["verify_skipped"] += 1
+        _inc("verify_skipped")
         _bump(_unchecked, "verify: between spot checks (NaN/Inf scanned)")
         return out
     try:
@@ -560,12 +571,12 @@ def serve_forward(mode, x, w, b, params):
     except _CannotCheck as e:
         _bump(_could_not_check, str(e))
         return out
-    _counts["verified"] += 1
+    _inc("verified")
     if mismatch is not None:
         _failed_signatures.add(sig)
         _warn_mismatch(kind, mismatch)
         return to_chain(None, "fell_back_on_mismatch")
-    _counts["checked"] += 1
+    _inc("checked")
     return out
 
 
@@ -627,7 +638,7 @@ def serve_backward(mode, dy, x, w, bias_size, params, mask):
 
     if mode == "chain":
         return finish(_chain_backward(dy, x, w, bias_size, params, mask))
-    _counts["backward_calls"] += 1
+    _inc("backward_calls")
     refused = _chain_takes(dy, x, w)
     sig = ("backward",) + _signature(kind, x, w, None, params) if refused is None else None
 
@@ -635,8 +646,8 @@ def serve_backward(mode, dy, x, w, bias_size, params, mask):
         try:
             grads = _chain_backward(dy, x, w, bias_size, params, mask)
         except Exception as chain_error:
-            _counts["chain_failed"] += 1
-            _counts["backward_raised"] += 1
+            _inc("chain_failed")
+            _inc("backward_raised")
             if error is not None:
                 raise error from chain_error
             raise
@@ -648,21 +659,21 @@ def serve_backward(mode, dy, x, w, bias_size, params, mask):
         except (TypeError, ValueError) as e:
             refused = f"the chain refuses it ({e})"  # torch's path below
         except Exception:
-            _counts["chain_failed"] += 1
-            _counts["backward_raised"] += 1
+            _inc("chain_failed")
+            _inc("backward_raised")
             raise
         else:
-            _counts["backward_direct"] += 1
+            _inc("backward_direct")
             return finish(grads)
     try:
         grads = _torch_backward(dy, x, w, bias_size, params, mask)
     except Exception as e:  # noqa: BLE001 - any failure of torch's backward
         if refused is not None:
-            _counts["backward_raised"] += 1
+            _inc("backward_raised")
             raise
         _failed_signatures.add(sig)
         out = to_chain(e)
-        _counts["backward_fell_back"] += 1
+        _inc("backward_fell_back")
         return out
     if refused is not None:
         _bump(_backward_unchecked, refused)
@@ -673,7 +684,7 @@ def serve_backward(mode, dy, x, w, bias_size, params, mask):
             return finish(grads)
         _failed_signatures.add(sig)
         out = to_chain(None)
-        _counts["backward_fell_back"] += 1
+        _inc("backward_fell_back")
         return out
     if mode == "verify":
         seen = _verify_seen.get(sig, 0)
@@ -686,15 +697,15 @@ def serve_backward(mode, dy, x, w, bias_size, params, mask):
         except _CannotCheck as e:
             _bump(_backward_could_not_check, str(e))
             return finish(grads)
-        _counts["backward_verified"] += 1
+        _inc("backward_verified")
         if problem is not None:
-            _counts["backward_mismatches"] += 1
+            _inc("backward_mismatches")
             _failed_signatures.add(sig)
             _warn_mismatch(kind, problem, " backward")
             out = to_chain(None)
-            _counts["backward_fell_back"] += 1
+            _inc("backward_fell_back")
             return out
-    _counts["backward_checked"] += 1
+    _inc("backward_checked")
     return finish(grads)
 
 

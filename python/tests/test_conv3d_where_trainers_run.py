@@ -623,3 +623,37 @@ def test_verify_training_step_of_a_healthy_torch_raises_no_alarm(device, autocas
     torch.testing.assert_close(got[0], want[0])
     for a, e in zip(got[1], want[1]):
         torch.testing.assert_close(a, e)
+
+
+def test_threads_training_with_torch_failing_count_every_call():
+    """Four threads train through the fallback with torch's conv returning
+    NaN inside aten: every step served right, and no count lost."""
+    import threading
+
+    models = [small_model("cpu") for _ in range(4)]
+    x = torch.randn(1, 3, 3, 4, 4)
+    want = _step(models[0], x)
+    rt.install_conv3d_fallback("fallback")
+    rt.reset_conv3d_stats()
+    errors, steps = [], 5
+
+    def work(m):
+        try:
+            for _ in range(steps):
+                got = _step(m, x)
+                torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+                for a, e in zip(got[1], want[1]):
+                    torch.testing.assert_close(a, e, rtol=1e-3, atol=1e-4)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with aten_faults("nan", "nan"):
+        threads = [threading.Thread(target=work, args=(m,)) for m in models]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    s = rt.conv3d_stats()
+    assert s["calls"] == s["backward_calls"] == 4 * steps * 2, s
+    assert_counts_add_up(s)
