@@ -29,7 +29,6 @@ from ._conv3d import (
     _backend,
     _conv_out_shape,
     _device_and_stream,
-    _triple,
     conv3d,
     conv3d_chain_grads,
     conv_transpose3d,

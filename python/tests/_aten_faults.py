@@ -12,7 +12,6 @@ block removes the kernels (torch's own are back).
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 import torch
@@ -95,8 +94,3 @@ def remove_all() -> None:
     """Removes any fault a failed test left (an autouse fixture calls it)."""
     for f in list(_active):
         f.remove()
-
-
-@contextlib.contextmanager
-def none():
-    yield None
