@@ -487,8 +487,9 @@ def test_jit_script_works_while_installed_and_after():
     x = torch.randn(1, 2, 3, 4, 4)
     torch.testing.assert_close(scripted(x), F.conv3d(x, scripted.weight, scripted.bias, padding="same"))
     rt.uninstall_conv3d_fallback()
-    scripted = torch.jit.script(torch.nn.ConvTranspose3d(2, 3, 3))
-    scripted(x)
+    for m in (torch.nn.Conv3d(2, 3, 3), torch.nn.ConvTranspose3d(2, 3, 3)):
+        scripted = torch.jit.script(m)
+        torch.testing.assert_close(scripted(x), m(x))
 
 
 def test_partial_of_conv3d_pickles():
