@@ -30,10 +30,17 @@ _BACKWARD_OP = "rocm_safe::conv3d_guarded_backward"
 MODES = ("fallback", "verify", "replace", "chain")
 
 
-def _serve():
-    from . import _conv3d_fallback  # the serving logic (imports this module)
+_serving: list = []
 
-    return _conv3d_fallback
+
+def _serve():
+    """The serving logic's module (``_conv3d_fallback``, which imports this
+    one: looked up at the first call, then kept)."""
+    if not _serving:
+        from . import _conv3d_fallback
+
+        _serving.append(_conv3d_fallback)
+    return _serving[0]
 
 
 def memory_format(t: Tensor, other: Optional[Tensor] = None) -> torch.memory_format:
