@@ -4,7 +4,7 @@ Usage (a CUDA machine with torch and diffusers)::
 
     python3 python/bench/wan_vae.py [--dtype float32 bfloat16] [--repeat 3]
         [--latent 1,16,3,60,104] [--paths cudnn nocudnn chain chain_vendor fallback verify]
-        [--json out.json]
+        [--compile] [--json out.json]
 
 diffusers' ``AutoencoderKLWan`` at its default (real) configuration with
 random weights (seed 0), decoding a latent of ``--latent`` (the default is 9
@@ -25,6 +25,12 @@ timed decodes (median reported). Paths:
   (the NaN/Inf check of each output).
 - ``verify``: torch's conv3d (cuDNN) with ``install_conv3d_fallback(mode="verify")``.
 
+``--compile``: every path decodes through ``torch.compile(vae.decode)``
+(inductor, default mode), compiled after the path's setup (so the
+fallback's operator is in the graph); the untimed first decode includes
+the compile; the stats then also give Dynamo's graph and graph-break
+counts of the decode (``torch._dynamo.utils.counters``).
+
 For the chain paths, a profiled decode (torch.profiler, CUDA activity) also
 gives the GPU time of the serving kernels, so the time outside them is
 ``wall - kernels``. Every path's output is compared with the ``cudnn``
@@ -41,18 +47,18 @@ import sys
 import time
 
 
-def _decode_once(vae, z):
+def _decode_once(vae, z, decode=None):
     import torch
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = vae.decode(z, return_dict=False)[0]
+        out = (decode or vae.decode)(z, return_dict=False)[0]
     torch.cuda.synchronize()
     return time.perf_counter() - t0, out
 
 
-def _run(path: str, dtype_name: str, latent, repeat: int, q) -> None:
+def _run(path: str, dtype_name: str, latent, repeat: int, q, compiled: bool = False) -> None:
     try:
         import torch
         from diffusers import AutoencoderKLWan
@@ -78,7 +84,17 @@ def _run(path: str, dtype_name: str, latent, repeat: int, q) -> None:
                 except TypeError:  # an older package: route by hand
                     torch.nn.functional.conv3d = rst.conv3d
             rst.reset_conv3d_stats()
-        first, out = _decode_once(vae, z)
+        decode = None
+        if compiled:
+            import torch._dynamo
+
+            torch._dynamo.utils.counters.clear()
+            decode = torch.compile(vae.decode)
+        first, out = _decode_once(vae, z, decode)
+        if compiled:
+            c = torch._dynamo.utils.counters
+            info["graph_breaks"] = sum(c["graph_break"].values())
+            info["graphs"] = c["stats"]["unique_graphs"]
         info["first_s"] = first
         if path in ("chain", "chain_vendor", "verify", "fallback"):
             import rocm_safe
@@ -88,7 +104,7 @@ def _run(path: str, dtype_name: str, latent, repeat: int, q) -> None:
             info["kernel_loads"] = rocm_safe.kernel_loads()
         times = []
         for _ in range(repeat):
-            t, out = _decode_once(vae, z)
+            t, out = _decode_once(vae, z, decode)
             times.append(t)
         info["median_s"] = statistics.median(times)
         info["times_s"] = times
@@ -100,7 +116,7 @@ def _run(path: str, dtype_name: str, latent, repeat: int, q) -> None:
                 from torch.profiler import ProfilerActivity, profile
 
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    t, _ = _decode_once(vae, z)
+                    t, _ = _decode_once(vae, z, decode)
                 kernels = {}
                 for e in prof.key_averages():
                     dev = getattr(e, "device_time_total", None)
@@ -130,6 +146,7 @@ def main() -> int:
     ap.add_argument("--paths", nargs="+", default=["cudnn", "nocudnn", "chain", "chain_vendor", "fallback", "verify"])
     ap.add_argument("--latent", default="1,16,3,60,104")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="decode through torch.compile")
     ap.add_argument("--json")
     a = ap.parse_args()
     latent = [int(v) for v in a.latent.split(",")]
@@ -139,7 +156,7 @@ def main() -> int:
         ref = None
         for path in a.paths:
             q = ctx.Queue()
-            p = ctx.Process(target=_run, args=(path, dt, latent, a.repeat, q))
+            p = ctx.Process(target=_run, args=(path, dt, latent, a.repeat, q, a.compile))
             p.start()
             info = q.get()
             p.join()
@@ -167,6 +184,8 @@ def main() -> int:
                     f" served={served} calls={st.get('calls')} fell_back={st.get('fell_back')}"
                     f" guarded={st.get('guarded')} repaired={st.get('repaired')} verified={st.get('verified')}"
                 )
+            if "graph_breaks" in info:
+                extra += f" graph_breaks={info['graph_breaks']} graphs={info['graphs']}"
             if info.get("kernel_loads"):
                 loads = ", ".join(
                     f"{k['module']} {k['source']} {k['seconds']:.2f}s" for k in info["kernel_loads"]

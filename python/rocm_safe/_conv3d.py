@@ -191,11 +191,35 @@ def conv3d(
         else:
             out_shape.append((x + 2 * p - span) // s + 1)
     params = (stride_t, padding_t, dilation_t, groups)
-    if _needs_grad(input, weight, bias):
+    if _recorded():
+        result = _as_op(input, weight, bias, stride_t, padding_t, dilation_t, False, (0, 0, 0), groups)
+    elif _needs_grad(input, weight, bias):
         result = _Conv3dFunction.apply(input, weight, bias, params)
     else:
         result = _chain_conv3d(input, weight, bias, params, out_shape)
     return result.squeeze(0) if unbatched else result
+
+
+def _recorded() -> bool:
+    """Whether this call is being recorded rather than run (``torch.jit.trace``,
+    ``torch.compile``) or transformed (``torch.func``): the chain's native
+    call is then made through the ``rocm_safe::conv3d_guarded`` operator
+    (mode ``"chain"``), which the trace or graph records and runs, instead
+    of a DLPack hand-off the recorder cannot see."""
+    return (
+        torch.jit.is_tracing()
+        or torch.compiler.is_compiling()
+        or torch._C._are_functorch_transforms_active()
+    )
+
+
+def _as_op(input, weight, bias, stride_t, padding_t, dilation_t, transposed, output_padding_t, groups):
+    from ._conv3d_ops import guarded_conv
+
+    return guarded_conv(
+        input, weight, bias, list(stride_t), list(padding_t), list(dilation_t), transposed,
+        list(output_padding_t), groups, "chain",
+    )
 
 
 try:  # the raw handle without a Stream object (what Triton reads too)
@@ -308,19 +332,28 @@ class _Conv3dFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         input, weight = ctx.saved_tensors
-        params = ctx.params
-        dy = grad_output.to(input.dtype)
-        gi = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gi = _chain_backward("data", dy, weight, input.shape, weight.shape, params, input.shape)
-            gi = gi.to(input.dtype)
-        if ctx.needs_input_grad[1]:
-            gw = _chain_backward("weight", dy, input, input.shape, weight.shape, params, weight.shape)
-            gw = gw.to(weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = _chain_backward("bias", dy, None, input.shape, weight.shape, params, [weight.shape[0]])
-            gb = gb.to(ctx.bias_dtype)
+        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        gi, gw, gb = conv3d_chain_grads(grad_output, input, weight, ctx.bias_dtype, ctx.params, mask)
         return gi, gw, gb, None
+
+
+def conv3d_chain_grads(grad_output, input, weight, bias_dtype, params, mask):
+    """The gradients (input, weight, bias; ``None`` where ``mask`` is false)
+    of the chain's conv3d of 5-d ``input`` and ``weight`` with ``params``
+    (stride, padding, dilation triples, groups), through the chain's
+    backward ops, in the operands' dtypes (``bias_dtype`` for the bias)."""
+    dy = grad_output.to(input.dtype)
+    gi = gw = gb = None
+    if mask[0]:
+        gi = _chain_backward("data", dy, weight, input.shape, weight.shape, params, input.shape)
+        gi = gi.to(input.dtype)
+    if mask[1]:
+        gw = _chain_backward("weight", dy, input, input.shape, weight.shape, params, weight.shape)
+        gw = gw.to(weight.dtype)
+    if mask[2]:
+        gb = _chain_backward("bias", dy, None, input.shape, weight.shape, params, [weight.shape[0]])
+        gb = gb.to(bias_dtype)
+    return gi, gw, gb
 
 
 def _check_operands(what, input, weight, bias) -> None:
@@ -403,7 +436,10 @@ def conv_transpose3d(
         _triple(dilation, "dilation"),
         groups,
     )
-    if _needs_grad(input, weight, bias):
+    if _recorded():
+        stride_t, padding_t, output_padding_t, dilation_t, _g = params
+        result = _as_op(input, weight, bias, stride_t, padding_t, dilation_t, True, output_padding_t, groups)
+    elif _needs_grad(input, weight, bias):
         result = _ConvTranspose3dFunction.apply(input, weight, bias, params)
     else:
         result = _chain_conv_transpose3d(input, weight, bias, params)
@@ -468,29 +504,39 @@ class _ConvTranspose3dFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         input, weight = ctx.saved_tensors
-        stride_t, padding_t, _op, dilation_t, groups = ctx.params
-        conv = (stride_t, padding_t, dilation_t, groups)
-        dy = grad_output.to(input.dtype).contiguous()
-        spatial = list(input.shape[2:])
-        full = _conv_out_shape(dy.shape, weight.shape, stride_t, padding_t, dilation_t)[2:]
-        gi = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gi = _chain_conv3d(dy, weight, None, conv)
-            if full != spatial:
-                gi = gi[:, :, : spatial[0], : spatial[1], : spatial[2]].contiguous()
-        if ctx.needs_input_grad[1]:
-            x = input.detach()
-            if full != spatial:
-                pad = []
-                for f, s in zip(reversed(full), reversed(spatial)):
-                    pad += [0, f - s]
-                x = torch.nn.functional.pad(x, pad)
-            gw = _chain_backward("weight", x, dy, dy.shape, weight.shape, conv, weight.shape)
-            gw = gw.to(weight.dtype)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = _chain_backward("bias", dy, None, dy.shape, weight.shape, conv, [dy.shape[1]])
-            gb = gb.to(ctx.bias_dtype)
+        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        gi, gw, gb = conv_transpose3d_chain_grads(grad_output, input, weight, ctx.bias_dtype, ctx.params, mask)
         return gi, gw, gb, None
+
+
+def conv_transpose3d_chain_grads(grad_output, input, weight, bias_dtype, params, mask):
+    """The gradients (input, weight, bias; ``None`` where ``mask`` is false)
+    of the chain's conv_transpose3d of 5-d ``input`` and ``weight`` with
+    ``params`` (stride, padding, output_padding, dilation triples, groups),
+    through the chain, in the operands' dtypes."""
+    stride_t, padding_t, _op, dilation_t, groups = params
+    conv = (stride_t, padding_t, dilation_t, groups)
+    dy = grad_output.to(input.dtype).contiguous()
+    spatial = list(input.shape[2:])
+    full = _conv_out_shape(dy.shape, weight.shape, stride_t, padding_t, dilation_t)[2:]
+    gi = gw = gb = None
+    if mask[0]:
+        gi = _chain_conv3d(dy, weight, None, conv)
+        if full != spatial:
+            gi = gi[:, :, : spatial[0], : spatial[1], : spatial[2]].contiguous()
+    if mask[1]:
+        x = input.detach()
+        if full != spatial:
+            pad = []
+            for f, s in zip(reversed(full), reversed(spatial)):
+                pad += [0, f - s]
+            x = torch.nn.functional.pad(x, pad)
+        gw = _chain_backward("weight", x, dy, dy.shape, weight.shape, conv, weight.shape)
+        gw = gw.to(weight.dtype)
+    if mask[2]:
+        gb = _chain_backward("bias", dy, None, dy.shape, weight.shape, conv, [dy.shape[1]])
+        gb = gb.to(bias_dtype)
+    return gi, gw, gb
 
 
 def last_conv3d_report() -> Optional[str]:

@@ -290,11 +290,15 @@ def test_replace_never_calls_torch_for_what_the_chain_takes(device, monkeypatch)
     s = rt.conv3d_stats()
     assert (s["calls"], s["direct"], s["fell_back"], calls[0]) == (1, 1, 0, 0)
     assert sum(t["served"] for t in s["tiers"].values()) == 1
-    # What the chain cannot take goes to torch: other dtypes, and
-    # parameters it refuses (asymmetric "same" padding).
+    # What the chain cannot take goes to torch, counted as unchecked with
+    # the reason: other dtypes. An asymmetric "same" padding is padded
+    # explicitly (as torch does) and served by the chain.
     F.conv3d(x.double(), w.double())
-    F.conv3d(x, torch.randn(8, 8, 2, 2, 2, device=device), padding="same")
-    assert calls[0] == 2 and rt.conv3d_stats()["direct"] == 1
+    w2 = torch.randn(8, 8, 2, 2, 2, device=device)
+    out = F.conv3d(x, w2, padding="same")
+    torch.testing.assert_close(out, real(x, w2, padding="same"), rtol=1e-4, atol=1e-4)
+    s = rt.conv3d_stats()
+    assert calls[0] == 1 and s["direct"] == 2 and s["unchecked"] == {"dtype torch.float64": 1}, s
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -443,9 +447,8 @@ def test_guard_repairs_wrong_outputs_on_the_device(mode, dtype, monkeypatch):
 
 @needs_cuda
 def test_guard_steps_aside_where_it_cannot_guard(monkeypatch):
-    """A non-contiguous output, inputs that need gradients, and kernels of
-    more than 1024 taps take the synchronous checks (and are still served
-    when torch fails); non-contiguous operands are copied and guarded, and
+    """Kernels of more than 1024 taps take the synchronous checks (and are
+    still served when torch fails); non-contiguous operands are copied and guarded, and
     so are fewer than 8 output channels (the chain's naive case: the
     repair's tiled kernel computes them too)."""
     real = F.conv3d
@@ -478,12 +481,11 @@ def test_guard_steps_aside_where_it_cannot_guard(monkeypatch):
     # call, which collects their verdicts).
     torch.testing.assert_close(out, real(xt, w, b, padding=1), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out3, real(x, w3, b3, padding=1), rtol=1e-4, atol=1e-4)
-    assert (s["guarded"], s["repaired"], s["fell_back_on_non_finite"], calls[0]) == (2, 2, 5, 5), s
-    assert s["unguarded"] == {
-        "output not contiguous": 1,
-        "needs gradients": 1,
-        "the tiled kernel does not take it": 1,
-    }, s
+    # (Since issue 31 the operator returns its outputs compact and owns the
+    # gradients: a strided output and inputs that need gradients are
+    # guarded too.)
+    assert (s["guarded"], s["repaired"], s["fell_back_on_non_finite"], calls[0]) == (4, 4, 5, 5), s
+    assert s["unguarded"] == {"the tiled kernel does not take it": 1}, s
 
 
 @needs_cuda
