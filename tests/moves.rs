@@ -329,8 +329,8 @@ fn large_copies_refused_go_down_to_pageable(open: Open<'_>) {
         .with_small_chunk_bytes(2 << 20);
     let mut mover = Mover::new(&dev, o).unwrap();
     let mut rng = Rng::new(8);
-    // 12 MiB: the staged rung copies it in 2 MiB pieces (a quarter, at most
-    // a staging buffer), each refused.
+    // 12 MiB: the staged rung copies it in 2 MiB pieces (its staging
+    // buffers), each refused.
     let src = bytes(&mut rng, 12 << 20);
     let mut dst = stream.alloc::<u8>(src.len()).unwrap();
     let e = mover

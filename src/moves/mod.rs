@@ -465,16 +465,6 @@ impl Mover {
         Err(exhausted("upload", attempts))
     }
 
-    /// The staged rung's piece for a span of `len` bytes: a quarter of it
-    /// (so that the CPU fills the next piece while the last one crosses
-    /// the bus even for a batch of a few MiB), at least the small chunk,
-    /// at most a staging buffer, a multiple of 256.
-    fn staged_chunk(&self, len: usize) -> usize {
-        (len / 4)
-            .next_multiple_of(256)
-            .clamp(self.opts.small_chunk_bytes, self.opts.chunk_bytes)
-    }
-
     /// Makes the two staging buffers when missing.
     fn ensure_staging(&mut self) -> Result<()> {
         while self.staging.len() < 2 {
@@ -537,7 +527,7 @@ impl Mover {
             MoveRung::Staged | MoveRung::SmallChunks => {
                 self.ensure_staging()?;
                 let (chunk, sync_each) = if rung == MoveRung::Staged {
-                    (self.staged_chunk(len), false)
+                    (self.opts.chunk_bytes, false)
                 } else {
                     (self.opts.small_chunk_bytes, true)
                 };
