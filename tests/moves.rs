@@ -238,7 +238,6 @@ fn casts_are_exact_and_checked(open: Open<'_>) {
 /// fingerprints and served exactly by the next rung.
 fn every_move_fault_is_caught_and_served(open: Open<'_>) {
     let mut rng = Rng::new(4);
-    let src = bytes(&mut rng, 150_000);
     for kind in [
         FaultKind::CopyLandsZeros,
         FaultKind::CopyLandsStale,
@@ -246,6 +245,10 @@ fn every_move_fault_is_caught_and_served(open: Open<'_>) {
         FaultKind::CopyZeroedRange,
         FaultKind::InvalidValueOnCopy,
     ] {
+        // New bytes for each kind: a GPU's allocator can hand back the
+        // previous round's memory, where a lost ("stale") copy would find
+        // the very bytes it was to write (seen on an H200).
+        let src = bytes(&mut rng, 150_000);
         let dev = faulty(open, &[(kind, When::Nth(1))]);
         let stream = dev.stream().unwrap();
         let mut mover = Mover::new(&dev, opts()).unwrap();
