@@ -20,24 +20,7 @@ use rocm_safe::device::{BackendKind, Device, RawStream, Stream};
 use rocm_safe::dlpack::Imported;
 
 use crate::interop::{device_of, take_capsule};
-
-/// The bytes of a tensor imported on the host backend (whose "device
-/// memory" is host memory).
-fn host_bytes<'i>(imp: &'i Imported, what: &str) -> PyResult<&'i [u8]> {
-    let v = imp
-        .view::<u8>()
-        .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
-    let n = v.num_bytes();
-    if n == 0 {
-        return Ok(&[]);
-    }
-    // SAFETY: `imp` was imported on the host backend, so its address is
-    // host memory: `n` bytes of a CPU tensor that the managed tensor owned
-    // by `imp` keeps alive while the returned slice (which borrows `imp`)
-    // lives. `_distributed.py` passes tensors nothing writes during the
-    // call (the caller's own, read here only).
-    Ok(unsafe { std::slice::from_raw_parts(v.device_ptr().0 as usize as *const u8, n) })
-}
+use crate::moves::host_bytes;
 
 /// The fingerprints of `imports` (all of `dev`), in order.
 fn fingerprints_of(dev: &Device, stream: u64, imports: &[Imported]) -> PyResult<Vec<u64>> {

@@ -80,8 +80,9 @@ fn dtype_named(name: &str) -> PyResult<DType> {
 }
 
 /// The bytes of a CPU tensor imported on the host backend (whose "device
-/// memory" is host memory).
-fn host_bytes<'i>(imp: &'i Imported, what: &str) -> PyResult<&'i [u8]> {
+/// memory" is host memory). Callers (the moves, the distributed load's
+/// fingerprints) pass tensors nothing writes while the call runs.
+pub(crate) fn host_bytes<'i>(imp: &'i Imported, what: &str) -> PyResult<&'i [u8]> {
     let v = imp
         .view::<u8>()
         .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
@@ -92,8 +93,8 @@ fn host_bytes<'i>(imp: &'i Imported, what: &str) -> PyResult<&'i [u8]> {
     // SAFETY: `imp` was imported on the host backend, so its address is
     // host memory: `n` bytes of a CPU tensor that the managed tensor owned
     // by `imp` keeps alive while the returned slice (which borrows `imp`)
-    // lives. `_moves.py` makes these tensors for the call (contiguous byte
-    // views) and nothing writes them while it runs.
+    // lives. The Python callers (`_moves.py`, `_distributed.py`) pass
+    // contiguous tensors that nothing writes while the call runs.
     Ok(unsafe { std::slice::from_raw_parts(v.device_ptr().0 as usize as *const u8, n) })
 }
 
