@@ -177,13 +177,6 @@ impl Conv3dChain {
         Self::with_tiers(super::default_tiers(), Conv3dOptions::default())
     }
 
-    /// Renamed [`Conv3dChain::first_gpu`]: `new()` did not say that it
-    /// looks for a GPU (and serves on the CPU without one).
-    #[deprecated(since = "0.1.0", note = "renamed first_gpu (or cpu, for_device)")]
-    pub fn new() -> Self {
-        Self::first_gpu()
-    }
-
     /// The CPU tier alone (rayon over host memory), with default options:
     /// the chain for a machine, or a caller, that wants no GPU.
     pub fn cpu() -> Self {

@@ -127,10 +127,6 @@ pub use info::{
     kernel_loads, BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelBuild, KernelCaps,
     KernelLoad, KernelSource, RawEvent, RawStream,
 };
-/// Renamed [`KernelBuild`] (beside [`KernelSource`], `KernelCode` did not
-/// say which of the two it was).
-#[deprecated(since = "0.1.0", note = "renamed KernelBuild")]
-pub type KernelCode = KernelBuild;
 pub use ops::NonFinite;
 pub use options::{DeviceOptions, Pinning, PINNED_VAR};
 pub use pinned::PinnedBuffer;

@@ -429,16 +429,6 @@ impl Checkpoint {
     pub fn read_converted_bytes(&self, name: &str, to: DType) -> Result<Vec<u8>> {
         self.locate(name)?.0.read_converted_bytes(name, to)
     }
-    /// Renamed [`read_converted_bytes_into`](Self::read_converted_bytes_into).
-    #[deprecated(since = "0.1.0", note = "renamed read_converted_bytes_into")]
-    pub fn read_as_bytes_into(&self, name: &str, to: DType, dst: &mut [u8]) -> Result<()> {
-        self.read_converted_bytes_into(name, to, dst)
-    }
-    /// Renamed [`read_converted_bytes`](Self::read_converted_bytes).
-    #[deprecated(since = "0.1.0", note = "renamed read_converted_bytes")]
-    pub fn read_as_bytes(&self, name: &str, to: DType) -> Result<Vec<u8>> {
-        self.read_converted_bytes(name, to)
-    }
     /// [`SafeTensors::read_rows_into`] on the shard holding `name`.
     pub fn read_rows_into<T: Element>(
         &self,

@@ -295,19 +295,6 @@ impl SafeTensors {
         self.read_span(info, (0, info.num_bytes()), to, dst)
     }
 
-    /// Renamed [`read_converted_bytes_into`](Self::read_converted_bytes_into)
-    /// (beside `read_bytes_into`, which never converts, the old name misled).
-    #[deprecated(since = "0.1.0", note = "renamed read_converted_bytes_into")]
-    pub fn read_as_bytes_into(&self, name: &str, to: DType, dst: &mut [u8]) -> Result<()> {
-        self.read_converted_bytes_into(name, to, dst)
-    }
-
-    /// Renamed [`read_converted_bytes`](Self::read_converted_bytes).
-    #[deprecated(since = "0.1.0", note = "renamed read_converted_bytes")]
-    pub fn read_as_bytes(&self, name: &str, to: DType) -> Result<Vec<u8>> {
-        self.read_converted_bytes(name, to)
-    }
-
     /// Reads a tensor as little-endian bytes of dtype `to` into a new buffer
     /// (the raw, stored bytes are [`read_bytes`](Self::read_bytes)).
     pub fn read_converted_bytes(&self, name: &str, to: DType) -> Result<Vec<u8>> {
