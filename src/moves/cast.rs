@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{element_count, exhausted, MoveCheck, MoveKind, MoveReport, MoveRung, Mover};
+use super::{element_count, exhausted, host_vec, MoveCheck, MoveKind, MoveReport, MoveRung, Mover};
 use crate::convert::table;
 use crate::device::{ConvertOp, DeviceView, DeviceViewMut, Stream};
 use crate::dtype::DType;
@@ -198,14 +198,7 @@ fn via_host(
     dst: &mut DeviceViewMut<'_, u8>,
     to: DType,
 ) -> Result<()> {
-    let mut host = Vec::new();
-    host.try_reserve_exact(dst.len())
-        .map_err(|_| Error::OutOfMemory {
-            backend: "host",
-            op: "cast via host",
-            bytes: dst.len() as u64,
-        })?;
-    host.resize(dst.len(), 0u8);
+    let mut host = host_vec("cast via host", dst.len())?;
     m.download_into(stream, src, from, &mut host, to)?;
     m.upload_into(stream, &host, dst)?;
     Ok(())

@@ -307,14 +307,8 @@ impl Mover {
             },
             Err(e) => Failure::Error(e),
         };
-        let mut host = Vec::new();
-        host.try_reserve_exact(src.len())
-            .map_err(|_| Error::OutOfMemory {
-                backend: "host",
-                op: "upload: keep on host",
-                bytes: src.len() as u64,
-            })?;
-        host.extend_from_slice(src);
+        let mut host = host_vec("upload: keep on host", src.len())?;
+        host.copy_from_slice(src);
         tracing::warn!(bytes = src.len(), failure = %failed, "upload kept on the host");
         let report = MoveReport {
             kind: MoveKind::Upload,
@@ -631,13 +625,7 @@ impl Mover {
                     src.copy_dtoh(stream, dst)?;
                     par_sum_at(0, dst)
                 } else {
-                    let mut tmp = Vec::new();
-                    tmp.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
-                        backend: "host",
-                        op: "download: pageable",
-                        bytes: len as u64,
-                    })?;
-                    tmp.resize(len, 0u8);
+                    let mut tmp = host_vec("download: pageable", len)?;
                     src.copy_dtoh(stream, &mut tmp)?;
                     crate::convert::convert_bytes(from, &tmp, to, dst)?;
                     par_sum_at(0, &tmp)
@@ -720,6 +708,16 @@ fn element_count(
         });
     }
     Ok(n)
+}
+
+/// `n` zeroed host bytes for `op` ([`crate::alloc::try_zeroed_vec`]), or
+/// [`Error::OutOfMemory`] when the host cannot hold them.
+pub(super) fn host_vec(op: &'static str, n: usize) -> Result<Vec<u8>> {
+    crate::alloc::try_zeroed_vec(n).map_err(|_| Error::OutOfMemory {
+        backend: "host",
+        op,
+        bytes: n as u64,
+    })
 }
 
 /// The error of a move whose every rung failed.

@@ -203,19 +203,7 @@ pub fn load_replicated(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::TransferFailed {
-                        tensor: String::new(),
-                        rung: "load_replicated",
-                        failure: "a device's thread panicked".into(),
-                        source: None,
-                    })
-                })
-            })
-            .collect()
+        join_all(handles)
     });
     let mut loaded = Vec::with_capacity(loads.len());
     for l in loads {
@@ -295,19 +283,7 @@ pub fn load_replicated(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::TransferFailed {
-                        tensor: String::new(),
-                        rung: "load_replicated",
-                        failure: "a device's thread panicked".into(),
-                        source: None,
-                    })
-                })
-            })
-            .collect()
+        join_all(handles)
     });
     let mut received = Vec::with_capacity(results.len());
     let mut checked = 0;
@@ -401,4 +377,22 @@ fn receive(
         });
     }
     Ok(TensorData::Buffer(buf))
+}
+
+/// The results of the devices' threads, in order; a thread that panicked
+/// is an error (`TransferFailed`), never a panic of the caller.
+fn join_all<T>(handles: Vec<thread::ScopedJoinHandle<'_, Result<T>>>) -> Vec<Result<T>> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join().unwrap_or_else(|_| {
+                Err(Error::TransferFailed {
+                    tensor: String::new(),
+                    rung: "load_replicated",
+                    failure: "a device's thread panicked".into(),
+                    source: None,
+                })
+            })
+        })
+        .collect()
 }
