@@ -167,8 +167,11 @@ fn a_copy_that_lands_wrong_is_caught_on_the_device_that_got_it() {
     assert!(msg.contains("\"d.f32\"") && msg.contains("flips"), "{msg}");
 }
 
-/// [`ViaHost`] with the destination's faults on during the copy only (its
-/// own load and fingerprints run clean).
+/// [`ViaHost`] that turns the faulty device's faults on at the first peer
+/// copy and leaves them on (its own load runs clean before). Turning them
+/// off again after each copy raced with the copies other threads ran at
+/// the same time: a copy into the faulty device could run while another
+/// thread had just turned the faults off, and land clean.
 struct FaultsDuringCopy {
     handle: FaultHandle,
 }
@@ -182,9 +185,7 @@ impl PeerCopy for FaultsDuringCopy {
         dst_stream: &Stream,
     ) -> Result<()> {
         self.handle.set_enabled(true);
-        let r = ViaHost::default().copy(src, src_stream, dst, dst_stream);
-        self.handle.set_enabled(false);
-        r
+        ViaHost::default().copy(src, src_stream, dst, dst_stream)
     }
 
     fn name(&self) -> &'static str {
