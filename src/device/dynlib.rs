@@ -120,8 +120,8 @@ pub(crate) struct Spec {
     pub later_folders: Vec<(PathBuf, String)>,
 }
 
-/// No place held a library that loads (defined with the error's data,
-/// which names it).
+/// No place held a library that loads (an error of its own, the source of
+/// [`Error::RuntimeNotFound`](crate::Error::RuntimeNotFound)).
 pub use crate::error::NotFound;
 
 /// The loader's last error message on this thread.

@@ -44,7 +44,7 @@ use super::wrap::Wrap;
 use crate::error::{Error, Result};
 
 /// A failure mode to inject (defined with the error's data, which names it).
-pub use crate::error::FaultKind;
+pub use super::fault_kind::FaultKind;
 
 /// Which of the operations a rule applies to are hit.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]

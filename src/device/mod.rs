@@ -88,6 +88,7 @@ mod buffer;
 mod conv3d;
 mod device_handle;
 pub(crate) mod dynlib;
+pub(crate) mod fault_kind;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod faults;
@@ -102,7 +103,7 @@ mod options;
 mod pinned;
 mod stream;
 pub(crate) mod vendor;
-mod visible;
+pub(crate) mod visible;
 mod wrap;
 
 #[cfg(feature = "cuda")]

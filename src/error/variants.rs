@@ -1,19 +1,24 @@
-//! [`Error`]'s variants: what each failure carries. Their messages are in
-//! `display.rs`, their kinds in `kind.rs`.
+//! [`Error`]'s variants: what each failure carries and says (its message
+//! beside it). Their kinds are in `kind.rs`.
 
 use std::path::PathBuf;
 
-use super::{BoxedSource, FaultKind, Fingerprint, NotFound, TensorRef, VisibleDevices};
+use super::{at, log_note, ordinal_note, raw_bytes_hint, tensor_note};
+use super::{BoxedSource, NotFound, TensorRef};
+use crate::convert::fingerprint::value::Fingerprint;
+use crate::device::fault_kind::FaultKind;
+use crate::device::visible::VisibleDevices;
 use crate::dtype::DType;
 
 /// Everything that can go wrong in rocm-safe.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     // ----- general -------------------------------------------------------
     /// A buffer handed to an operation has the wrong length (for a
     /// reader's typed read: the caller's buffer does not have the tensor's,
     /// or the row range's, element count).
+    #[error("{}{op}: length mismatch: expected {expected}, got {actual}", at(.tensor))]
     LengthMismatch {
         /// The operation that checked the length.
         op: &'static str,
@@ -25,6 +30,7 @@ pub enum Error {
         tensor: Option<TensorRef>,
     },
     /// A tensor read as another element type than its dtype.
+    #[error("tensor {tensor}: holds {stored}, asked for {asked}")]
     DTypeMismatch {
         /// The tensor.
         tensor: String,
@@ -36,6 +42,7 @@ pub enum Error {
     /// A conversion between two dtypes that rocm-safe does not convert
     /// (a reader converts only F64, F32, F16 and BF16 tensors, to F32, F16
     /// or BF16; integer, bool and fp8 tensors are read as raw bytes).
+    #[error("{}{op}: cannot convert {from} to {to}{}", at(.tensor), raw_bytes_hint(.tensor))]
     UnsupportedConversion {
         /// The operation asked to convert (`"read"` for a reader).
         op: &'static str,
@@ -47,6 +54,7 @@ pub enum Error {
         tensor: Option<TensorRef>,
     },
     /// An I/O operation on a file failed.
+    #[error("{path}: {op}: {source}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -57,6 +65,7 @@ pub enum Error {
     },
     // ----- safetensors reader (src/safetensors) ----------------------------
     /// The file is shorter than the 8-byte header length prefix.
+    #[error("{path}: not a safetensors file: {len} bytes, shorter than the 8-byte header length")]
     FileTooSmall {
         /// The file.
         path: PathBuf,
@@ -65,11 +74,13 @@ pub enum Error {
     },
     /// The file is a Git LFS pointer, not the checkpoint itself (run
     /// `git lfs pull`, or download the real file).
+    #[error("{path}: this is a git lfs pointer file, not safetensors data: fetch the real file (git lfs pull)")]
     LfsPointer {
         /// The file.
         path: PathBuf,
     },
     /// The header length prefix exceeds the 100 MB limit of the format.
+    #[error("{path}: header length {len} exceeds the limit of {limit} bytes")]
     HeaderTooLarge {
         /// The file.
         path: PathBuf,
@@ -79,6 +90,7 @@ pub enum Error {
         limit: u64,
     },
     /// The header length prefix points past the end of the file.
+    #[error("{path}: header of {header_len} bytes does not fit in a file of {file_len} bytes")]
     HeaderOutOfBounds {
         /// The file.
         path: PathBuf,
@@ -88,6 +100,7 @@ pub enum Error {
         file_len: u64,
     },
     /// The header is not valid UTF-8.
+    #[error("{path}: header is not utf-8 (invalid byte at header offset {valid_up_to})")]
     HeaderNotUtf8 {
         /// The file.
         path: PathBuf,
@@ -96,6 +109,7 @@ pub enum Error {
     },
     /// The header does not start with `{`, or is followed by padding other
     /// than spaces.
+    #[error("{path}: header is not a json object padded with spaces: {reason}")]
     HeaderNotObject {
         /// The file.
         path: PathBuf,
@@ -103,6 +117,7 @@ pub enum Error {
         reason: &'static str,
     },
     /// The header (or index file) is not well-formed JSON of the expected shape.
+    #[error("{path}: invalid json: {source}")]
     HeaderJson {
         /// The file.
         path: PathBuf,
@@ -111,6 +126,7 @@ pub enum Error {
     },
     /// A key appears twice in one JSON object (after unescaping: `"a"` and
     /// `"\u0061"` are the same key).
+    #[error("{path}: duplicate key {key:?} in {within}")]
     DuplicateKey {
         /// The file.
         path: PathBuf,
@@ -121,6 +137,7 @@ pub enum Error {
         within: String,
     },
     /// `__metadata__` is not an object whose values are all strings.
+    #[error("{path}: __metadata__ must map strings to strings: {reason}")]
     InvalidMetadata {
         /// The file.
         path: PathBuf,
@@ -131,6 +148,7 @@ pub enum Error {
     },
     /// A tensor entry in the header is malformed: not an object, a field
     /// missing, unknown, or of the wrong type.
+    #[error("{path}: tensor {tensor:?}: {field}: {reason}")]
     InvalidTensorEntry {
         /// The file.
         path: PathBuf,
@@ -143,6 +161,7 @@ pub enum Error {
         reason: &'static str,
     },
     /// A tensor's dtype is not one of the safetensors dtypes.
+    #[error("{path}: tensor {tensor:?}: unknown dtype {dtype:?}")]
     UnknownDType {
         /// The file.
         path: PathBuf,
@@ -153,6 +172,7 @@ pub enum Error {
     },
     /// A tensor's element count or byte size overflows 64 bits, or its
     /// sub-byte elements do not fill a whole number of bytes.
+    #[error("{path}: tensor {tensor:?}: shape {shape:?} of {dtype}: {reason}")]
     InvalidTensorSize {
         /// The file.
         path: PathBuf,
@@ -167,6 +187,7 @@ pub enum Error {
     },
     /// A tensor's `data_offsets` span disagrees with its dtype and shape, or
     /// its begin is after its end.
+    #[error("{path}: tensor {tensor:?}: data_offsets [{begin}, {end}] but dtype and shape need {expected} bytes")]
     InvalidDataOffsets {
         /// The file.
         path: PathBuf,
@@ -181,6 +202,7 @@ pub enum Error {
     },
     /// Sorted by offset, the tensors do not tile the data section: a gap,
     /// an overlap, a tensor past the end, or bytes after the last tensor.
+    #[error("{path}: data section of {data_len} bytes: {problem} at offset {offset}{}", tensor_note(.tensor))]
     DataLayout {
         /// The file.
         path: PathBuf,
@@ -195,6 +217,7 @@ pub enum Error {
         data_len: u64,
     },
     /// No tensor of this name in the file or checkpoint.
+    #[error("{path}: no tensor named {tensor:?}")]
     TensorNotFound {
         /// The file (or index file).
         path: PathBuf,
@@ -202,6 +225,7 @@ pub enum Error {
         tensor: String,
     },
     /// A tensor (or part) is too large to address in memory on this platform.
+    #[error("{path}: tensor {tensor:?}: {bytes} bytes do not fit in memory on this platform")]
     TooLargeForPlatform {
         /// The file.
         path: PathBuf,
@@ -212,6 +236,7 @@ pub enum Error {
     },
     /// A row read of a tensor without rows: a scalar (shape `[]`), or rows
     /// of sub-byte elements not filling whole bytes.
+    #[error("{path}: tensor {tensor:?}: shape {shape:?} has no byte-addressable rows")]
     NoRows {
         /// The file.
         path: PathBuf,
@@ -221,6 +246,7 @@ pub enum Error {
         shape: Vec<u64>,
     },
     /// A row range `start..end` with `start > end` or `end` past the rows.
+    #[error("{path}: tensor {tensor:?}: row range {start}..{end} invalid for {rows} rows")]
     RowRange {
         /// The file.
         path: PathBuf,
@@ -235,6 +261,7 @@ pub enum Error {
     },
     /// The file became shorter than when it was opened (truncated or
     /// rewritten in place while being read).
+    #[error("{path}: file shrank while reading tensor {tensor:?}: opened with {expected} bytes, now {actual}")]
     FileShrunk {
         /// The file.
         path: PathBuf,
@@ -246,6 +273,7 @@ pub enum Error {
         actual: u64,
     },
     /// A sharded checkpoint's index file is not of the expected form.
+    #[error("{path}: invalid index: {reason}")]
     InvalidIndex {
         /// The index file.
         path: PathBuf,
@@ -256,6 +284,7 @@ pub enum Error {
     },
     /// A shard name in an index is not a plain file name inside the index's
     /// folder (absolute, `..`, separators, or a symlink leading outside).
+    #[error("{path}: shard {shard:?} (tensor {tensor:?}): {reason}")]
     InvalidShardName {
         /// The index file.
         path: PathBuf,
@@ -268,6 +297,7 @@ pub enum Error {
     },
     /// A tensor of a checkpoint is stored in two shards (or listed in the
     /// index for one shard and found in another).
+    #[error("{path}: tensor {tensor:?} is in both {first} and {second}")]
     TensorInTwoShards {
         /// The index file.
         path: PathBuf,
@@ -279,6 +309,7 @@ pub enum Error {
         second: PathBuf,
     },
     /// A shard holds a tensor that the index's `weight_map` does not list.
+    #[error("{path}: tensor {tensor:?} of shard {shard} is not listed in weight_map")]
     TensorNotInIndex {
         /// The index file.
         path: PathBuf,
@@ -288,6 +319,9 @@ pub enum Error {
         shard: PathBuf,
     },
     /// Shards of one checkpoint disagree on a `__metadata__` value.
+    #[error(
+        "{path}: __metadata__ key {key:?} is {first:?} in one shard and {second:?} in {shard}"
+    )]
     MetadataConflict {
         /// The index file.
         path: PathBuf,
@@ -303,6 +337,7 @@ pub enum Error {
     /// A writer was used out of order or given inconsistent input: a
     /// tensor written out of the declared order or twice, `finish` before
     /// all tensors, a duplicate or reserved name at creation.
+    #[error("{path}: writer: tensor {tensor:?}: {reason}")]
     Writer {
         /// The file being written (final name).
         path: PathBuf,
@@ -312,6 +347,7 @@ pub enum Error {
         reason: &'static str,
     },
     /// A writer was given a tensor's data of the wrong byte length.
+    #[error("{path}: writer: tensor {tensor:?}: got {actual} bytes, its dtype and shape need {expected}")]
     WriterSize {
         /// The file being written (final name).
         path: PathBuf,
@@ -325,6 +361,7 @@ pub enum Error {
     /// An input path that is not a regular file: a FIFO, a socket, a
     /// device node or a folder. It is refused at open, without blocking
     /// (a FIFO is opened non-blocking, then inspected).
+    #[error("{path}: not a regular file ({kind}): refused")]
     NotRegularFile {
         /// The file.
         path: PathBuf,
@@ -334,6 +371,7 @@ pub enum Error {
     /// A file changed while it was being read: its identity, size or
     /// modification time (nanoseconds) differs from when it was opened, so
     /// the bytes read may mix old and new contents.
+    #[error("{path}: changed while being read{}: {what} differs from when it was opened", tensor_note(.tensor))]
     FileChanged {
         /// The file.
         path: PathBuf,
@@ -345,6 +383,7 @@ pub enum Error {
     /// A host buffer for a tensor cannot be allocated: larger than the
     /// machine's memory (RAM plus swap), or refused by the allocator.
     /// Nothing was allocated and the process goes on.
+    #[error("{path}: tensor {tensor:?}: cannot allocate {bytes} bytes on the host ({reason}; memory: {limit} bytes)")]
     AllocationFailed {
         /// The file.
         path: PathBuf,
@@ -361,6 +400,7 @@ pub enum Error {
     /// being read: a safetensors file or index held open by a reader of
     /// this process, or one named in the writer's options. Writing it
     /// would destroy the input; nothing was written.
+    #[error("{path}: output is the same file as the input {input}: refused, nothing written")]
     OutputIsInput {
         /// The output path.
         path: PathBuf,
@@ -369,6 +409,7 @@ pub enum Error {
     },
     /// A writer's output exists and is not a regular file (a device node,
     /// FIFO, socket or folder): it is never replaced; nothing was written.
+    #[error("{path}: output exists and is not a regular file ({kind}): refused, nothing written")]
     OutputNotRegular {
         /// The output path.
         path: PathBuf,
@@ -378,17 +419,20 @@ pub enum Error {
     /// A write was cancelled through the writer's cancellation flag (for
     /// example by a signal handler); the temporary file was removed and
     /// the output was not created.
+    #[error("{path}: write cancelled, temporary file removed, output not created")]
     Cancelled {
         /// The output path.
         path: PathBuf,
     },
     // ----- devices (src/device) -------------------------------------------
     /// A backend whose cargo feature is off in this build.
+    #[error("{backend}: backend not built (enable the `{backend}` feature)")]
     BackendNotBuilt {
         /// The backend (`"hip"`, `"cuda"`).
         backend: &'static str,
     },
     /// The backend's runtime library could not be loaded.
+    #[error("{backend}: runtime not available: {library} could not be loaded")]
     NoRuntime {
         /// The backend.
         backend: &'static str,
@@ -397,6 +441,7 @@ pub enum Error {
     },
     /// The backend's runtime library is in none of the places looked in
     /// (each place tried is listed, with why it did not load).
+    #[error("{backend}: runtime not available: {source}")]
     RuntimeNotFound {
         /// The backend.
         backend: &'static str,
@@ -405,6 +450,7 @@ pub enum Error {
     },
     /// The user may not open the device node the runtime needs
     /// (`/dev/kfd` for HIP): a permission problem, not a missing device.
+    #[error("{backend}: no permission to open {path}: {reason}")]
     DevicePermission {
         /// The backend.
         backend: &'static str,
@@ -415,6 +461,7 @@ pub enum Error {
     },
     /// An environment variable the runtime reads holds a value it refuses
     /// (for example `HSA_OVERRIDE_GFX_VERSION=11.0`).
+    #[error("{var}={value:?} is invalid: {reason}")]
     InvalidEnvironment {
         /// The variable.
         var: String,
@@ -424,6 +471,7 @@ pub enum Error {
         reason: String,
     },
     /// No device (or not the one asked for).
+    #[error("{backend}: no device{}: {count} visible ({visible})", ordinal_note(.ordinal))]
     NoDevice {
         /// The backend.
         backend: &'static str,
@@ -438,6 +486,7 @@ pub enum Error {
     /// `device::Driver::mem_info` on a platform where the host
     /// backend cannot read the memory figures, or a kernel operation a
     /// backend has no kernel for).
+    #[error("{backend}: {op} is not supported by this backend")]
     BackendUnsupported {
         /// The backend.
         backend: &'static str,
@@ -446,6 +495,7 @@ pub enum Error {
     },
     /// A device selection (`doctor --device`) that matches no listed
     /// device.
+    #[error("no device {wanted}: the devices are {available}")]
     NoSuchDevice {
         /// The selection (`"1"`, `"hip:0"`).
         wanted: String,
@@ -453,6 +503,7 @@ pub enum Error {
         available: String,
     },
     /// A device operation ran out of memory.
+    #[error("{backend}: {op}: out of memory allocating {bytes} bytes")]
     OutOfMemory {
         /// The backend.
         backend: &'static str,
@@ -462,6 +513,7 @@ pub enum Error {
         bytes: u64,
     },
     /// An element count whose size in bytes does not fit in `usize`.
+    #[error("{op}: {elements} elements overflow the address space")]
     SizeOverflow {
         /// The operation.
         op: &'static str,
@@ -469,16 +521,19 @@ pub enum Error {
         elements: usize,
     },
     /// Buffers, streams or events of different devices in one operation.
+    #[error("{op}: operands belong to different devices")]
     DeviceMismatch {
         /// The operation.
         op: &'static str,
     },
     /// Event timing asked of an event that was never recorded.
+    #[error("{op}: event not recorded")]
     EventNotRecorded {
         /// The operation.
         op: &'static str,
     },
     /// A device address not aligned for the element type asked for.
+    #[error("{op}: address {addr:#x} is not aligned to {align} bytes")]
     Misaligned {
         /// The operation.
         op: &'static str,
@@ -488,6 +543,7 @@ pub enum Error {
         align: u64,
     },
     /// An element range outside a buffer.
+    #[error("{op}: range {start}..{end} out of bounds for length {len}")]
     OutOfBounds {
         /// The operation.
         op: &'static str,
@@ -499,6 +555,7 @@ pub enum Error {
         len: usize,
     },
     /// No kernel code for this device (no code object for its gfx arch).
+    #[error("{backend}: no kernels for {arch} in this build (built for: {built})")]
     KernelUnavailable {
         /// The backend.
         backend: &'static str,
@@ -511,6 +568,7 @@ pub enum Error {
     /// driver's error, boxed so that the enum is the same in every build
     /// (downcast `source` to `device::hip::HipError` or
     /// `cudarc::driver::DriverError` where that backend is built).
+    #[error("{backend}: {op}: {source}")]
     RuntimeCall {
         /// The backend (`"hip"`, `"cuda"`).
         backend: &'static str,
@@ -522,6 +580,7 @@ pub enum Error {
         source: BoxedSource,
     },
     /// NVRTC could not compile the kernels.
+    #[error("cuda: nvrtc compile for {arch}: {op}: {status} (status {code}){}", log_note(.log))]
     Nvrtc {
         /// The target (`compute_90`).
         arch: String,
@@ -537,6 +596,7 @@ pub enum Error {
     },
     /// A failure injected by the fault-injection backend
     /// (`device::faults`).
+    #[error("{op}: injected fault: {fault}")]
     InjectedFault {
         /// The failure mode.
         fault: FaultKind,
@@ -545,6 +605,7 @@ pub enum Error {
     },
     /// A device result whose fingerprint differs from the one the host
     /// computed from the source.
+    #[error("{op}: verification failed on {device}: expected fingerprint {expected}, device gave {actual}")]
     VerificationFailed {
         /// The operation (`"convert bf16->f32"`).
         op: String,
@@ -557,6 +618,7 @@ pub enum Error {
     },
     /// A device kernel failed its self-test and the policy forbids the CPU
     /// fallback.
+    #[error("{op}: the device kernel failed its self-test on {device} ({mismatches} of {tested} patterns wrong) and fallback is off")]
     KernelUntrusted {
         /// The conversion.
         op: String,
@@ -570,6 +632,7 @@ pub enum Error {
     // ----- conv3d (src/conv3d, src/conv3d_chain) ----------------------------
     /// A conv3d parameter is out of range (a zero stride, dilation or group
     /// count).
+    #[error("conv3d: {param} {value:?}: {reason}")]
     Conv3dParam {
         /// The parameter (`"stride"`, `"dilation"`, `"groups"`).
         param: &'static str,
@@ -581,6 +644,7 @@ pub enum Error {
     /// A conv3d tensor's shape does not fit the convolution (not 5-d,
     /// channels not divisible by groups, kernel larger than the padded
     /// input, sizes overflowing).
+    #[error("conv3d: {tensor} shape {shape:?}: {reason}")]
     Conv3dShape {
         /// The tensor (`"input"`, `"weight"`, `"bias"`).
         tensor: &'static str,
@@ -591,6 +655,7 @@ pub enum Error {
     },
     /// A conv3d tensor has a dtype the call cannot take (input and weight
     /// must share one dtype, f32 or bf16).
+    #[error("conv3d: {tensor} has dtype {dtype}, expected {expected}")]
     Conv3dDType {
         /// The tensor.
         tensor: &'static str,
@@ -602,6 +667,7 @@ pub enum Error {
     /// A conv3d call whose buffers (output plus the CPU tier's padded
     /// input copy) are larger than this machine's memory (RAM plus swap):
     /// refused before anything is allocated.
+    #[error("conv3d: {what} needs {bytes} bytes, more than this machine's memory ({limit} bytes)")]
     Conv3dTooLarge {
         /// What is too large (`"output and scratch"`).
         what: &'static str,
@@ -615,6 +681,7 @@ pub enum Error {
     /// first non-finite output point is larger in magnitude than
     /// `f32::MAX`. This is a fact about the inputs, not a tier failure:
     /// no other tier is tried.
+    #[error("conv3d: result overflows f32 at output index {index}: exact value {reference:e} (tier {tier} gave {value})")]
     Conv3dOverflow {
         /// Flat output index of the first overflowing point.
         index: usize,
@@ -627,6 +694,7 @@ pub enum Error {
     },
     /// A conv3d tier failed for a reason of its own (an internal size check,
     /// an injected failure, sizes a kernel's grid cannot hold).
+    #[error("conv3d tier {tier}: {reason}")]
     Conv3dTier {
         /// The tier's name.
         tier: &'static str,
@@ -637,12 +705,14 @@ pub enum Error {
     /// (forbidden, unsupported, unavailable) or failed. The report says
     /// what happened at each; `conv3d_chain::Conv3dReport::of` gives it
     /// back typed.
+    #[error("conv3d: no tier served the call: {report}")]
     Conv3dNoTier {
         /// What happened at each tier: a `conv3d_chain::Conv3dReport`.
         report: BoxedSource,
     },
     /// A cuDNN call of the conv3d vendor tier failed (no algorithm for the
     /// parameters, bad descriptor, ...).
+    #[error("conv3d: cudnn: {op}: {status} (status {code})")]
     Conv3dCudnn {
         /// The cuDNN call.
         op: &'static str,
@@ -655,6 +725,7 @@ pub enum Error {
     /// installed or not on the loader path, a required symbol missing, or
     /// a backend without one (host). The conv3d chain skips its vendor
     /// tier then.
+    #[error("{backend}: vendor library {library} unavailable: {reason}")]
     VendorUnavailable {
         /// The backend (`"hip"`, `"cuda"`, `"host"`).
         backend: &'static str,
@@ -665,6 +736,7 @@ pub enum Error {
     },
     /// An MIOpen call of the conv3d vendor tier failed, or its algorithm
     /// search found no algorithm for the parameters.
+    #[error("conv3d: miopen: {op}: {status} (status {code})")]
     Conv3dMiopen {
         /// The MIOpen call.
         op: &'static str,
@@ -676,6 +748,7 @@ pub enum Error {
     // ----- transfer (src/transfer) ----------------------------------------
     /// Loading a tensor failed on a rung of the transfer ladder and no
     /// further rung was allowed (fallback forbidden or a rung forced).
+    #[error("load {tensor:?}: rung {rung} failed and fallback is off: {failure}")]
     TransferFailed {
         /// The tensor.
         tensor: String,
@@ -687,6 +760,7 @@ pub enum Error {
         source: Option<Box<Error>>,
     },
     /// A transfer option is out of its range.
+    #[error("load options: {field}: {reason}")]
     InvalidLoadOptions {
         /// The option.
         field: &'static str,
@@ -700,6 +774,7 @@ pub enum Error {
     /// [`DType`], vector lanes, non-compact strides, a DLPack major version
     /// other than 1, a mutable view of a read-only tensor. An import that
     /// fails so has already called the producer's deleter.
+    #[error("dlpack {op}: unsupported {what}: {found}")]
     DlpackUnsupported {
         /// The operation (`"import"`, `"export"`, `"view_mut"`).
         op: &'static str,
@@ -713,6 +788,7 @@ pub enum Error {
     /// tensor, a null data pointer with a non-zero size, a negative
     /// dimension, sizes that overflow, a null shape. An import that fails so
     /// after taking ownership has already called the producer's deleter.
+    #[error("dlpack {op}: invalid {what}: {found}")]
     DlpackInvalid {
         /// The operation (`"import"`).
         op: &'static str,

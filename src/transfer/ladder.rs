@@ -348,7 +348,7 @@ mod tests {
                 bytes: 1,
             },
             Error::InjectedFault {
-                fault: crate::error::FaultKind::LaunchFailure,
+                fault: crate::device::fault_kind::FaultKind::LaunchFailure,
                 op: "convert",
             },
             Error::VerificationFailed {

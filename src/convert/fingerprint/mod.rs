@@ -67,6 +67,7 @@ mod spec;
 mod stream;
 #[cfg(test)]
 mod tests;
+pub(crate) mod value;
 mod widened;
 #[cfg(target_arch = "x86_64")]
 mod x86;

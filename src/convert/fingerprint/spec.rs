@@ -6,9 +6,7 @@ const LANE_SEED: u64 = 0x6A09_E667_F3BC_C908;
 const BLOCK_SEED: u64 = 0xBB67_AE85_84CA_A73B;
 const LEN_SEED: u64 = 0x3C6E_F372_FE94_F82B;
 
-/// A 64-bit buffer fingerprint (defined with the error's data, which names
-/// it).
-pub use crate::error::Fingerprint;
+pub use super::value::Fingerprint;
 
 /// The splitmix64 finaliser used throughout the fingerprint.
 #[inline(always)]

@@ -5,9 +5,10 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use super::super::{
-    Error, ErrorKind as K, FaultKind, Fingerprint, NotFound, TensorRef, VisibleDevices,
-};
+use super::super::{Error, ErrorKind as K, NotFound, TensorRef};
+use crate::convert::fingerprint::value::Fingerprint;
+use crate::device::fault_kind::FaultKind;
+use crate::device::visible::VisibleDevices;
 use crate::dtype::DType;
 
 /// The variant's name and the kind it should have. No wildcard: a new
