@@ -43,8 +43,7 @@ fn round_trip_both_abis(dev: &Device) {
         let e = Export::from_device(s.clone_htod(&data).unwrap(), dtype, shape).unwrap();
         assert_eq!((e.dtype(), e.shape()), (dtype, shape));
         let m = e.into_managed().unwrap();
-        // SAFETY: read while `m` owns the tensor.
-        check_fields(unsafe { m.tensor() }, dev, dtype, shape, bytes);
+        check_fields(m.tensor(), dev, dtype, shape, bytes);
         // SAFETY: a managed tensor just made, handed over once.
         let t = unsafe { Imported::from_raw(dev, m.into_raw()) }.unwrap();
         assert_eq!((t.dtype(), t.shape(), t.num_bytes()), (dtype, shape, bytes));

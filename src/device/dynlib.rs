@@ -43,6 +43,7 @@ use std::ptr::NonNull;
 
 /// How [`open`] found a library.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FoundBy {
     /// Already loaded in the process under this soname.
     InProcess(String),

@@ -117,6 +117,7 @@ pub fn read_env_from(
 /// Architecture families the advice distinguishes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ArchFamily {
     /// gfx1151: Strix Halo (Ryzen AI Max), RDNA 3.5 APU with unified memory.
     Gfx1151,
@@ -156,6 +157,7 @@ impl ArchFamily {
 /// What to do with a variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Action {
     /// Leave it unset.
     Unset,

@@ -5,11 +5,14 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned};
-use dlpark::metadata::Dynamic;
-use dlpark::{Managed, ManagedTensorBase};
+use std::ptr::NonNull;
 
-use super::types::{data_type, dl_device};
+use dlpark::metadata::Dynamic;
+use dlpark::ManagedTensorBase;
+
+use super::ffi::{DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned};
+use super::managed::Managed;
+use super::types::{data_type, dl_device, to_dlpark_device, to_dlpark_dtype};
 use crate::device::{DeviceBuffer, DevicePtr, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -179,7 +182,7 @@ impl Export {
             }),
             data: addr,
             device: DLDevice {
-                device_type: dlpark::ffi::DLDeviceType::CPU,
+                device_type: DLDeviceType::CPU,
                 device_id: 0,
             },
             dtype,
@@ -218,7 +221,10 @@ impl Export {
     /// cannot lay the shape out (never for a shape [`Export`] accepted); the
     /// memory is given back then.
     pub fn into_managed(self) -> Result<Managed<DLManagedTensor>> {
-        self.into_abi()
+        let raw = self.into_abi::<dlpark::ffi::DLManagedTensor>()?;
+        // SAFETY: dlpark's structure is the C header's, as ours is (checked
+        // in `ffi`); the tensor just made is owned by the new handle alone.
+        Ok(unsafe { Managed::from_raw(raw.cast()) })
     }
 
     /// The tensor as a `DLManagedTensorVersioned`, version 1.3, flags 0
@@ -226,10 +232,14 @@ impl Export {
     ///
     /// Errors as [`Export::into_managed`].
     pub fn into_managed_versioned(self) -> Result<Managed<DLManagedTensorVersioned>> {
-        self.into_abi()
+        let raw = self.into_abi::<dlpark::ffi::DLManagedTensorVersioned>()?;
+        // SAFETY: as in `into_managed`.
+        Ok(unsafe { Managed::from_raw(raw.cast()) })
     }
 
-    fn into_abi<M: ManagedTensorBase>(self) -> Result<Managed<M>> {
+    /// The managed tensor dlpark builds (of either ABI), given up as its
+    /// pointer: the caller owns it.
+    fn into_abi<M: ManagedTensorBase>(self) -> Result<NonNull<M>> {
         let Export {
             owner,
             data,
@@ -247,14 +257,19 @@ impl Export {
                 found: e.to_string(),
             })?;
         init.set_data(data as usize as *mut c_void)
-            .set_device(device)
-            .set_dtype(data_type(dtype))
+            .set_device(to_dlpark_device(device))
+            .set_dtype(to_dlpark_dtype(data_type(dtype)))
             .set_byte_offset(0);
         // SAFETY: `data` addresses the tensor's bytes (NULL for none) on
         // `device`, kept alive by the owner until the deleter drops it;
         // shape and compact strides live in the same allocation (explicit
         // for ndim > 0); flags stay empty: the memory is writable and the
         // consumer holds the only reference to it.
-        Ok(unsafe { init.finish() })
+        let raw = unsafe { init.finish() }.into_raw();
+        NonNull::new(raw).ok_or_else(|| Error::DlpackInvalid {
+            op: "export",
+            what: "pointer",
+            found: "null managed tensor".into(),
+        })
     }
 }

@@ -2,11 +2,13 @@
 //! lent as rocm-safe views after the checks that make that sound.
 
 use dlpark::dlpack::FromRawError;
-use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned, DLTensor};
+use dlpark::ffi::DLTensor;
 use dlpark::tensor::TensorRef;
-use dlpark::{AllocationDeleter, DlpackFlags, Managed, ManagedTensorBase};
+use dlpark::{AllocationDeleter, Managed, ManagedTensorBase};
 
-use super::types::{device_name, dl_device, dtype as dtype_of, usable_on};
+use super::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned, DlpackFlags};
+use super::types::{device_name, dl_device, dtype as dtype_of, from_dlpark_device};
+use super::types::{from_dlpark_dtype, usable_on};
 use crate::device::{Device, DevicePtr, DeviceView, DeviceViewMut};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -107,8 +109,9 @@ impl Imported {
     /// lives; the deleter, when not NULL, may be called once from any
     /// thread and does not unwind.
     pub unsafe fn from_raw(device: &Device, ptr: *mut DLManagedTensor) -> Result<Imported> {
-        // SAFETY: the caller's contract is `import`'s.
-        unsafe { import(device, ptr) }
+        // SAFETY: the caller's contract is `import`'s; dlpark's structure is
+        // the C header's, as ours is (checked in `ffi`).
+        unsafe { import(device, ptr.cast::<dlpark::ffi::DLManagedTensor>()) }
     }
 
     /// Takes over a `DLManagedTensorVersioned` (the pointer of a
@@ -128,8 +131,8 @@ impl Imported {
         device: &Device,
         ptr: *mut DLManagedTensorVersioned,
     ) -> Result<Imported> {
-        // SAFETY: the caller's contract is `import`'s.
-        unsafe { import(device, ptr) }
+        // SAFETY: as in `from_raw`.
+        unsafe { import(device, ptr.cast::<dlpark::ffi::DLManagedTensorVersioned>()) }
     }
 
     /// The importing device.
@@ -233,7 +236,7 @@ unsafe fn import<M: ManagedTensorBase>(device: &Device, ptr: *mut M) -> Result<I
         other => invalid("pointer", other.to_string()),
     })?;
     // From here every early return drops `managed`: the deleter runs once.
-    let flags = managed.flags();
+    let flags = DlpackFlags::from_bits_retain(managed.flags().bits());
     // SAFETY: the caller vouched that the descriptor stays readable and
     // unchanged while the tensor is owned here.
     let parts = check(device, unsafe { managed.tensor() }, flags)?;
@@ -252,16 +255,17 @@ unsafe fn import<M: ManagedTensorBase>(device: &Device, ptr: *mut M) -> Result<I
 /// Everything an import refuses, in the order a caller would want to hear
 /// it: where, what type, what shape, what layout, what address.
 fn check(device: &Device, t: &DLTensor, flags: DlpackFlags) -> Result<Parts> {
-    if !usable_on(t.device, device) {
+    let dl = from_dlpark_device(t.device);
+    if !usable_on(dl, device) {
         let own = dl_device(device)
             .map(device_name)
             .unwrap_or_else(|_| format!("{}:{}", device.kind(), device.info().ordinal));
         return Err(unsupported(
             "device",
-            format!("{} (importing device is {own})", device_name(t.device)),
+            format!("{} (importing device is {own})", device_name(dl)),
         ));
     }
-    let dtype = dtype_of(t.dtype)?;
+    let dtype = dtype_of(from_dlpark_dtype(t.dtype))?;
     if dtype.bits() < 8 && flags.contains(DlpackFlags::IS_SUBBYTE_TYPE_PADDED) {
         return Err(unsupported(
             "flags",
@@ -291,7 +295,7 @@ fn check(device: &Device, t: &DLTensor, flags: DlpackFlags) -> Result<Parts> {
             bytes,
             dtype,
             shape,
-            dl_device: t.device,
+            dl_device: dl,
         });
     }
     if base == 0 {
@@ -317,7 +321,7 @@ fn check(device: &Device, t: &DLTensor, flags: DlpackFlags) -> Result<Parts> {
         bytes,
         dtype,
         shape,
-        dl_device: t.device,
+        dl_device: dl,
     })
 }
 

@@ -45,24 +45,21 @@
 //! the caller never frees the tensor after calling
 //! [`Imported::from_raw`] / [`Imported::from_raw_versioned`].
 //!
-//! # Why `dlpark`
+//! # The types: ours; the builder: `dlpark`
 //!
-//! The structs, the allocation of shape and strides next to the header and
-//! the exactly-once deleter come from [`dlpark`] 0.10 (the latest stable
+//! The C structures in this module's signatures ([`ffi`], [`Managed`],
+//! [`DlpackFlags`]) are the crate's own, laid out as the DLPack 1.3 header
+//! (checked at compile time), so no dependency's release changes this API.
+//! The allocation of shape and strides next to the header and
+//! the exactly-once deleter come from `dlpark` 0.10 (the latest stable
 //! release; default features off, so it adds only `bitflags` and `snafu`).
-//! Its bindgen-generated `ffi` module is the DLPack 1.3 header with layout
-//! assertions; a custom owner is any `Box<T: Send>` (here the raw parts of
-//! device memory), installed with a deleter that drops it; one builder makes
-//! both `DLManagedTensor` and `DLManagedTensorVersioned`; and
-//! [`Managed::from_raw`] reads a foreign managed tensor, calling its
-//! deleter when its major version is unknown. What it does not decide is
-//! left here: which device types and dtypes rocm-safe takes, the
-//! compactness rule, and the views. Writing the `#[repr(C)]` structs by
-//! hand would repeat the header without its layout checks, and the Python
-//! bindings will want the same pointer types that dlpark's own PyO3 support
-//! uses. Its types appear in this module's signatures (re-exported here: the
-//! structures in [`ffi`], [`Managed`], [`DlpackFlags`]), so a dlpark release that changes
-//! them is an API change of this module.
+//! A custom owner is any `Box<T: Send>` (here the raw parts of device
+//! memory), installed with a deleter that drops it; one builder makes both
+//! ABIs; and dlpark's `Managed::from_raw` reads a foreign managed tensor,
+//! calling its deleter when its major version is unknown. The import and
+//! export code casts between its structures and ours (the same layout).
+//! What it does not decide is left here: which device types and dtypes
+//! rocm-safe takes, the compactness rule, and the views.
 //!
 //! # Example: a round trip on the host backend
 //!
@@ -88,23 +85,15 @@
 //! ```
 
 mod export;
+pub mod ffi;
 mod import;
+mod managed;
 mod types;
 
-pub use dlpark::{DlpackFlags, Managed};
-
-/// The DLPack C structures this module's signatures use (dlpark's `ffi`,
-/// the types only): the managed tensors a caller hands to Python or C and
-/// takes back, and what they hold. dlpark's exchange-API tables and flag
-/// constants are not re-exported ([`DlpackFlags`] covers the flags).
-pub mod ffi {
-    pub use dlpark::ffi::{
-        DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor,
-        DLManagedTensorVersioned, DLPackVersion, DLTensor,
-    };
-}
 pub use export::Export;
+pub use ffi::DlpackFlags;
 pub use import::Imported;
+pub use managed::Managed;
 pub use types::{data_type, dl_device, dtype};
 
 #[cfg(doc)]

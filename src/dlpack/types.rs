@@ -1,6 +1,6 @@
 //! DLPack descriptors of rocm-safe's element types and devices, both ways.
 
-use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType};
+use super::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType};
 
 use crate::device::{BackendKind, Device};
 use crate::dtype::DType;
@@ -130,6 +130,41 @@ pub(super) fn device_name(dl: DLDevice) -> String {
         n => return format!("device type {n}:{}", dl.device_id),
     };
     format!("{name}:{}", dl.device_id)
+}
+
+/// dlpark's device of ours (the same C structure; dlpark builds and reads
+/// the managed tensors).
+pub(super) fn to_dlpark_device(d: DLDevice) -> dlpark::ffi::DLDevice {
+    dlpark::ffi::DLDevice {
+        device_type: dlpark::ffi::DLDeviceType(d.device_type.0),
+        device_id: d.device_id,
+    }
+}
+
+/// Ours of dlpark's device.
+pub(super) fn from_dlpark_device(d: dlpark::ffi::DLDevice) -> DLDevice {
+    DLDevice {
+        device_type: DLDeviceType(d.device_type.0),
+        device_id: d.device_id,
+    }
+}
+
+/// dlpark's element type of ours.
+pub(super) fn to_dlpark_dtype(t: DLDataType) -> dlpark::ffi::DLDataType {
+    dlpark::ffi::DLDataType {
+        code: dlpark::ffi::DLDataTypeCode(t.code.0),
+        bits: t.bits,
+        lanes: t.lanes,
+    }
+}
+
+/// Ours of dlpark's element type.
+pub(super) fn from_dlpark_dtype(t: dlpark::ffi::DLDataType) -> DLDataType {
+    DLDataType {
+        code: DLDataTypeCode(t.code.0),
+        bits: t.bits,
+        lanes: t.lanes,
+    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 /// (Renamed from `Device`/`Host`: a load onto the host backend returns
 /// `Buffer`s of host memory, which the old name called "Device".)
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum TensorData {
     /// A buffer of the load's device: GPU memory on a GPU, host memory when
     /// the device is the host backend. Cast its views to the dtype:

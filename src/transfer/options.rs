@@ -13,6 +13,7 @@ pub(super) const SPLIT_ALIGN: usize = 64 * 1024;
 
 /// How far down the ladder a tensor may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
 pub enum Fallback {
     /// The whole ladder (default).
     #[default]

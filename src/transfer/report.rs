@@ -8,6 +8,7 @@ use crate::fallback::Attempt;
 /// A rung of the transfer ladder (crate [contract 3](crate#contracts)),
 /// fastest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[non_exhaustive]
 pub enum Rung {
     /// Reusable pinned buffers filled by CPU threads, asynchronous copies on
     /// a copy stream, conversion on a compute stream, fingerprint checks.

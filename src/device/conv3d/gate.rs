@@ -55,6 +55,7 @@ pub const GUARD_ACC_WORDS: usize = 9;
 
 /// Which verdict a fused guard check decides ([`Stream::conv3d_guard_check`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum GuardStage {
     /// The checked output's (another library's): any NaN or infinity in
     /// it counts (the operands are not read); writes
