@@ -3,7 +3,7 @@
 //! (`tests/hip-standin/standin.c`): a runtime too old for the code objects,
 //! a runtime with no device, a GPU whose arch this build has no kernels
 //! for, and a GPU that is ready. (No GPU at all and the CUDA build without
-//! a GPU are `tests/cli_doctor.rs`'s, through the real binary.) Each case
+//! a GPU are `tests/cli/doctor.rs`'s, through the real binary.) Each case
 //! runs in a child process of its own.
 #![cfg(feature = "hip")]
 

@@ -476,7 +476,7 @@ impl Writer {
             specs.push(TensorSpec::new(name, dtype_of(&dtype)?, shape));
         }
         // The safetensors crate's order: dtype descending, then name
-        // (`DType`'s order is that crate's: tests/safetensors_read.rs).
+        // (`DType`'s order is that crate's: tests/safetensors/read.rs).
         specs.sort_by(|a, b| b.dtype.cmp(&a.dtype).then_with(|| a.name.cmp(&b.name)));
         let order = specs.iter().map(|s| s.name.clone()).collect();
         let w = py

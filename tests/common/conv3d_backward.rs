@@ -1,6 +1,6 @@
 //! Shared by the tests of conv3d gradients and `conv_transpose3d`
-//! (`tests/conv3d_backward.rs`, `tests/conv3d_transpose.rs`,
-//! `tests/conv3d_vendor_backward.rs`): bf16 operands, the operands of a
+//! (`tests/conv3d/backward.rs`, `tests/conv3d/transpose.rs`,
+//! `tests/conv3d/vendor_backward.rs`): bf16 operands, the operands of a
 //! case ([`Grads`]), the comparison with the f64 backward reference, the
 //! chain of a device, operands uploaded as f32 or bf16, and a problem run
 //! through the chain's device entry points.
@@ -38,8 +38,8 @@ pub fn assert_backward_close(what: &str, p: &Conv3dBackwardProblem<'_>, out: &[f
 }
 
 /// The chain of `dev` without its vendor tier (forbidden: these tests are
-/// of the naive kernels and the CPU; `tests/conv3d_vendor_backward.rs` and
-/// the vendor tests of `tests/conv3d_transpose.rs` are the vendor tier's).
+/// of the naive kernels and the CPU; `tests/conv3d/vendor_backward.rs` and
+/// the vendor tests of `tests/conv3d/transpose.rs` are the vendor tier's).
 pub fn chain(dev: &Device) -> Conv3dChain {
     let mut c = Conv3dChain::for_device(dev);
     c.options_mut().forbid = vec![TierKind::Vendor];

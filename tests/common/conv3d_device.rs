@@ -1,5 +1,5 @@
 //! Shared by the tests of the conv3d chain over device memory
-//! (`tests/conv3d_device_checks.rs`, `tests/conv3d_device_kernels.rs`):
+//! (`tests/conv3d/device_checks.rs`, `tests/conv3d/device_kernels.rs`):
 //! the tiled kernel's case, the chain without its vendor tier, operands
 //! uploaded as f32 or bf16, and one `run_device` call read back.
 

@@ -1,4 +1,4 @@
-//! Shared by the DLPack tests (`tests/dlpack.rs`, `tests/dlpack_import.rs`):
+//! Shared by the DLPack tests (`tests/device/dlpack.rs`, `tests/device/dlpack_import.rs`):
 //! what the header says of each device and dtype, the checks of a produced
 //! `DLTensor`, and a foreign producer's tensor built by hand.
 

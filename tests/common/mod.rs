@@ -9,6 +9,7 @@ pub mod conv3d_backward;
 pub mod conv3d_device;
 pub mod device;
 pub mod dlpack;
+pub mod faults;
 #[cfg(feature = "hip")]
 pub mod hip_scenarios;
 #[cfg(feature = "hip")]
@@ -24,6 +25,16 @@ pub mod vendor_standin;
 pub use device::Open;
 #[allow(unused_imports)]
 pub use rng::Rng;
+
+/// The name the test harness lists for the test `name` of the module at
+/// `module_path` (pass `module_path!()`): the path without the test
+/// binary's own name, as `--exact` wants it in a child process.
+pub fn listed(module_path: &str, name: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, inner)) => format!("{inner}::{name}"),
+        None => name.to_owned(),
+    }
+}
 
 /// Makes one test per backend from test functions of the including file:
 /// `host::NAME` (always run), `cuda::NAME` (feature `cuda`) and

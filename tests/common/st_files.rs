@@ -1,6 +1,6 @@
 //! Hand-made safetensors files for the reader's error tests
-//! (`tests/safetensors_errors.rs`, `tests/safetensors_tensor_errors.rs`,
-//! `tests/safetensors_sharded_errors.rs`): the bytes are built here
+//! (`tests/safetensors/errors.rs`, `tests/safetensors/tensor_errors.rs`,
+//! `tests/safetensors/sharded_errors.rs`): the bytes are built here
 //! (8-byte length + header + data), never by a writer.
 
 use std::path::{Path, PathBuf};

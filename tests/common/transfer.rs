@@ -1,13 +1,11 @@
-//! Shared by the loader's tests (`tests/transfer_ladder.rs`,
-//! `tests/transfer_loads.rs`): checkpoints written with random contents
+//! Shared by the loader's tests (`tests/transfer/ladder.rs`,
+//! `tests/transfer/loads.rs`): checkpoints written with random contents
 //! (mixed dtypes and sizes; many tiny tensors), small and roomy load
 //! options, `Faults` over the host backend, and the checks of a load
 //! against the CPU reader.
 
 use std::path::{Path, PathBuf};
 
-use rocm_safe::device::faults::{FaultHandle, FaultPlan, Faults};
-use rocm_safe::device::{host::HostBackend, Device};
 use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
 use rocm_safe::transfer::{LoadOptions, Loaded, Rung};
 use rocm_safe::DType;
@@ -62,12 +60,6 @@ pub fn small(dtype: Option<DType>) -> LoadOptions {
         .with_buffer_bytes(64 * 1024)
         .with_small_chunk_bytes(16 * 1024)
 }
-
-pub fn faulty(plan: FaultPlan) -> (Device, FaultHandle) {
-    let (f, h) = Faults::new(HostBackend::new(), plan);
-    (Device::from_backend(Box::new(f)), h)
-}
-
 /// Every loaded tensor equals the CPU reader's result, byte for byte.
 pub fn assert_exact(ckpt: &Checkpoint, loaded: &Loaded) {
     for t in &loaded.tensors {
