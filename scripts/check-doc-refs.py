@@ -7,7 +7,7 @@ Scans the files `git ls-files` lists with the extensions below (and
 .ci/run) for:
 
 - repository paths: `src/...`, `tests/...`, `benches/...`, `examples/...`,
-  `scripts/...`, `python/...`, `docs/...`, `hip-kernels/...`, `tools/...`,
+  `scripts/...`, `python/...`, `docs/...`, `kernels/...`, `tools/...`,
   `fuzz/...`, `.ci/...` (also `../`-relative ones). A path is found when it
   exists from the repository root, from the citing file's folder or from any
   folder between the two. Globs (`docs/*.md`) must match something;
@@ -38,7 +38,7 @@ import sys
 EXTS = (".rs", ".md", ".py", ".toml", ".sh", ".hip", ".h", ".c", ".cu", ".cpp")
 EXTRA_FILES = (".ci/run",)
 TOP_DIRS = ("src", "tests", "benches", "examples", "scripts", "python", "docs",
-            "hip-kernels", "tools", "fuzz", ".ci")
+            "kernels", "tools", "fuzz", ".ci")
 
 # (file, referenced text) -> why it is not a broken reference. Keep it short.
 ALLOW = {

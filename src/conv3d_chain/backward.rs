@@ -19,7 +19,7 @@
 //! so not bit-reproducible run to run, checked as every tier is) where there
 //! are at least 8 output channels per group, and skips the rest (the bias
 //! gradient, ...) as unsupported; the naive tier runs the gather kernels
-//! of `hip-kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU tier the CPU
+//! of `kernels/conv3d.hip` (`conv3d_bwd_*`), the CPU tier the CPU
 //! kernels. Every result is checked as a forward output is:
 //! the non-finite scan (a NaN or infinity from finite operands fails the
 //! tier unless the f64 reference there is beyond the f32 range:

@@ -3,7 +3,7 @@
 //!
 //! A row names the pair, the element sizes, the scalar reference (the
 //! contract, [`crate::convert::scalar`]), the CPU bulk loop, the device
-//! kernel symbol (`convert_{src}_{dst}` in `hip-kernels/convert.hip`) and
+//! kernel symbol (`convert_{src}_{dst}` in `kernels/convert.hip`) and
 //! the fused convert+fingerprint symbol where one exists, the elements one
 //! device work item converts, and whether every number converts exactly.
 //! From the rows come: [`supported`](crate::convert::supported) and the CPU

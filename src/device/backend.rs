@@ -339,7 +339,7 @@ pub enum KernelOp<'a> {
         /// Two `u64`s.
         counts: DevicePtr,
     },
-    /// `kernel` (`hip-kernels/conv3d.hip`) computing the convolution `args`
+    /// `kernel` (`kernels/conv3d.hip`) computing the convolution `args`
     /// describes: its weight in the layout [`Backend::conv3d_weight_layout`]
     /// gives for `kernel`, the f32 output written in full. The host backend
     /// computes it on the CPU.

@@ -8,7 +8,7 @@
 //! cudarc's own choice of it is safe). NVRTC and cuDNN are bound by the
 //! crate (`vendor/nvrtc.rs`, `vendor/cudnn.rs`) and opened so that a copy
 //! already in the process (PyTorch's) is the one used. The kernels come
-//! from `hip-kernels/` (through `prelude.h`'s CUDA branch): PTX built by
+//! from `kernels/` (through `prelude.h`'s CUDA branch): PTX built by
 //! nvcc at build time when it was found, else the embedded source compiled
 //! by NVRTC on first use to machine code for the device's own arch (a
 //! cubin; PTX where NVRTC gives none), one module at a time
@@ -186,7 +186,7 @@ pub fn decode_cuda_version(v: i32) -> String {
 }
 
 /// NVRTC options for `target` (`sm_90` for machine code, `compute_90` for
-/// PTX) and module `which` (its `RS_PART`: `hip-kernels/prelude.h`).
+/// PTX) and module `which` (its `RS_PART`: `kernels/prelude.h`).
 fn nvrtc_options(target: &str, which: KernelModule) -> Vec<String> {
     let mut o = vec![
         format!("--gpu-architecture={target}"),

@@ -468,7 +468,7 @@ unsafe impl<R: Runtime> Driver for Gpu<R> {
     }
 }
 
-// SAFETY: every kernel operation launches the kernel of `hip-kernels/` that
+// SAFETY: every kernel operation launches the kernel of `kernels/` that
 // computes it, with the arguments and grid `kernels.rs` builds from exactly
 // the caller's ranges; the vendor calls are `vendor_conv3d`'s and
 // `vendor_conv3d_backward`'s contracts.

@@ -1,4 +1,4 @@
-//! The kernels of `hip-kernels/` as the GPU backends name and launch them.
+//! The kernels of `kernels/` as the GPU backends name and launch them.
 // Without a GPU backend in the build nothing launches kernels.
 #![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
@@ -22,9 +22,9 @@ pub(crate) const BLOCK: u32 = 256;
 /// of one of its kernels: a process that only converts or loads never waits
 /// for the conv3d kernels' compile, and one that runs bf16 convolutions on
 /// tensor cores compiles neither the f32 nor the naive kernels.
-/// `hip-kernels/core.hip` is one module; `hip-kernels/conv3d.hip` is five,
+/// `kernels/core.hip` is one module; `kernels/conv3d.hip` is five,
 /// one source compiled with `-DRS_PART=n` ([`KernelModule::part`]; its
-/// kernels sit under `#if RS_BUILDS(n)`, `hip-kernels/prelude.h`). Measured
+/// kernels sit under `#if RS_BUILDS(n)`, `kernels/prelude.h`). Measured
 /// on an H100 (NVRTC 13.0), the whole conv3d source took 15 s to PTX and
 /// the driver 28 s more to machine code; the tiled kernels are most of it.
 /// HIP builds all kernels into one code object.
@@ -72,7 +72,7 @@ impl KernelModule {
         }
     }
 
-    /// The `RS_PART` the source is compiled with (`hip-kernels/prelude.h`;
+    /// The `RS_PART` the source is compiled with (`kernels/prelude.h`;
     /// 0: every kernel of the source).
     pub(crate) const fn part(self) -> u32 {
         match self {
@@ -559,7 +559,7 @@ mod tests {
     }
 
     /// The module split agrees in its three places: `KernelModule`,
-    /// build.rs's list and `hip-kernels/prelude.h`'s part numbers; and each
+    /// build.rs's list and `kernels/prelude.h`'s part numbers; and each
     /// conv3d kernel is defined only under its own module's guard.
     #[cfg(feature = "cuda")]
     #[test]
@@ -569,7 +569,7 @@ mod tests {
             .map(|m| (m.name(), m.part()))
             .collect();
         assert_eq!(names, CUDA_MODULE_PARTS.to_vec());
-        let prelude = include_str!("../../hip-kernels/prelude.h");
+        let prelude = include_str!("../../kernels/prelude.h");
         for m in KernelModule::ALL.iter().filter(|m| m.part() != 0) {
             let define = format!("#define RS_PART_{} {}", m.name().to_uppercase(), m.part());
             assert!(prelude.contains(&define), "{define}");

@@ -1,4 +1,4 @@
-//! Guards on the kernel sources in `hip-kernels/` that hold for every build
+//! Guards on the kernel sources in `kernels/` that hold for every build
 //! (no GPU, no compiler needed):
 //!
 //! - no kernel built for HIP depends on the wavefront size (ARCHITECTURE.md,
@@ -11,18 +11,18 @@
 
 use std::path::{Path, PathBuf};
 
-/// `hip-kernels/` of the checkout this test was built in, or, for a test
+/// `kernels/` of the checkout this test was built in, or, for a test
 /// binary copied to another machine (the GPU machine, where the checkout
 /// sits at another path), of the working directory.
 fn kernel_dir() -> PathBuf {
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("hip-kernels");
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
     if built.is_dir() {
         return built;
     }
-    let here = Path::new("hip-kernels");
+    let here = Path::new("kernels");
     assert!(
         here.is_dir(),
-        "no hip-kernels/ at {} or in the working directory",
+        "no kernels/ at {} or in the working directory",
         built.display()
     );
     here.to_path_buf()

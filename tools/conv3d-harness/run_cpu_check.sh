@@ -4,7 +4,7 @@
 # names the bad cases and exits non-zero. Needs g++ with C++20.
 cd "$(dirname "$0")" || exit 2
 bin=${TMPDIR:-/tmp}/rs_naive_cpu_check.$$
-g++ -std=c++20 -O1 -w -pthread -I../../hip-kernels -o "$bin" naive_cpu_check.cpp || exit 2
+g++ -std=c++20 -O1 -w -pthread -I../../kernels -o "$bin" naive_cpu_check.cpp || exit 2
 "$bin" >"$bin.log" 2>&1
 status=$?
 grep -v " ok$" "$bin.log" | grep -v "^case " || true

@@ -1,6 +1,6 @@
 // The Wan 2.1 VAE decoder's largest conv3d layers through the tiled kernels
 // (conv3d_tiled_f32, conv3d_tiled_bf16_mma; conv3d_tiled_bf16 with -DSIMT_BF16),
-// built two ways: by nvcc (this file includes hip-kernels/conv3d.hip) and by
+// built two ways: by nvcc (this file includes kernels/conv3d.hip) and by
 // NVRTC with the cuda backend's options (--gpu-architecture=compute_90
 // -default-device) from the same sources, flattened as build.rs does. Each
 // kernel is checked on 2048 sampled output points against a double CPU
@@ -8,9 +8,9 @@
 // accumulation stays near 1e-7; `BAD` over 1e-5), then timed: median of
 // 7 launches (CUDA events) after a warm-up. Exits non-zero on a bad point.
 //
-// Build (see README.md): nvcc -O3 -arch=sm_90 -I../../hip-kernels -o wan
+// Build (see README.md): nvcc -O3 -arch=sm_90 -I../../kernels -o wan
 // wan_harness.cu -lnvrtc -lcuda; ./wan [SRC_DIR] (SRC_DIR: the kernel sources
-// NVRTC compiles, default ../../hip-kernels).
+// NVRTC compiles, default ../../kernels).
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <nvrtc.h>
@@ -93,7 +93,7 @@ static float median(std::vector<float> v) {
 int bad = 0;
 
 int main(int argc, char** argv) {
-    std::string dir = argc > 1 ? argv[1] : "../../hip-kernels";
+    std::string dir = argc > 1 ? argv[1] : "../../kernels";
     std::string src;
     std::vector<std::string> seen;
     flatten(dir, "conv3d.hip", seen, src);

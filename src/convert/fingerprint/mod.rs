@@ -30,7 +30,7 @@
 //! - **an all-zero buffer** hashes to its own value, different from the data's
 //!   with overwhelming probability.
 //!
-//! The GPU kernel (`hip-kernels/fingerprint.hip`) computes `S` with the same
+//! The GPU kernel (`kernels/fingerprint.hip`) computes `S` with the same
 //! formula; the host finishes it with [`finish`].
 //!
 //! # Computing it

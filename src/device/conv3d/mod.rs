@@ -53,7 +53,7 @@ use crate::convert::Element;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// Which GPU conv3d kernel of `hip-kernels/conv3d.hip` runs.
+/// Which GPU conv3d kernel of `kernels/conv3d.hip` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[non_exhaustive]
 pub enum Conv3dKernel {

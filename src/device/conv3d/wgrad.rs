@@ -1,6 +1,6 @@
 //! The tiled weight gradient on a device
 //! ([`Stream::conv3d_backward_weight_tiled`],
-//! `conv3d_bwd_weight_tiled_{f32,bf16}` in `hip-kernels/conv3d_wgrad.hip`):
+//! `conv3d_bwd_weight_tiled_{f32,bf16}` in `kernels/conv3d_wgrad.hip`):
 //! one implicit GEMM per group, `dw[g*Kg + m][(c, tap)] = sum over (n, o)
 //! of dy[n][g*Kg + m][o] * x[n][g*Cg + c][o * stride + tap * dilation -
 //! padding]`, on 64 x 64 tiles of `dw` with the reduction over the batch

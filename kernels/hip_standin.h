@@ -4,7 +4,7 @@
 // `-include` and defines RS_HIP_STANDIN (prelude.h then skips
 // <hip/hip_runtime.h>); a ROCm hipcc gets the real headers instead.
 //
-// It holds only what hip-kernels/*.hip use, built from clang's own HIP
+// It holds only what kernels/*.hip use, built from clang's own HIP
 // attributes and amdgcn builtins. A kernel that needs more fails to compile
 // here first (`cargo build --features hip` with clang-19), so extend this file
 // then, with the same meaning as the HIP header's definition.

@@ -19,7 +19,7 @@
 #define RS_CUDA 1
 #endif
 
-// The CUDA backend compiles hip-kernels/conv3d.hip as five modules, so that
+// The CUDA backend compiles kernels/conv3d.hip as five modules, so that
 // a process compiles only the kernels it launches (src/device/kernels.rs,
 // KernelModule): NVRTC is given -DRS_PART=n, and each part's kernels sit
 // under #if RS_BUILDS(n). Unset (HIP, and every other file), every kernel is
