@@ -87,6 +87,13 @@ pub struct LoadOptions {
     /// request order) that do not fit stay on the host (offloading); a
     /// budget smaller than the staging keeps every tensor on the host.
     pub memory_budget: Option<u64>,
+    /// Copy the ring's jobs of large tensors (pieces of 256 KiB or more on
+    /// average) straight from the checkpoint's page cache, registered
+    /// read-only with the runtime, instead of through the pinned buffers
+    /// (default `true`). Checked as the ring's jobs are; a runtime that
+    /// refuses the registration turns it off for the rest of the load
+    /// ([`LoadReport::direct`](super::LoadReport::direct) says so).
+    pub direct: bool,
 }
 
 impl Default for LoadOptions {
@@ -103,6 +110,7 @@ impl Default for LoadOptions {
             fallback: Fallback::Ladder,
             memory_budget: None,
             concurrent_fills: None,
+            direct: true,
         }
     }
 }
@@ -186,6 +194,13 @@ impl LoadOptions {
             concurrent_fills,
             ..self
         }
+    }
+
+    /// With [`LoadOptions::direct`]: copy large tensors straight from the
+    /// registered page cache.
+    #[must_use]
+    pub fn with_direct(self, direct: bool) -> LoadOptions {
+        LoadOptions { direct, ..self }
     }
 
     /// With [`LoadOptions::memory_budget`]: device bytes the loader may use (`None`: no limit).
