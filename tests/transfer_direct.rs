@@ -66,11 +66,18 @@ fn large_tensors_go_direct_and_arrive_exact() {
             .sum();
         assert!(ring_big > 0 && ring_big <= big_bytes(&ckpt), "{dtype:?}");
         assert!(d.jobs >= 1, "{dtype:?}: {d:?}");
-        assert!(d.bytes >= ring_big * 3 / 4, "{dtype:?}: {d:?} of {ring_big}");
+        assert!(
+            d.bytes >= ring_big * 3 / 4,
+            "{dtype:?}: {d:?} of {ring_big}"
+        );
         assert!(d.bytes <= ckpt_bytes(&ckpt), "{dtype:?}: {d:?}");
         assert_eq!(d.refused, None);
         for t in &loaded.report.tensors {
-            assert!(t.attempts.iter().all(|a| a.step != Rung::PinnedRing), "{}", t.name);
+            assert!(
+                t.attempts.iter().all(|a| a.step != Rung::PinnedRing),
+                "{}",
+                t.name
+            );
         }
         // A second load of the same loader goes direct again.
         let again = l.load_all(&ckpt).unwrap();
@@ -222,3 +229,84 @@ fn truncated() {
     let e = l.load_all(&ckpt).unwrap_err().to_string();
     assert!(e.contains("large.safetensors"), "{e}");
 }
+
+/// Tensors that cross the 64 MiB registration windows (and a 16 MiB job's
+/// worth of small ones), for the GPU runs.
+fn windows(dir: &std::path::Path) -> std::path::PathBuf {
+    write(
+        dir,
+        "windows.safetensors",
+        &[
+            ("a.small", DType::BF16, vec![7, 9]),
+            ("b.big", DType::BF16, vec![8192, 5000]),
+            ("c.f32", DType::F32, vec![4096, 3000]),
+            ("d.tiny", DType::F16, vec![33]),
+            ("e.big", DType::BF16, vec![3000, 7001]),
+        ],
+        9,
+    )
+}
+
+/// On a GPU: the default options take the direct path through several
+/// windows, exactly, with nothing refused (the runtime has the read-only
+/// flag: CUDA 11.1+, HIP where `hostRegisterReadOnlySupported`).
+fn direct_on_a_gpu(dev: &Device) {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(windows(dir.path())).unwrap();
+    for dtype in [None, Some(DType::F32)] {
+        let mut l = Loader::new(dev, LoadOptions::default().with_dtype(dtype)).unwrap();
+        let loaded = l.load_all(&ckpt).unwrap();
+        assert_exact(&ckpt, &loaded);
+        let d = &loaded.report.direct;
+        assert_eq!(d.refused, None, "{dtype:?}");
+        assert!(d.bytes >= big_bytes_of(&ckpt) * 9 / 10, "{dtype:?}: {d:?}");
+        for t in &loaded.report.tensors {
+            assert_eq!(t.rung, Rung::PinnedRing, "{}", t.name);
+            assert!(t.attempts.is_empty(), "{}", t.name);
+        }
+    }
+}
+
+fn big_bytes_of(ckpt: &Checkpoint) -> u64 {
+    ["b.big", "c.f32", "e.big"]
+        .iter()
+        .map(|n| ckpt.info(n).unwrap().num_bytes())
+        .sum()
+}
+
+/// On a GPU, through `Faults`: a refused registration is served by the
+/// reads, and a direct copy that lands zeros is caught; exact either way.
+fn direct_faults_on_a_gpu(open: common::Open<'_>) {
+    use rocm_safe::device::faults::Faults;
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = Checkpoint::open(windows(dir.path())).unwrap();
+    for (kind, when) in [
+        (FaultKind::RegistrationRefused, When::Always),
+        (FaultKind::CopyLandsZeros, When::Nth(3)),
+    ] {
+        let (f, h) = Faults::new(open(), FaultPlan::one(kind, when));
+        let dev = Device::from_backend(Box::new(f));
+        let mut l = Loader::new(&dev, LoadOptions::to_dtype(DType::F32)).unwrap();
+        let loaded = l.load_all(&ckpt).unwrap();
+        assert!(!h.injected().is_empty(), "{kind:?}");
+        assert_exact(&ckpt, &loaded);
+        let d = &loaded.report.direct;
+        match kind {
+            FaultKind::RegistrationRefused => {
+                assert_eq!(d.jobs, 0);
+                assert!(d.refused.is_some());
+            }
+            _ => {
+                assert!(d.jobs > 0);
+                let caught = loaded
+                    .report
+                    .tensors
+                    .iter()
+                    .any(|t| t.attempts.iter().any(|a| a.step == Rung::PinnedRing));
+                assert!(caught, "{kind:?}");
+            }
+        }
+    }
+}
+
+per_device!(gpu_only: direct_on_a_gpu, direct_faults_on_a_gpu);

@@ -521,6 +521,7 @@ mod tests {
             }],
             used: 0,
         };
+        // SAFETY: as above.
         let m2 = unsafe { memmap2::Mmap::map(&f) }.unwrap();
         assert!(job_segs(&far, &job2, &[Some(m2)], &[0]).is_none());
     }

@@ -98,7 +98,7 @@ use crate::safetensors::Checkpoint;
 
 use crate::fallback::{Attempt, Check, Failure};
 pub use loaded::{LoadProgress, Loaded, LoadedTensor, TensorData};
-pub use options::{Fallback, LoadOptions, Request};
+pub use options::{Fallback, LoadOptions, Request, DIRECT_VAR};
 pub use report::{DirectReport, LoadReport, LoadTiming, Rung, TensorReport};
 
 use plan::Plan;
@@ -140,6 +140,7 @@ impl Loader {
         opts.validate()?;
         let opts = LoadOptions {
             read_bytes: opts.read_bytes.min(opts.buffer_bytes),
+            direct: opts.direct && options::direct_allowed_by_env(),
             ..opts
         };
         Ok(Loader {

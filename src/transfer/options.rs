@@ -93,7 +93,26 @@ pub struct LoadOptions {
     /// (default `true`). Checked as the ring's jobs are; a runtime that
     /// refuses the registration turns it off for the rest of the load
     /// ([`LoadReport::direct`](super::LoadReport::direct) says so).
+    /// [`DIRECT_VAR`] turns it off for the whole process.
     pub direct: bool,
+}
+
+/// The environment variable that turns the direct path
+/// ([`LoadOptions::direct`]) off for every loader of the process: `0`,
+/// `off` or `false`. An escape hatch for a runtime that misbehaves with
+/// registered file pages; the pinned ring's reads then serve every job.
+pub const DIRECT_VAR: &str = "ROCM_SAFE_LOAD_DIRECT";
+
+/// Whether [`DIRECT_VAR`] leaves the direct path on (unset: on).
+pub(super) fn direct_allowed_by_env() -> bool {
+    direct_allowed(std::env::var(DIRECT_VAR).ok().as_deref())
+}
+
+fn direct_allowed(v: Option<&str>) -> bool {
+    !matches!(
+        v.map(|s| s.trim().to_ascii_lowercase()).as_deref(),
+        Some("0" | "off" | "false" | "no")
+    )
 }
 
 impl Default for LoadOptions {
@@ -275,6 +294,21 @@ impl Request {
         Request {
             name: name.into(),
             rows: Some(rows),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `ROCM_SAFE_LOAD_DIRECT`: off for `0`, `off`, `false`, `no` (any
+    /// case, spaces trimmed); on when unset or anything else.
+    #[test]
+    fn the_direct_variable_turns_the_path_off() {
+        for off in ["0", "off", " OFF ", "false", "No"] {
+            assert!(!super::direct_allowed(Some(off)), "{off}");
+        }
+        for on in [None, Some("1"), Some("on"), Some(""), Some("yes")] {
+            assert!(super::direct_allowed(on), "{on:?}");
         }
     }
 }

@@ -259,7 +259,11 @@ pub(crate) fn sum_piece(
     };
     let chunks = len.div_ceil(sub);
     if chunks <= 1 {
-        return if len == 0 { Ok(Sums::default()) } else { work(0) };
+        return if len == 0 {
+            Ok(Sums::default())
+        } else {
+            work(0)
+        };
     }
     crate::par::install(|| {
         (0..chunks)

@@ -86,9 +86,24 @@ impl Wrap for Dma {
 // nothing (host memory is what the host backend copies from anyway).
 unsafe impl Driver for Dma {
     rocm_safe::forward_driver!(
-        info, alloc, free, alloc_pinned, free_pinned, stream_create, stream_destroy,
-        stream_synchronize, synchronize, event_create, event_destroy, event_record,
-        event_synchronize, stream_wait_event, event_elapsed_ms, copy, memset_zero, mem_info,
+        info,
+        alloc,
+        free,
+        alloc_pinned,
+        free_pinned,
+        stream_create,
+        stream_destroy,
+        stream_synchronize,
+        synchronize,
+        event_create,
+        event_destroy,
+        event_record,
+        event_synchronize,
+        stream_wait_event,
+        event_elapsed_ms,
+        copy,
+        memset_zero,
+        mem_info,
     );
     unsafe fn register_read_only(&self, _p: *const u8, _bytes: usize) -> rocm_safe::Result<()> {
         Ok(())

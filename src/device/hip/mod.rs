@@ -546,8 +546,15 @@ unsafe impl Driver for HipRuntime {
         // `hostRegisterReadOnlySupported` is 0, a file system the kernel
         // will not pin) is cleared from the runtime's last error (`check`):
         // the loader then serves from its pinned ring.
-        unsafe { result::memory::host_register_flags(self.api, p.cast_mut().cast(), bytes, result::memory::REGISTER_READ_ONLY) }
-            .map_err(|e| alloc_err("hipHostRegister(ReadOnly)", bytes, e))
+        unsafe {
+            result::memory::host_register_flags(
+                self.api,
+                p.cast_mut().cast(),
+                bytes,
+                result::memory::REGISTER_READ_ONLY,
+            )
+        }
+        .map_err(|e| alloc_err("hipHostRegister(ReadOnly)", bytes, e))
     }
 
     unsafe fn unregister_read_only(&self, p: *const u8) -> Result<()> {
