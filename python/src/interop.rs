@@ -252,6 +252,7 @@ impl LoadReport {
     }
 
     /// The report as a dict: device, file_bytes, out_bytes, ms, ring_ms,
+    /// ring_jobs, direct_jobs, direct_bytes, direct_refused,
     /// gb_per_s, all_fast, by_rung {rung: tensors}, tensors [{name, dtype,
     /// out_dtype, shape, rung, attempts, ms, ...}].
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -271,6 +272,11 @@ fn report_of(py: Python<'_>, r: &rocm_safe::transfer::LoadReport) -> PyResult<Lo
     d.set_item("ms", r.ms)?;
     d.set_item("ring_ms", r.ring_ms)?;
     d.set_item("ring_jobs", r.ring_jobs)?;
+    // The direct path: ring jobs copied straight from the registered page
+    // cache, and why it was turned off (None when nothing was refused).
+    d.set_item("direct_jobs", r.direct.jobs)?;
+    d.set_item("direct_bytes", r.direct.bytes)?;
+    d.set_item("direct_refused", r.direct.refused.as_deref())?;
     d.set_item("gb_per_s", r.bytes_per_s() / 1e9)?;
     d.set_item("all_fast", r.all_fast())?;
     let by_rung = PyDict::new(py);

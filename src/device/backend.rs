@@ -147,6 +147,29 @@ pub unsafe trait Driver: Send + Sync + std::fmt::Debug + 'static {
     /// (its device memory is host memory), and
     /// [`Error::BackendUnsupported`] where that file cannot be read.
     fn mem_info(&self) -> Result<(u64, u64)>;
+
+    /// Page-locks `bytes` of host memory at `p` for the device to read only
+    /// (a mapped checkpoint file's pages, which the loader's direct path
+    /// copies from without a CPU copy): `cuMemHostRegister` with
+    /// `PORTABLE | READ_ONLY`, `hipHostRegister` with
+    /// `hipHostRegisterPortable | hipHostRegisterReadOnly` (0x1 | 0x8 in
+    /// `hip_runtime_api.h` of ROCm 6.x and 7.x; the same bit is also named
+    /// `hipExtHostRegisterCoarseGrained` there). A backend that cannot
+    /// (the host backend, whose "copies" would read the mapping with the
+    /// CPU) refuses with [`Error::BackendUnsupported`]: the loader's pinned
+    /// ring then serves.
+    ///
+    /// # Safety
+    /// `p..p + bytes` is mapped (readable) host memory that stays mapped
+    /// until [`Driver::unregister_read_only`] has returned for `p`.
+    unsafe fn register_read_only(&self, p: *const u8, bytes: usize) -> Result<()>;
+
+    /// Undoes [`Driver::register_read_only`].
+    ///
+    /// # Safety
+    /// `p` was registered by [`Driver::register_read_only`] of this driver,
+    /// is unregistered once, and no queued copy reads it any more.
+    unsafe fn unregister_read_only(&self, p: *const u8) -> Result<()>;
 }
 
 /// The kernel operations of a device, over a [`Driver`]: conversions,

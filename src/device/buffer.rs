@@ -690,6 +690,34 @@ impl<'a, T: bytemuck::Pod> DeviceViewMut<'a, T> {
         src.mark_pending(stream)
     }
 
+    /// Queues an asynchronous copy of `self.num_bytes()` bytes of host
+    /// memory at `src` into the view on `stream`: the loader's direct path,
+    /// from mapped file pages registered with
+    /// [`Driver::register_read_only`](super::Driver::register_read_only).
+    ///
+    /// # Safety
+    /// `src..src + self.num_bytes()` lies inside one registered range that
+    /// stays registered and mapped until the copy has completed on
+    /// `stream` (an event recorded after it has been waited on).
+    pub(crate) unsafe fn copy_htod_async_registered(
+        &mut self,
+        stream: &Stream,
+        src: *const u8,
+    ) -> Result<()> {
+        stream.check_device("copy_htod_async_registered", self.device)?;
+        if self.num_bytes() == 0 {
+            return Ok(());
+        }
+        let op = CopyOp::HtoD {
+            dst: self.span.ptr,
+            src,
+        };
+        // SAFETY: the destination is a live, mutably borrowed device range;
+        // the source range is registered and stays so until the copy is
+        // done (the caller's guarantee).
+        unsafe { stream.backend().copy(op, self.num_bytes(), stream.raw()) }
+    }
+
     /// Queues an asynchronous copy of this view into pinned memory (see
     /// [`DeviceView::copy_dtoh_async`]).
     pub fn copy_dtoh_async(&self, stream: &Stream, dst: &mut PinnedBuffer<T>) -> Result<()> {

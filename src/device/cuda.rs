@@ -533,6 +533,26 @@ unsafe impl Driver for CudaRuntime {
         let (free, total) = cu::mem_get_info().map_err(|e| err("cuMemGetInfo", e))?;
         Ok((free as u64, total as u64))
     }
+
+    unsafe fn register_read_only(&self, p: *const u8, bytes: usize) -> Result<()> {
+        Runtime::bind(self)?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_READ_ONLY;
+        // SAFETY: the caller's range stays mapped until unregistered; with
+        // READ_ONLY the driver never writes it (a read-only file mapping:
+        // without the flag the driver answers "invalid value").
+        unsafe { sys::cuMemHostRegister_v2(p.cast_mut().cast(), bytes, flags) }
+            .result()
+            .map_err(|e| alloc_err("cuMemHostRegister(READ_ONLY)", bytes, e))
+    }
+
+    unsafe fn unregister_read_only(&self, p: *const u8) -> Result<()> {
+        Runtime::bind(self)?;
+        // SAFETY: registered by `register_read_only`, unregistered once and
+        // idle (caller).
+        unsafe { sys::cuMemHostUnregister(p.cast_mut().cast()) }
+            .result()
+            .map_err(|e| err("cuMemHostUnregister", e))
+    }
 }
 
 // SAFETY: `launch` is cuLaunchKernel of exactly the call given; modules and

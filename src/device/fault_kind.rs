@@ -71,11 +71,15 @@ pub enum FaultKind {
     /// sticky error that the next runtime call returns once, as HIP 7 does
     /// until the error is read.
     PinnedRefusedSticky,
+    /// A read-only registration of mapped file pages (the loader's direct
+    /// path, `Driver::register_read_only`) is refused, as where the
+    /// runtime lacks the flag or the file system will not pin its pages.
+    RegistrationRefused,
 }
 
 #[cfg(any(test, feature = "testing"))]
 impl FaultKind {
-    pub(crate) const ALL: [FaultKind; 23] = [
+    pub(crate) const ALL: [FaultKind; 24] = [
         FaultKind::CopyLandsZeros,
         FaultKind::CopyLandsGarbage,
         FaultKind::CopyLandsStale,
@@ -99,6 +103,7 @@ impl FaultKind {
         FaultKind::DownloadTruncated,
         FaultKind::InvalidValueOnLargeCopy,
         FaultKind::PinnedRefusedSticky,
+        FaultKind::RegistrationRefused,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -132,6 +137,7 @@ impl fmt::Display for FaultKind {
             FaultKind::DownloadTruncated => "download truncated at a 4 GiB boundary",
             FaultKind::InvalidValueOnLargeCopy => "invalid value on a copy over 1 MiB",
             FaultKind::PinnedRefusedSticky => "pinned registration refused, sticky error left",
+            FaultKind::RegistrationRefused => "read-only registration refused",
         };
         f.write_str(s)
     }

@@ -27,6 +27,7 @@
 //! | `DownloadTruncated` | device-to-host copies | only the bytes below the copy's last 4 GiB boundary land (the first half of a copy of 4 GiB or less) |
 //! | `InvalidValueOnLargeCopy` | copies of more than 1 MiB, either direction | the copy fails ([`Error::InjectedFault`]), like `hipErrorInvalidValue` |
 //! | `PinnedRefusedSticky` | pinned host allocations | the allocation fails ([`Error::InjectedFault`]) and leaves a sticky error: the next allocation, copy or launch fails once with it |
+//! | `RegistrationRefused` | read-only registrations of mapped file pages ([`Driver::register_read_only`], the loader's direct path) | the registration fails ([`Error::InjectedFault`]) |
 //!
 //! Which operations are hit is decided by each rule's [`When`], counting
 //! the operations a kind applies to; [`When::Random`] draws from a
@@ -504,7 +505,18 @@ unsafe impl<B: Backend> Driver for Faults<B> {
         event_elapsed_ms,
         memset_zero,
         mem_info,
+        unregister_read_only,
     );
+
+    unsafe fn register_read_only(&self, p: *const u8, bytes: usize) -> Result<()> {
+        let op = "register_read_only";
+        self.sticky(op)?;
+        if self.fires(FaultKind::RegistrationRefused, op) {
+            return Err(Self::injected(FaultKind::RegistrationRefused, op));
+        }
+        // SAFETY: the caller's guarantees, forwarded unchanged.
+        unsafe { self.inner.register_read_only(p, bytes) }
+    }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
         self.sticky("alloc")?;

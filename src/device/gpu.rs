@@ -442,6 +442,8 @@ unsafe impl<R: Runtime> Driver for Gpu<R> {
         copy,
         memset_zero,
         mem_info,
+        register_read_only,
+        unregister_read_only,
     );
 
     /// Large buffers: huge pages mapped here, faulted in on the rayon pool

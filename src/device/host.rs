@@ -266,6 +266,23 @@ unsafe impl Driver for HostBackend {
     fn mem_info(&self) -> Result<(u64, u64)> {
         host_mem_info("/proc/meminfo")
     }
+
+    /// Refused: the host's "copies" are CPU reads, which a file truncated
+    /// while mapped would turn into `SIGBUS` (a GPU's registration pins the
+    /// pages instead). The loader's pinned ring serves.
+    unsafe fn register_read_only(&self, _p: *const u8, _bytes: usize) -> Result<()> {
+        Err(Error::BackendUnsupported {
+            backend: "host",
+            op: "register_read_only",
+        })
+    }
+
+    unsafe fn unregister_read_only(&self, _p: *const u8) -> Result<()> {
+        Err(Error::BackendUnsupported {
+            backend: "host",
+            op: "unregister_read_only",
+        })
+    }
 }
 
 // SAFETY: every kernel operation is the CPU implementation on exactly the

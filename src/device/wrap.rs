@@ -32,6 +32,7 @@
 //!         info, alloc, free, alloc_pinned, free_pinned, stream_create, stream_destroy,
 //!         stream_synchronize, synchronize, event_create, event_destroy, event_record,
 //!         event_synchronize, stream_wait_event, event_elapsed_ms, memset_zero, mem_info,
+//!         register_read_only, unregister_read_only,
 //!     );
 //!     unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> rocm_safe::Result<()> {
 //!         self.copies.fetch_add(1, Ordering::Relaxed);
@@ -79,6 +80,7 @@ macro_rules! forward_driver {
             info, alloc, free, alloc_pinned, free_pinned, stream_create, stream_destroy,
             stream_synchronize, synchronize, event_create, event_destroy, event_record,
             event_synchronize, stream_wait_event, event_elapsed_ms, copy, memset_zero, mem_info,
+            register_read_only, unregister_read_only,
         );
     };
     ($($method:ident),+ $(,)?) => {
@@ -213,6 +215,20 @@ macro_rules! forward_driver {
     (@one mem_info) => {
         fn mem_info(&self) -> $crate::Result<(u64, u64)> {
             $crate::device::Driver::mem_info($crate::device::Wrap::inner(self))
+        }
+    };
+    (@one register_read_only) => {
+        unsafe fn register_read_only(&self, p: *const u8, bytes: usize) -> $crate::Result<()> {
+            let inner = $crate::device::Wrap::inner(self);
+            // SAFETY: the caller's guarantees, forwarded unchanged.
+            unsafe { $crate::device::Driver::register_read_only(inner, p, bytes) }
+        }
+    };
+    (@one unregister_read_only) => {
+        unsafe fn unregister_read_only(&self, p: *const u8) -> $crate::Result<()> {
+            let inner = $crate::device::Wrap::inner(self);
+            // SAFETY: the caller's guarantees, forwarded unchanged.
+            unsafe { $crate::device::Driver::unregister_read_only(inner, p) }
         }
     };
 }

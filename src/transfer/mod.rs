@@ -77,6 +77,7 @@
 //! ```
 
 mod checks;
+mod direct;
 mod grow;
 mod ladder;
 mod loaded;
@@ -97,8 +98,8 @@ use crate::safetensors::Checkpoint;
 
 use crate::fallback::{Attempt, Check, Failure};
 pub use loaded::{LoadProgress, Loaded, LoadedTensor, TensorData};
-pub use options::{Fallback, LoadOptions, Request};
-pub use report::{LoadReport, LoadTiming, Rung, TensorReport};
+pub use options::{Fallback, LoadOptions, Request, DIRECT_VAR};
+pub use report::{DirectReport, LoadReport, LoadTiming, Rung, TensorReport};
 
 use plan::Plan;
 use source::{Item, Source};
@@ -139,6 +140,7 @@ impl Loader {
         opts.validate()?;
         let opts = LoadOptions {
             read_bytes: opts.read_bytes.min(opts.buffer_bytes),
+            direct: opts.direct && options::direct_allowed_by_env(),
             ..opts
         };
         Ok(Loader {
@@ -322,6 +324,7 @@ impl Loader {
                 alloc_ms,
                 ..LoadTiming::default()
             },
+            direct: DirectReport::default(),
         };
         cx.report_progress();
         let mut report = LoadReport {
@@ -330,6 +333,7 @@ impl Loader {
         };
         self.serve(&mut cx, &ring, &mut report)?;
         report.timing = cx.timing;
+        report.direct = std::mem::take(&mut cx.direct);
         let states = cx.states;
         // Every byte was read: a shard changed meanwhile (same size, other
         // bytes; truncated and regrown) fails the load, naming the file.

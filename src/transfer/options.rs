@@ -88,6 +88,32 @@ pub struct LoadOptions {
     /// request order) that do not fit stay on the host (offloading); a
     /// budget smaller than the staging keeps every tensor on the host.
     pub memory_budget: Option<u64>,
+    /// Copy the ring's jobs of large tensors (pieces of 256 KiB or more on
+    /// average) straight from the checkpoint's page cache, registered
+    /// read-only with the runtime, instead of through the pinned buffers
+    /// (default `true`). Checked as the ring's jobs are; a runtime that
+    /// refuses the registration turns it off for the rest of the load
+    /// ([`LoadReport::direct`](super::LoadReport::direct) says so).
+    /// [`DIRECT_VAR`] turns it off for the whole process.
+    pub direct: bool,
+}
+
+/// The environment variable that turns the direct path
+/// ([`LoadOptions::direct`]) off for every loader of the process: `0`,
+/// `off` or `false`. An escape hatch for a runtime that misbehaves with
+/// registered file pages; the pinned ring's reads then serve every job.
+pub const DIRECT_VAR: &str = "ROCM_SAFE_LOAD_DIRECT";
+
+/// Whether [`DIRECT_VAR`] leaves the direct path on (unset: on).
+pub(super) fn direct_allowed_by_env() -> bool {
+    direct_allowed(std::env::var(DIRECT_VAR).ok().as_deref())
+}
+
+fn direct_allowed(v: Option<&str>) -> bool {
+    !matches!(
+        v.map(|s| s.trim().to_ascii_lowercase()).as_deref(),
+        Some("0" | "off" | "false" | "no")
+    )
 }
 
 impl Default for LoadOptions {
@@ -104,6 +130,7 @@ impl Default for LoadOptions {
             fallback: Fallback::Ladder,
             memory_budget: None,
             concurrent_fills: None,
+            direct: true,
         }
     }
 }
@@ -189,6 +216,13 @@ impl LoadOptions {
         }
     }
 
+    /// With [`LoadOptions::direct`]: copy large tensors straight from the
+    /// registered page cache.
+    #[must_use]
+    pub fn with_direct(self, direct: bool) -> LoadOptions {
+        LoadOptions { direct, ..self }
+    }
+
     /// With [`LoadOptions::memory_budget`]: device bytes the loader may use (`None`: no limit).
     #[must_use]
     pub fn with_memory_budget(self, memory_budget: Option<u64>) -> LoadOptions {
@@ -261,6 +295,21 @@ impl Request {
         Request {
             name: name.into(),
             rows: Some(rows),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// `ROCM_SAFE_LOAD_DIRECT`: off for `0`, `off`, `false`, `no` (any
+    /// case, spaces trimmed); on when unset or anything else.
+    #[test]
+    fn the_direct_variable_turns_the_path_off() {
+        for off in ["0", "off", " OFF ", "false", "No"] {
+            assert!(!super::direct_allowed(Some(off)), "{off}");
+        }
+        for on in [None, Some("1"), Some("on"), Some(""), Some("yes")] {
+            assert!(super::direct_allowed(on), "{on:?}");
         }
     }
 }

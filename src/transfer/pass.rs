@@ -14,6 +14,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::checks::{compare, readback, IntoPair};
+use super::direct::Direct;
 use super::plan::{self, Job, Piece};
 use super::ring::{Ring, Slot};
 use super::source::{self, Item, Source, Sums};
@@ -43,7 +44,17 @@ pub(super) fn run(stg: &mut Staging, cx: &mut LoadCtx<'_>, ring_items: &[usize])
     let Some(mut ring) = stg.ring.take() else {
         return Ok(0);
     };
-    let r = Pass::new(stg, &mut ring, cx, &jobs, policy).run();
+    let direct = if stg.opts.direct {
+        Direct::plan(&stg.device, cx.sources, cx.items, &jobs)
+    } else {
+        None
+    };
+    let r = Pass::new(stg, &mut ring, cx, &jobs, policy, direct.as_ref()).run();
+    if let Some(d) = &direct {
+        cx.direct.refused = d.refusal();
+    }
+    // Windows still registered are released here (after a synchronize).
+    drop(direct);
     // Buffers not back from the filler (after an error) are gone: replace
     // them on the next load.
     if ring.whole() {
@@ -62,6 +73,9 @@ struct Filled {
     blocked: Duration,
     /// Reading and summing.
     busy: Duration,
+    /// The job's bytes stay in the file's registered pages: its copy is
+    /// the direct path's.
+    direct: bool,
 }
 
 /// What a fill task needs: the jobs, the files, how to read.
@@ -76,6 +90,7 @@ struct Fills<'s> {
     /// Host sums only where fingerprints are compared.
     check: bool,
     tx: mpsc::Sender<Filled>,
+    direct: Option<&'s Direct>,
 }
 
 impl<'s> Fills<'s> {
@@ -84,6 +99,7 @@ impl<'s> Fills<'s> {
     /// the channel.
     fn spawn(&self, scope: &rayon::Scope<'s>, j: usize, s: usize, mut buf: PinnedBuffer<u8>) {
         let (sources, items, jobs, tx) = (self.sources, self.items, self.jobs, self.tx.clone());
+        let direct = self.direct;
         let (ahead, read_bytes, check) = (
             self.readahead.then_some(j + self.slots),
             self.read_bytes,
@@ -92,6 +108,24 @@ impl<'s> Fills<'s> {
         scope.spawn(move |_| {
             if let Some(job) = ahead.and_then(|a| jobs.get(a)) {
                 advise(sources, items, job);
+            }
+            // The direct path: register the job's windows and sum its bytes
+            // from the file; the buffer is not touched.
+            if let (Some(d), Some(job)) = (direct, jobs.get(j)) {
+                let t0 = Instant::now();
+                if d.prepare(j) {
+                    let sums = d.sums(sources, items, job, read_bytes, check);
+                    let _ = tx.send(Filled {
+                        job: j,
+                        slot: s,
+                        buf,
+                        sums,
+                        blocked: Duration::ZERO,
+                        busy: t0.elapsed(),
+                        direct: true,
+                    });
+                    return;
+                }
             }
             // Wait for the buffer's previous copy here, timed, so the fill
             // below never blocks.
@@ -111,6 +145,7 @@ impl<'s> Fills<'s> {
                 sums,
                 blocked,
                 busy,
+                direct: false,
             });
         });
     }
@@ -142,6 +177,11 @@ struct Pass<'p, 'a> {
     free: VecDeque<(usize, PinnedBuffer<u8>)>,
     /// Per slot: the job queued on it and its host sums, not yet checked.
     in_flight: Vec<Option<(usize, Vec<Sums>)>>,
+    /// The direct path, where the load takes it.
+    direct: Option<&'p Direct>,
+    /// Windows of the direct path no pending job reads: unregistered on the
+    /// pool at the next turn.
+    release: Vec<usize>,
     /// A fill's read error: the pass stops starting fills, collects the
     /// running ones' buffers and returns it.
     result: Result<()>,
@@ -154,6 +194,7 @@ impl<'p, 'a> Pass<'p, 'a> {
         cx: &'p mut LoadCtx<'a>,
         jobs: &'p [Job],
         policy: Policy,
+        direct: Option<&'p Direct>,
     ) -> Self {
         // Slots whose buffers are still being pinned count: their buffers
         // join the pass as they come (`Ring::take_grown`).
@@ -175,6 +216,8 @@ impl<'p, 'a> Pass<'p, 'a> {
             outstanding: 0,
             free,
             in_flight: (0..n).map(|_| None).collect(),
+            direct,
+            release: Vec::new(),
             result: Ok(()),
         }
     }
@@ -194,6 +237,7 @@ impl<'p, 'a> Pass<'p, 'a> {
             read_bytes: self.read_bytes,
             check: fingerprints(self.q.policy),
             tx,
+            direct: self.direct,
         };
         if self.readahead {
             for job in self.jobs.iter().take(fills.slots) {
@@ -242,6 +286,11 @@ impl<'p, 'a> Pass<'p, 'a> {
         t.fill_busy_ms += done.busy.as_secs_f32() * 1e3;
         self.outstanding -= 1;
         self.filled(done)?;
+        if let Some(d) = fills.direct {
+            for w in self.release.drain(..) {
+                scope.spawn(move |_| d.release(w));
+            }
+        }
         Ok(true)
     }
 
@@ -279,6 +328,7 @@ impl<'p, 'a> Pass<'p, 'a> {
             slot: s,
             mut buf,
             sums,
+            direct,
             ..
         } = done;
         let (Some(job), Some(slot)) = (self.jobs.get(j), self.ring.slots.get_mut(s)) else {
@@ -293,6 +343,9 @@ impl<'p, 'a> Pass<'p, 'a> {
         if let Some((pj, psums)) = self.in_flight.get_mut(s).and_then(Option::take) {
             if let Some(pjob) = self.jobs.get(pj) {
                 self.q.check(self.cx, slot, pjob, &psums)?;
+            }
+            if let Some(d) = self.direct {
+                self.release.extend(d.done(pj));
             }
         }
         let sums = match sums {
@@ -310,7 +363,15 @@ impl<'p, 'a> Pass<'p, 'a> {
                 st.t0.get_or_insert(t);
             }
         }
-        if let Err(e) = self.q.submit(self.cx, slot, &mut buf, job) {
+        let from = match (direct, self.direct) {
+            (true, Some(d)) => {
+                self.cx.direct.jobs += 1;
+                self.cx.direct.bytes += job.pieces.iter().map(|p| p.len as u64).sum::<u64>();
+                From::Direct(d, j)
+            }
+            _ => From::Buffer(&mut buf),
+        };
+        if let Err(e) = self.q.submit(self.cx, slot, from, job) {
             tracing::warn!(job = j, error = %e, "pinned ring: job failed");
             fail_shared(
                 &mut self.cx.states,
@@ -349,10 +410,23 @@ impl<'p, 'a> Pass<'p, 'a> {
                 if let Some(pjob) = self.jobs.get(pj) {
                     self.q.check(self.cx, slot, pjob, &sums)?;
                 }
+                if let Some(d) = self.direct {
+                    for w in d.done(pj) {
+                        d.release(w);
+                    }
+                }
             }
         }
         self.result
     }
+}
+
+/// Where a job's bytes are copied from.
+enum From<'b> {
+    /// Its filled pinned buffer.
+    Buffer(&'b mut PinnedBuffer<u8>),
+    /// The file's registered pages (the direct path), job index.
+    Direct(&'b Direct, usize),
 }
 
 /// Whether `policy` compares fingerprints (the host sums them).
@@ -361,21 +435,27 @@ fn fingerprints(policy: Policy) -> bool {
 }
 
 impl Queue<'_> {
-    /// Queues one job: copy, checks, conversions.
+    /// Queues one job: copy (out of its filled buffer, or the direct
+    /// path's copies from the file's registered pages), checks,
+    /// conversions.
     fn submit(
         &self,
         cx: &mut LoadCtx<'_>,
         slot: &mut Slot,
-        buf: &mut PinnedBuffer<u8>,
+        from: From<'_>,
         job: &Job,
     ) -> Result<()> {
         if job.used == 0 {
             return Ok(());
         }
         self.copy.wait(&slot.consumed)?;
-        slot.stage
-            .slice_mut(0..job.used)?
-            .copy_htod_async_range(self.copy, buf, 0)?;
+        match from {
+            From::Buffer(buf) => slot
+                .stage
+                .slice_mut(0..job.used)?
+                .copy_htod_async_range(self.copy, buf, 0)?,
+            From::Direct(d, j) => d.copy(j, &mut slot.stage, self.copy)?,
+        }
         self.copy.record(&slot.copied)?;
         self.compute.wait(&slot.copied)?;
         slot.acc.memset_zero()?;

@@ -120,6 +120,25 @@ pub struct LoadReport {
     /// Where the time went: allocating the device outputs, and the pinned
     /// ring's stalls (what a slow load is waiting for).
     pub timing: LoadTiming,
+    /// The ring's jobs whose copies came straight from the file's
+    /// registered pages ([`LoadOptions::direct`](super::LoadOptions::direct)).
+    pub direct: DirectReport,
+}
+
+/// What the pinned ring's direct path served in one load: its jobs were
+/// copied by DMA straight from the checkpoint's page cache (registered
+/// read-only), with no CPU copy, and checked as every ring job is.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct DirectReport {
+    /// Ring jobs copied from registered pages.
+    pub jobs: u64,
+    /// File bytes of those jobs.
+    pub bytes: u64,
+    /// Why the path was turned off during the load (the first refused
+    /// registration), after which the ring's reads served the rest;
+    /// `None` when nothing was refused.
+    pub refused: Option<String>,
 }
 
 /// A load's time split, in milliseconds. The ring's three waits tell which

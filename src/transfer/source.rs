@@ -226,6 +226,56 @@ pub(crate) fn read_piece(
     })
 }
 
+/// The sums of `len` bytes of `item` from source byte `src_off`, read
+/// from the file into a per-thread buffer of `sub` bytes that stays in the
+/// CPU cache (the direct path's host pass: the bytes are only read, never
+/// kept). Parallel over sub-pieces as [`read_piece`].
+pub(crate) fn sum_piece(
+    sources: &[Source],
+    item: &Item,
+    src_off: u64,
+    len: usize,
+    sub: usize,
+) -> Result<Sums> {
+    use rayon::prelude::*;
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let src = of_item(sources, item)?;
+    let base = item.file_off + src_off;
+    let sub = sub.max(1);
+    let work = |k: usize| -> Result<Sums> {
+        let off = k * sub;
+        let n = sub.min(len - off);
+        SCRATCH.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            if buf.len() < n {
+                *buf = crate::alloc::tensor_bytes(&src.path, &item.name, n as u64)?;
+            }
+            let part = buf.get_mut(..n).unwrap_or_default();
+            src.pread(&item.name, part, base + off as u64)?;
+            sums(item.op, off, part)
+        })
+    };
+    let chunks = len.div_ceil(sub);
+    if chunks <= 1 {
+        return if len == 0 {
+            Ok(Sums::default())
+        } else {
+            work(0)
+        };
+    }
+    crate::par::install(|| {
+        (0..chunks)
+            .into_par_iter()
+            .map(work)
+            .try_reduce(Sums::default, |mut a, b| {
+                a.add(b);
+                Ok(a)
+            })
+    })
+}
+
 /// The tensor's output computed on the CPU from `src` (its staged bytes,
 /// read from the file `path`); the output is allocated fallibly.
 pub(crate) fn cpu_output(path: &std::path::Path, item: &Item, src: Vec<u8>) -> Result<Vec<u8>> {

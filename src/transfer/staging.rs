@@ -124,6 +124,8 @@ pub(super) struct LoadCtx<'a> {
     pub progress: &'a mut dyn FnMut(&LoadProgress),
     /// Where the time goes.
     pub timing: LoadTiming,
+    /// What the direct path served.
+    pub direct: super::DirectReport,
 }
 
 impl LoadCtx<'_> {

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
+use rocm_safe::device::{host::HostBackend, Backend, Device, Driver, Wrap};
 use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
 use rocm_safe::transfer::{LoadOptions, Loaded, Rung};
 use rocm_safe::DType;
@@ -60,6 +61,71 @@ pub fn small(dtype: Option<DType>) -> LoadOptions {
         .with_buffer_bytes(64 * 1024)
         .with_small_chunk_bytes(16 * 1024)
 }
+
+/// The host backend as a GPU's copy engine sees registered memory: it
+/// accepts read-only registrations (the host backend itself refuses them),
+/// so the loader's direct path runs over it. Its "DMA" is a CPU read of
+/// the mapping: tests must not change a file while it loads.
+#[derive(Debug)]
+pub struct Dma(pub HostBackend);
+
+impl Wrap for Dma {
+    type Inner = HostBackend;
+    fn inner(&self) -> &HostBackend {
+        &self.0
+    }
+}
+
+// SAFETY: every operation is the host backend's; a registration does
+// nothing (host memory is what the host backend copies from anyway).
+unsafe impl Driver for Dma {
+    rocm_safe::forward_driver!(
+        info,
+        alloc,
+        free,
+        alloc_pinned,
+        free_pinned,
+        stream_create,
+        stream_destroy,
+        stream_synchronize,
+        synchronize,
+        event_create,
+        event_destroy,
+        event_record,
+        event_synchronize,
+        stream_wait_event,
+        event_elapsed_ms,
+        copy,
+        memset_zero,
+        mem_info,
+    );
+    unsafe fn register_read_only(&self, _p: *const u8, _bytes: usize) -> rocm_safe::Result<()> {
+        Ok(())
+    }
+    unsafe fn unregister_read_only(&self, _p: *const u8) -> rocm_safe::Result<()> {
+        Ok(())
+    }
+}
+
+// SAFETY: as above.
+unsafe impl Backend for Dma {
+    rocm_safe::forward_backend!(all);
+}
+
+/// A device over [`Dma`].
+pub fn dma() -> Device {
+    Device::from_backend(Box::new(Dma(HostBackend::new())))
+}
+
+/// `Faults` over [`Dma`].
+/// The direct path's backend under fault injection:
+/// `faults::faulty(Dma(HostBackend::new()), plan)`.
+impl super::faults::Target for Dma {
+    fn backend(self) -> Box<dyn Backend> {
+        Box::new(self)
+    }
+}
+
 /// Every loaded tensor equals the CPU reader's result, byte for byte.
 pub fn assert_exact(ckpt: &Checkpoint, loaded: &Loaded) {
     for t in &loaded.tensors {

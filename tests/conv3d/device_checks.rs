@@ -306,6 +306,8 @@ unsafe impl Driver for CountCopies {
         event_elapsed_ms,
         memset_zero,
         mem_info,
+        register_read_only,
+        unregister_read_only,
     );
     unsafe fn copy(&self, op: CopyOp, bytes: usize, s: RawStream) -> Result<()> {
         match op {

@@ -337,6 +337,8 @@ unsafe impl Driver for SlowPins {
         copy,
         memset_zero,
         mem_info,
+        register_read_only,
+        unregister_read_only,
     );
     fn alloc_pinned(&self, bytes: usize) -> rocm_safe::Result<*mut u8> {
         let p = self.inner.alloc_pinned(bytes)?;

@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod direct;
 mod interop;
 mod ladder;
 mod loads;

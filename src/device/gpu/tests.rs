@@ -58,6 +58,8 @@ unsafe impl Driver for Recording {
         event_elapsed_ms,
         copy,
         mem_info,
+        register_read_only,
+        unregister_read_only,
     );
     unsafe fn memset_zero(&self, dst: DevicePtr, bytes: usize, s: RawStream) -> Result<()> {
         push(&self.log, format!("memset {bytes}"));

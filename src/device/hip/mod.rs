@@ -538,6 +538,32 @@ unsafe impl Driver for HipRuntime {
         let (free, total) = self.on("hipMemGetInfo", result::info::mem_get_info)?;
         Ok((free as u64, total as u64))
     }
+
+    unsafe fn register_read_only(&self, p: *const u8, bytes: usize) -> Result<()> {
+        Runtime::bind(self)?;
+        // SAFETY: the caller's range stays mapped until unregistered; the
+        // device only reads it. A refusal (a device whose
+        // `hostRegisterReadOnlySupported` is 0, a file system the kernel
+        // will not pin) is cleared from the runtime's last error (`check`):
+        // the loader then serves from its pinned ring.
+        unsafe {
+            result::memory::host_register_flags(
+                self.api,
+                p.cast_mut().cast(),
+                bytes,
+                result::memory::REGISTER_READ_ONLY,
+            )
+        }
+        .map_err(|e| alloc_err("hipHostRegister(ReadOnly)", bytes, e))
+    }
+
+    unsafe fn unregister_read_only(&self, p: *const u8) -> Result<()> {
+        // SAFETY: registered by `register_read_only`, unregistered once and
+        // idle (caller).
+        self.on("hipHostUnregister", |api| unsafe {
+            result::memory::host_unregister(api, p.cast_mut().cast())
+        })
+    }
 }
 
 // SAFETY: `launch` is hipModuleLaunchKernel of exactly the call given;

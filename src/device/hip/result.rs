@@ -12,7 +12,7 @@
 //! [`crate::Error`] value. A last error that was already pending before
 //! the call (someone else's) is left alone when the call succeeds.
 
-use std::ffi::{c_void, CStr};
+use std::ffi::{c_uint, c_void, CStr};
 
 use super::sys::{self, Api, Event, Function, MemcpyKind, Module, Status, Stream};
 
@@ -296,6 +296,24 @@ pub mod memory {
     ) -> Result<(), HipError> {
         // SAFETY: caller.
         check(api, unsafe { (api.hipHostRegister)(p, bytes, 0) })
+    }
+
+    /// `hipHostRegisterPortable | hipHostRegisterReadOnly` (0x1 | 0x8, the
+    /// `hipHostRegisterFlags` of `hip_runtime_api.h` in ROCm 6.x and 7.x).
+    pub(crate) const REGISTER_READ_ONLY: c_uint = 0x1 | 0x8;
+
+    /// `hipHostRegister` with `flags`.
+    ///
+    /// # Safety
+    /// `p..p + bytes` stays mapped until `host_unregister`.
+    pub(crate) unsafe fn host_register_flags(
+        api: &Api,
+        p: *mut c_void,
+        bytes: usize,
+        flags: c_uint,
+    ) -> Result<(), HipError> {
+        // SAFETY: caller.
+        check(api, unsafe { (api.hipHostRegister)(p, bytes, flags) })
     }
 
     /// `hipHostUnregister`.
