@@ -12,7 +12,9 @@ and builds a file-level graph. Prints:
 
 Usage: python3 scripts/import-graph.py [--json] [--edges A B] [--check]
 Exit status 0, or with --check 1 when an edge runs upward through the
-layers, or a leaf of LEAVES names a module of the crate (CI runs it so).
+layers or up `device`'s inner layers (DEVICE_LAYERS), a leaf of LEAVES
+names a module of the crate, or an import cycle spans more than MAX_CYCLE
+files (CI runs it so).
 """
 import json
 import os
@@ -167,6 +169,48 @@ def layer(m):
     return len(LAYERS)  # the crate root
 
 
+# Inside `device`, bottom to top (ARCHITECTURE.md, "Layer order"):
+# plain data, the raw interface the backends implement, the runtimes, the
+# safe types, and the factory that names every runtime. A file of `device`
+# may name files of its own inner layer or below.
+DEVICE_LAYERS = [
+    ["visible", "fault_kind", "info", "options", "dynlib", "hostmem", "kernel_cache"],
+    ["backend", "wrap", "conv3d", "kernels"],
+    ["host", "gpu", "cuda", "hip", "vendor", "faults"],
+    ["buffer", "stream", "pinned", "device_handle", "conv3d_stream", "ops"],
+    ["open"],
+]
+
+# The largest import cycle (strongly connected group of files) --check allows.
+MAX_CYCLE = 4
+
+
+def device_layer(m):
+    for i, names in enumerate(DEVICE_LAYERS):
+        if m[1] in names:
+            return i
+    return None
+
+
+def device_problems(files, edges):
+    """Edges inside `device` that run up its inner layers, and files of
+    `device` that have no inner layer."""
+    out = []
+    for m in sorted(files):
+        if len(m) < 2 or m[0] != "device":
+            continue
+        lm = device_layer(m)
+        if lm is None:
+            out.append((name(m), "(no layer in DEVICE_LAYERS)"))
+            continue
+        for t in sorted(edges.get(m, ())):
+            if len(t) >= 2 and t[0] == "device" and t[1] != m[1]:
+                lt = device_layer(t)
+                if lt is not None and lt > lm:
+                    out.append((name(m), name(t)))
+    return out
+
+
 def upward_edges(files, edges):
     out = []
     for m in sorted(files):
@@ -209,6 +253,7 @@ def main():
         "cycles": [sorted(name(m) for m in c) for c in comps],
         "top_level_edges_in_cycles": {k: sorted(v) for k, v in sorted(top.items())},
         "upward_edges": upward_edges(files, edges),
+        "device_upward_edges": device_problems(files, edges),
     }
     if "--json" in sys.argv:
         print(json.dumps(report, indent=1))
@@ -224,7 +269,14 @@ def main():
     print(f"{len(up)} edge(s) running upward through the layers (a file naming a module of a higher layer):")
     for a, b in up:
         print(f"  {a} -> {b}")
-    if "--check" in sys.argv and up:
+    dev = device_problems(files, edges)
+    print(f"{len(dev)} edge(s) running up device's inner layers (DEVICE_LAYERS):")
+    for a, b in dev:
+        print(f"  {a} -> {b}")
+    big = [c for c in report["cycles"] if len(c) > MAX_CYCLE]
+    print(f"largest import cycle: {max((len(c) for c in report['cycles']), default=0)} files "
+          f"(at most {MAX_CYCLE} allowed)")
+    if "--check" in sys.argv and (up or dev or big):
         sys.exit(1)
 
 

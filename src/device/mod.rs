@@ -86,6 +86,8 @@
 mod backend;
 mod buffer;
 mod conv3d;
+mod conv3d_stream;
+pub use conv3d_stream::{CheckBias, CheckOperands, GuardWords};
 mod device_handle;
 pub(crate) mod dynlib;
 pub(crate) mod fault_kind;
@@ -98,6 +100,7 @@ mod hostmem;
 mod info;
 pub(crate) mod kernel_cache;
 pub(crate) mod kernels;
+mod open;
 mod ops;
 mod options;
 mod pinned;
@@ -114,20 +117,21 @@ pub mod hip;
 pub use backend::{Backend, CopyOp, Driver, KernelOp};
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
 pub use conv3d::{
-    tiled_weight_layout, CheckBias, CheckOperands, CheckedPoint, Conv3dBackwardCheckLaunch,
-    Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch, Conv3dGuardCheck, Conv3dGuardDecide,
-    Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout, Conv3dZeroInsertLaunch,
-    GuardStage, GuardVerdict, GuardWords, CHECK_MAX_SAMPLES, CHECK_WORDS, GUARD_ACC_WORDS,
-    GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
+    tiled_weight_layout, CheckedPoint, Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch,
+    Conv3dCheckLaunch, Conv3dFlipLaunch, Conv3dGuardCheck, Conv3dGuardDecide, Conv3dKernel,
+    Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout, Conv3dZeroInsertLaunch, GuardStage,
+    GuardVerdict, CHECK_MAX_SAMPLES, CHECK_WORDS, GUARD_ACC_WORDS, GUARD_RECORD_WORDS,
+    GUARD_REPAIR_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
 };
 pub use conv3d::{tiled_wgrad_split, tiled_wgrad_unsupported, TiledWgradSplit};
+pub use device_handle::Device;
 pub(crate) use device_handle::WeakDevice;
-pub use device_handle::{open_backend, open_backend_with, Device};
 pub(crate) use info::record_kernel_load;
 pub use info::{
     kernel_loads, BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelBuild, KernelCaps,
     KernelLoad, KernelSource, RawEvent, RawStream,
 };
+pub use open::{open_backend, open_backend_with};
 pub use ops::NonFinite;
 pub use options::{DeviceOptions, Pinning, PINNED_VAR};
 pub use pinned::PinnedBuffer;

@@ -104,7 +104,7 @@ fn gate_args(a: &Conv3dLaunch) -> Result<[KernelArg; 2]> {
 
 /// The kernel of a pair (f32 or 32-bit words, bf16 or 16-bit words) for
 /// `dtype`; [`Error::Conv3dDType`] naming `tensor` for any other dtype.
-pub(super) fn by_dtype(
+pub(crate) fn by_dtype(
     dtype: DType,
     [f32, bf16]: [Kernel; 2],
     tensor: &'static str,

@@ -179,7 +179,7 @@ pub(super) fn standard_weight_layout<T: Copy + Default>(g: &Conv3dGeometry, wt: 
     out
 }
 
-pub(super) fn check_len(op: &'static str, expected: usize, actual: usize) -> Result<()> {
+pub(crate) fn check_len(op: &'static str, expected: usize, actual: usize) -> Result<()> {
     if expected == actual {
         Ok(())
     } else {
