@@ -21,7 +21,7 @@ use common::hip_scenarios::{
     built, err, loaded_standin, on_standin, open_device, version_of, R, RUNTIME_VAR,
 };
 use common::hip_standin::{self as standin, scenario, Standin};
-use rocm_safe::device::{BackendKind, Device, RawStream, Stream};
+use rocm_safe::device::{raw::RawStream, BackendKind, Device, Stream};
 
 // ----- loading: which runtime, from where, one per process -----------------
 

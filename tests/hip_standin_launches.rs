@@ -22,7 +22,7 @@ use rocm_safe::conv3d::{
     Conv3dBackwardProblem, Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem,
 };
 use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dGuard, DeviceConv3dData, Guarded, GuardedOutput};
-use rocm_safe::device::{tiled_wgrad_split, Conv3dKernel};
+use rocm_safe::device::{raw::tiled_wgrad_split, Conv3dKernel};
 use rocm_safe::diagnostics::{read_code_object, CodeObjectInfo, KernelResources};
 use rocm_safe::Error;
 
@@ -243,7 +243,7 @@ fn check_every_launch(arch: &str) -> R {
             .ok_or(format!("{name} missing from the {arch} code object"))
     };
     let s = dev.stream().map_err(err("stream"))?;
-    let ptr = |p: rocm_safe::device::DevicePtr| p.0;
+    let ptr = |p: rocm_safe::device::raw::DevicePtr| p.0;
     let n = 1000usize;
     let mut launched: Vec<String> = Vec::new();
 

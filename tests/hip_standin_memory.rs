@@ -19,7 +19,7 @@ use common::hip_standin::{scenario, Live};
 use half::bf16;
 use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
 use rocm_safe::conv3d_chain::{Conv3dChain, TierKind};
-use rocm_safe::device::{BackendKind, RawStream, Stream};
+use rocm_safe::device::{raw::RawStream, BackendKind, Stream};
 use rocm_safe::fallback::Outcome;
 use rocm_safe::verify::{convert_verified, Policy, VerifyOptions};
 use rocm_safe::Error;

@@ -12,7 +12,7 @@ use rocm_safe::conv3d::Conv3dParams;
 use rocm_safe::conv3d_chain::{
     device_tiers, BackwardInputs, Conv3dChain, Conv3dOptions, Conv3dReport, DeviceConv3dData,
 };
-use rocm_safe::device::{BackendKind, Device, RawStream, Stream};
+use rocm_safe::device::{raw::RawStream, BackendKind, Device, Stream};
 use rocm_safe::dlpack::Imported;
 use rocm_safe::DType;
 

@@ -16,7 +16,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use rocm_safe::convert::fingerprint::{finish, par_sum_bytes};
-use rocm_safe::device::{BackendKind, Device, RawStream, Stream};
+use rocm_safe::device::{raw::RawStream, BackendKind, Device, Stream};
 use rocm_safe::dlpack::Imported;
 
 use crate::interop::{device_of, take_capsule};

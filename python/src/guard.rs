@@ -9,7 +9,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use rocm_safe::conv3d_chain::{Conv3dGuard, GuardRecord, Guarded, GuardedOutput};
-use rocm_safe::device::{Device, GuardVerdict};
+use rocm_safe::device::{raw::GuardVerdict, Device};
 use rocm_safe::DType;
 
 use crate::conv3d::{chain_of, operands_of, params, Call};

@@ -10,7 +10,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
-use rocm_safe::device::{open_backend, Device};
+use rocm_safe::device::{raw::open_backend, Device};
 
 use crate::interop::lock;
 

@@ -15,7 +15,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use rocm_safe::device::{BackendKind, Device, RawStream, Stream};
+use rocm_safe::device::{raw::RawStream, BackendKind, Device, Stream};
 use rocm_safe::dlpack::Imported;
 use rocm_safe::moves::{MoveOptions, MoveReport, Mover};
 use rocm_safe::DType;

@@ -48,7 +48,8 @@ use crate::conv3d::{
 };
 use crate::convert::Element;
 use crate::device::{
-    CheckedPoint, DeviceBuffer, DeviceView, DeviceViewMut, Stream, CHECK_MAX_SAMPLES, CHECK_WORDS,
+    conv3d::CheckedPoint, conv3d::CHECK_MAX_SAMPLES, conv3d::CHECK_WORDS, DeviceBuffer, DeviceView,
+    DeviceViewMut, Stream,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -1,7 +1,7 @@
 //! The GPU tiers of one device (vendor, tiled, naive), run through its backend.
 //!
 //! The GPU tiers, per [`Device`]: each uploads the problem, runs one
-//! conv3d on the device through the [`Backend`](crate::device::Backend)
+//! conv3d on the device through the [`Backend`](crate::device::raw::Backend)
 //! trait ([`Stream::conv3d`] or [`Stream::conv3d_vendor`]; for the backward
 //! ops the naive tier's kernels and the vendor tier's library), and
 //! downloads the output. So they run on every backend: HIP, CUDA, the host backend
@@ -34,8 +34,8 @@ use crate::conv3d::{
 };
 use crate::convert::Element;
 use crate::device::{
-    Conv3dKernel, Conv3dWeightLayout, Device, DeviceBuffer, DeviceView, DeviceViewMut, Event,
-    Stream,
+    conv3d::Conv3dWeightLayout, Conv3dKernel, Device, DeviceBuffer, DeviceView, DeviceViewMut,
+    Event, Stream,
 };
 use crate::error::Result;
 
@@ -439,7 +439,7 @@ impl Conv3dTier for VendorTier {
 /// Its result is therefore not bit-reproducible run to run; the chain's
 /// sampled f64 check applies to it as to every tier. Fewer than 8 output
 /// channels per group (depthwise-like) and grids past their limits
-/// ([`crate::device::tiled_wgrad_unsupported`]) are left to the naive tier,
+/// ([`crate::device::raw::tiled_wgrad_unsupported`]) are left to the naive tier,
 /// and so is the bias gradient (a reduction of `dy`, not a GEMM).
 #[derive(Debug)]
 pub struct TiledTier {

@@ -53,9 +53,11 @@ use super::device_run::{validate, DeviceConv3dData, DeviceScratch};
 use super::Conv3dChain;
 use crate::conv3d::{Conv3dGeometry, Conv3dParams, ShapeDim};
 use crate::device::{
-    CheckBias, Conv3dKernel, Conv3dWeightLayout, Device, DeviceBuffer, DeviceView, DeviceViewMut,
-    GuardStage, GuardVerdict, PinnedBuffer, RawStream, Stream, CHECK_MAX_SAMPLES, CHECK_WORDS,
-    GUARD_ACC_WORDS, GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_WORDS,
+    conv3d::Conv3dWeightLayout, conv3d::GuardStage, conv3d::GuardVerdict,
+    conv3d::CHECK_MAX_SAMPLES, conv3d::CHECK_WORDS, conv3d::GUARD_ACC_WORDS,
+    conv3d::GUARD_RECORD_WORDS, conv3d::GUARD_REPAIR_WORDS, conv3d::VERDICT_WORDS,
+    conv3d_stream::CheckBias, info::RawStream, Conv3dKernel, Device, DeviceBuffer, DeviceView,
+    DeviceViewMut, PinnedBuffer, Stream,
 };
 use crate::error::{Error, Result};
 

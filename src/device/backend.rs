@@ -12,7 +12,7 @@
 //! A backend that forgets an operation is refused by the compiler:
 //!
 //! ```compile_fail
-//! use rocm_safe::device::{DeviceInfo, Driver};
+//! use rocm_safe::device::{raw::Driver, DeviceInfo};
 //!
 //! #[derive(Debug)]
 //! struct Half(DeviceInfo);

@@ -202,7 +202,7 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
     ///
     /// # Safety
     /// `ptr` is an allocation of `stream`'s device's backend
-    /// ([`super::Driver::alloc`]: the pointer of
+    /// ([`super::raw::Driver::alloc`]: the pointer of
     /// [`DeviceBuffer::into_raw_parts`], or memory another framework
     /// allocated with the same runtime allocator, `hipMalloc` /
     /// `cuMemAlloc`, not a caching allocator's sub-block) of exactly

@@ -221,7 +221,7 @@ pub struct KernelCaps {
     pub modules: usize,
     /// The tiled conv3d kernel has a bf16 tensor-core variant on this
     /// device (CUDA sm_80 and newer), which reads its weight packed
-    /// ([`crate::device::Conv3dWeightLayout::TiledPacked`]).
+    /// ([`crate::device::raw::Conv3dWeightLayout::TiledPacked`]).
     pub bf16_tensor_cores: bool,
     /// The vendor convolution library this backend calls (`"miopen"`,
     /// `"cudnn"`: also the conv3d chain's name for its vendor tier), whether

@@ -83,11 +83,10 @@
 //! # }
 //! ```
 
-mod backend;
+pub(crate) mod backend;
 mod buffer;
-mod conv3d;
-mod conv3d_stream;
-pub use conv3d_stream::{CheckBias, CheckOperands, GuardWords};
+pub(crate) mod conv3d;
+pub(crate) mod conv3d_stream;
 mod device_handle;
 pub(crate) mod dynlib;
 pub(crate) mod fault_kind;
@@ -97,44 +96,38 @@ pub mod faults;
 mod gpu;
 pub mod host;
 mod hostmem;
-mod info;
+pub(crate) mod info;
 pub(crate) mod kernel_cache;
 pub(crate) mod kernels;
-mod open;
+pub(crate) mod open;
 mod ops;
 mod options;
 mod pinned;
+pub mod raw;
 mod stream;
 pub(crate) mod vendor;
 pub(crate) mod visible;
-mod wrap;
+pub(crate) mod wrap;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
 
-pub use backend::{Backend, CopyOp, Driver, KernelOp};
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
-pub use conv3d::{
-    tiled_weight_layout, CheckedPoint, Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch,
-    Conv3dCheckLaunch, Conv3dFlipLaunch, Conv3dGuardCheck, Conv3dGuardDecide, Conv3dKernel,
-    Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout, Conv3dZeroInsertLaunch, GuardStage,
-    GuardVerdict, CHECK_MAX_SAMPLES, CHECK_WORDS, GUARD_ACC_WORDS, GUARD_RECORD_WORDS,
-    GUARD_REPAIR_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
-};
-pub use conv3d::{tiled_wgrad_split, tiled_wgrad_unsupported, TiledWgradSplit};
+pub use conv3d::Conv3dKernel;
 pub use device_handle::Device;
 pub(crate) use device_handle::WeakDevice;
 pub(crate) use info::record_kernel_load;
 pub use info::{
-    kernel_loads, BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelBuild, KernelCaps,
-    KernelLoad, KernelSource, RawEvent, RawStream,
+    kernel_loads, BackendKind, ConvertOp, DeviceInfo, KernelBuild, KernelCaps, KernelLoad,
+    KernelSource,
 };
-pub use open::{open_backend, open_backend_with};
 pub use ops::NonFinite;
 pub use options::{DeviceOptions, Pinning, PINNED_VAR};
 pub use pinned::PinnedBuffer;
 pub use stream::{Event, Stream};
 pub use visible::VisibleDevices;
-pub use wrap::Wrap;
+
+#[cfg(doc)]
+use raw::{Backend, Conv3dBackwardLaunch, Conv3dLaunch, Driver, Wrap};

@@ -449,7 +449,7 @@ impl Stream {
         &self,
         op: &'static str,
         device: &super::Device,
-        ptr: super::DevicePtr,
+        ptr: super::info::DevicePtr,
         len: usize,
         clamp: bool,
     ) -> Result<NonFinite> {

@@ -8,7 +8,7 @@
 //! wrapper until it decides to forward or change it.
 //!
 //! ```
-//! use rocm_safe::device::{host::HostBackend, Backend, CopyOp, Device, Driver, RawStream, Wrap};
+//! use rocm_safe::device::{host::HostBackend, raw::{Backend, CopyOp, Driver, RawStream, Wrap}, Device};
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::sync::Arc;
 //!
@@ -61,7 +61,7 @@ use super::backend::Driver;
 /// [`crate::forward_driver!`] and [`crate::forward_backend!`] send the
 /// operations the wrapper does not change.
 pub trait Wrap {
-    /// The wrapped backend ([`super::Backend`] too where the wrapper
+    /// The wrapped backend ([`super::raw::Backend`] too where the wrapper
     /// forwards kernel operations).
     type Inner: Driver + ?Sized;
     /// The wrapped backend.
@@ -69,10 +69,10 @@ pub trait Wrap {
 }
 
 /// Writes, inside an `unsafe impl Driver for W` where `W:`
-/// [`Wrap`](crate::device::Wrap), the [`Driver`](crate::device::Driver)
+/// [`Wrap`](crate::device::raw::Wrap), the [`Driver`](crate::device::raw::Driver)
 /// methods named (or `all` of them) as calls of the same method of
-/// [`Wrap::inner`](crate::device::Wrap::inner), arguments unchanged (see
-/// [`crate::device::Wrap`]'s module for an example).
+/// [`Wrap::inner`](crate::device::raw::Wrap::inner), arguments unchanged (see
+/// [`crate::device::raw::Wrap`]'s module for an example).
 #[macro_export]
 macro_rules! forward_driver {
     (all) => {
@@ -88,156 +88,156 @@ macro_rules! forward_driver {
     };
     (@one info) => {
         fn info(&self) -> &$crate::device::DeviceInfo {
-            $crate::device::Driver::info($crate::device::Wrap::inner(self))
+            $crate::device::raw::Driver::info($crate::device::raw::Wrap::inner(self))
         }
     };
     (@one alloc) => {
-        fn alloc(&self, bytes: usize) -> $crate::Result<$crate::device::DevicePtr> {
-            $crate::device::Driver::alloc($crate::device::Wrap::inner(self), bytes)
+        fn alloc(&self, bytes: usize) -> $crate::Result<$crate::device::raw::DevicePtr> {
+            $crate::device::raw::Driver::alloc($crate::device::raw::Wrap::inner(self), bytes)
         }
     };
     (@one free) => {
-        unsafe fn free(&self, ptr: $crate::device::DevicePtr, bytes: usize) -> $crate::Result<()> {
+        unsafe fn free(&self, ptr: $crate::device::raw::DevicePtr, bytes: usize) -> $crate::Result<()> {
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::free($crate::device::Wrap::inner(self), ptr, bytes) }
+            unsafe { $crate::device::raw::Driver::free($crate::device::raw::Wrap::inner(self), ptr, bytes) }
         }
     };
     (@one alloc_pinned) => {
         fn alloc_pinned(&self, bytes: usize) -> $crate::Result<*mut u8> {
-            $crate::device::Driver::alloc_pinned($crate::device::Wrap::inner(self), bytes)
+            $crate::device::raw::Driver::alloc_pinned($crate::device::raw::Wrap::inner(self), bytes)
         }
     };
     (@one free_pinned) => {
         unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::free_pinned(inner, ptr, bytes) }
+            unsafe { $crate::device::raw::Driver::free_pinned(inner, ptr, bytes) }
         }
     };
     (@one stream_create) => {
-        fn stream_create(&self) -> $crate::Result<$crate::device::RawStream> {
-            $crate::device::Driver::stream_create($crate::device::Wrap::inner(self))
+        fn stream_create(&self) -> $crate::Result<$crate::device::raw::RawStream> {
+            $crate::device::raw::Driver::stream_create($crate::device::raw::Wrap::inner(self))
         }
     };
     (@one stream_destroy) => {
-        unsafe fn stream_destroy(&self, s: $crate::device::RawStream) -> $crate::Result<()> {
+        unsafe fn stream_destroy(&self, s: $crate::device::raw::RawStream) -> $crate::Result<()> {
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::stream_destroy($crate::device::Wrap::inner(self), s) }
+            unsafe { $crate::device::raw::Driver::stream_destroy($crate::device::raw::Wrap::inner(self), s) }
         }
     };
     (@one stream_synchronize) => {
-        unsafe fn stream_synchronize(&self, s: $crate::device::RawStream) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
+        unsafe fn stream_synchronize(&self, s: $crate::device::raw::RawStream) -> $crate::Result<()> {
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::stream_synchronize(inner, s) }
+            unsafe { $crate::device::raw::Driver::stream_synchronize(inner, s) }
         }
     };
     (@one synchronize) => {
         fn synchronize(&self) -> $crate::Result<()> {
-            $crate::device::Driver::synchronize($crate::device::Wrap::inner(self))
+            $crate::device::raw::Driver::synchronize($crate::device::raw::Wrap::inner(self))
         }
     };
     (@one event_create) => {
-        fn event_create(&self) -> $crate::Result<$crate::device::RawEvent> {
-            $crate::device::Driver::event_create($crate::device::Wrap::inner(self))
+        fn event_create(&self) -> $crate::Result<$crate::device::raw::RawEvent> {
+            $crate::device::raw::Driver::event_create($crate::device::raw::Wrap::inner(self))
         }
     };
     (@one event_destroy) => {
-        unsafe fn event_destroy(&self, e: $crate::device::RawEvent) -> $crate::Result<()> {
+        unsafe fn event_destroy(&self, e: $crate::device::raw::RawEvent) -> $crate::Result<()> {
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::event_destroy($crate::device::Wrap::inner(self), e) }
+            unsafe { $crate::device::raw::Driver::event_destroy($crate::device::raw::Wrap::inner(self), e) }
         }
     };
     (@one event_record) => {
         unsafe fn event_record(
             &self,
-            e: $crate::device::RawEvent,
-            s: $crate::device::RawStream,
+            e: $crate::device::raw::RawEvent,
+            s: $crate::device::raw::RawStream,
         ) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::event_record(inner, e, s) }
+            unsafe { $crate::device::raw::Driver::event_record(inner, e, s) }
         }
     };
     (@one event_synchronize) => {
-        unsafe fn event_synchronize(&self, e: $crate::device::RawEvent) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
+        unsafe fn event_synchronize(&self, e: $crate::device::raw::RawEvent) -> $crate::Result<()> {
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::event_synchronize(inner, e) }
+            unsafe { $crate::device::raw::Driver::event_synchronize(inner, e) }
         }
     };
     (@one stream_wait_event) => {
         unsafe fn stream_wait_event(
             &self,
-            s: $crate::device::RawStream,
-            e: $crate::device::RawEvent,
+            s: $crate::device::raw::RawStream,
+            e: $crate::device::raw::RawEvent,
         ) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::stream_wait_event(inner, s, e) }
+            unsafe { $crate::device::raw::Driver::stream_wait_event(inner, s, e) }
         }
     };
     (@one event_elapsed_ms) => {
         unsafe fn event_elapsed_ms(
             &self,
-            start: $crate::device::RawEvent,
-            end: $crate::device::RawEvent,
+            start: $crate::device::raw::RawEvent,
+            end: $crate::device::raw::RawEvent,
         ) -> $crate::Result<f32> {
-            let inner = $crate::device::Wrap::inner(self);
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::event_elapsed_ms(inner, start, end) }
+            unsafe { $crate::device::raw::Driver::event_elapsed_ms(inner, start, end) }
         }
     };
     (@one copy) => {
         unsafe fn copy(
             &self,
-            op: $crate::device::CopyOp,
+            op: $crate::device::raw::CopyOp,
             bytes: usize,
-            s: $crate::device::RawStream,
+            s: $crate::device::raw::RawStream,
         ) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::copy(inner, op, bytes, s) }
+            unsafe { $crate::device::raw::Driver::copy(inner, op, bytes, s) }
         }
     };
     (@one memset_zero) => {
         unsafe fn memset_zero(
             &self,
-            dst: $crate::device::DevicePtr,
+            dst: $crate::device::raw::DevicePtr,
             bytes: usize,
-            s: $crate::device::RawStream,
+            s: $crate::device::raw::RawStream,
         ) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::memset_zero(inner, dst, bytes, s) }
+            unsafe { $crate::device::raw::Driver::memset_zero(inner, dst, bytes, s) }
         }
     };
     (@one mem_info) => {
         fn mem_info(&self) -> $crate::Result<(u64, u64)> {
-            $crate::device::Driver::mem_info($crate::device::Wrap::inner(self))
+            $crate::device::raw::Driver::mem_info($crate::device::raw::Wrap::inner(self))
         }
     };
     (@one register_read_only) => {
         unsafe fn register_read_only(&self, p: *const u8, bytes: usize) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::register_read_only(inner, p, bytes) }
+            unsafe { $crate::device::raw::Driver::register_read_only(inner, p, bytes) }
         }
     };
     (@one unregister_read_only) => {
         unsafe fn unregister_read_only(&self, p: *const u8) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
+            let inner = $crate::device::raw::Wrap::inner(self);
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Driver::unregister_read_only(inner, p) }
+            unsafe { $crate::device::raw::Driver::unregister_read_only(inner, p) }
         }
     };
 }
 
 /// Writes, inside an `unsafe impl Backend for W` where `W:`
-/// [`Wrap`](crate::device::Wrap) and its inner type is a
-/// [`Backend`](crate::device::Backend), the `Backend` methods named (or
+/// [`Wrap`](crate::device::raw::Wrap) and its inner type is a
+/// [`Backend`](crate::device::raw::Backend), the `Backend` methods named (or
 /// `all` of them) as calls of the same method of
-/// [`Wrap::inner`](crate::device::Wrap::inner), arguments unchanged.
+/// [`Wrap::inner`](crate::device::raw::Wrap::inner), arguments unchanged.
 #[macro_export]
 macro_rules! forward_backend {
     (all) => {
@@ -251,22 +251,22 @@ macro_rules! forward_backend {
     };
     (@one caps) => {
         fn caps(&self) -> $crate::device::KernelCaps {
-            $crate::device::Backend::caps($crate::device::Wrap::inner(self))
+            $crate::device::raw::Backend::caps($crate::device::raw::Wrap::inner(self))
         }
     };
     (@one kernel_source) => {
         fn kernel_source(&self) -> $crate::Result<$crate::device::KernelSource> {
-            $crate::device::Backend::kernel_source($crate::device::Wrap::inner(self))
+            $crate::device::raw::Backend::kernel_source($crate::device::raw::Wrap::inner(self))
         }
     };
     (@one run) => {
         unsafe fn run(
             &self,
-            op: &$crate::device::KernelOp<'_>,
-            s: $crate::device::RawStream,
+            op: &$crate::device::raw::KernelOp<'_>,
+            s: $crate::device::raw::RawStream,
         ) -> $crate::Result<()> {
             // SAFETY: the caller's guarantees, forwarded unchanged.
-            unsafe { $crate::device::Backend::run($crate::device::Wrap::inner(self), op, s) }
+            unsafe { $crate::device::raw::Backend::run($crate::device::raw::Wrap::inner(self), op, s) }
         }
     };
     (@one conv3d_weight_layout) => {
@@ -275,20 +275,20 @@ macro_rules! forward_backend {
             kernel: $crate::device::Conv3dKernel,
             dtype: $crate::DType,
             g: &$crate::conv3d::Conv3dGeometry,
-        ) -> $crate::device::Conv3dWeightLayout {
-            let inner = $crate::device::Wrap::inner(self);
-            $crate::device::Backend::conv3d_weight_layout(inner, kernel, dtype, g)
+        ) -> $crate::device::raw::Conv3dWeightLayout {
+            let inner = $crate::device::raw::Wrap::inner(self);
+            $crate::device::raw::Backend::conv3d_weight_layout(inner, kernel, dtype, g)
         }
     };
     (@one conv3d_vendor_available) => {
         fn conv3d_vendor_available(&self) -> $crate::Result<()> {
-            $crate::device::Backend::conv3d_vendor_available($crate::device::Wrap::inner(self))
+            $crate::device::raw::Backend::conv3d_vendor_available($crate::device::raw::Wrap::inner(self))
         }
     };
     (@one conv3d_vendor_backward_available) => {
         fn conv3d_vendor_backward_available(&self) -> $crate::Result<()> {
-            let inner = $crate::device::Wrap::inner(self);
-            $crate::device::Backend::conv3d_vendor_backward_available(inner)
+            let inner = $crate::device::raw::Wrap::inner(self);
+            $crate::device::raw::Backend::conv3d_vendor_backward_available(inner)
         }
     };
 }

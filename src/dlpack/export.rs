@@ -13,7 +13,7 @@ use dlpark::ManagedTensorBase;
 use super::ffi::{DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned};
 use super::managed::Managed;
 use super::types::{data_type, dl_device, to_dlpark_device, to_dlpark_dtype};
-use crate::device::{DeviceBuffer, DevicePtr, Stream};
+use crate::device::{info::DevicePtr, DeviceBuffer, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::transfer::{LoadedTensor, TensorData};

@@ -273,7 +273,7 @@ const _: () = {
     assert!(offset_of!(DLManagedTensorVersioned, dl_tensor) == 32);
 };
 
-/// A managed tensor structure of either ABI: what [`Managed`] owns.
+/// A managed tensor structure of either ABI: what [`Managed`](super::Managed) owns.
 /// Sealed: implemented by [`DLManagedTensor`] and
 /// [`DLManagedTensorVersioned`] only.
 pub trait ManagedTensor: sealed::Sealed {

@@ -9,7 +9,7 @@ use dlpark::{AllocationDeleter, Managed, ManagedTensorBase};
 use super::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned, DlpackFlags};
 use super::types::{device_name, dl_device, dtype as dtype_of, from_dlpark_device};
 use super::types::{from_dlpark_dtype, usable_on};
-use crate::device::{Device, DevicePtr, DeviceView, DeviceViewMut};
+use crate::device::{info::DevicePtr, Device, DeviceView, DeviceViewMut};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

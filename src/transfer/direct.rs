@@ -5,7 +5,7 @@
 //! CPU: a file truncated meanwhile cannot raise `SIGBUS` here) and cut into
 //! windows of [`WINDOW`] bytes of the file. A job whose pieces are large
 //! enough ([`DIRECT_MIN_AVG`]) registers the windows it reads
-//! ([`Driver::register_read_only`](crate::device::Driver::register_read_only),
+//! ([`Driver::register_read_only`](crate::device::raw::Driver::register_read_only),
 //! on the fill task, so registrations run beside the copies), and its
 //! copy is one DMA per piece and window, straight from the registered pages
 //! into the slot's device staging buffer (the raw landing area: the
@@ -19,7 +19,7 @@
 //! has been checked, so the pages pinned at once stay near the ring's
 //! reach. A refused registration (the runtime lacks the read-only flag, the
 //! device reports no support, a file system whose pages the kernel will not
-//! pin, the default [`Driver`](crate::device::Driver) of a custom backend)
+//! pin, the default [`Driver`](crate::device::raw::Driver) of a custom backend)
 //! turns the direct path off for the rest of the load: the job, and every
 //! later one, is filled by the ring's positioned reads, and the report says
 //! why ([`DirectReport::refused`](super::DirectReport::refused)).

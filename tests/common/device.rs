@@ -8,7 +8,10 @@
 //! signature: [`run`] takes anything that is [`DeviceTest`] for one of the
 //! two marker types.
 
-use rocm_safe::device::{open_backend, Backend, BackendKind, Device};
+use rocm_safe::device::{
+    raw::{open_backend, Backend},
+    BackendKind, Device,
+};
 
 /// Opens a fresh backend of the kind under test, ordinal 0 (panics if it
 /// cannot: a GPU test is only run where the GPU is).

@@ -3,7 +3,7 @@
 
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
 use rocm_safe::device::host::HostBackend;
-use rocm_safe::device::{Backend, Device};
+use rocm_safe::device::{raw::Backend, Device};
 
 /// What [`faulty`] wraps: a backend opener (`Open`, or any `&Fn`) or the
 /// host backend.

@@ -4,7 +4,10 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use rocm_safe::device::{Backend, ConvertOp, CopyOp, DevicePtr, Driver, KernelOp, RawStream, Wrap};
+use rocm_safe::device::{
+    raw::{Backend, CopyOp, DevicePtr, Driver, KernelOp, RawStream, Wrap},
+    ConvertOp,
+};
 use rocm_safe::Result;
 
 /// What [`Tamper`] does to conversion output.

@@ -6,7 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
-use rocm_safe::device::{host::HostBackend, Backend, Device, Driver, Wrap};
+use rocm_safe::device::{
+    host::HostBackend,
+    raw::{Backend, Driver, Wrap},
+    Device,
+};
 use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
 use rocm_safe::transfer::{LoadOptions, Loaded, Rung};
 use rocm_safe::DType;

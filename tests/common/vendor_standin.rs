@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rocm_safe::conv3d_chain::{Conv3dReport, TierKind};
-use rocm_safe::device::{Backend, BackendKind, Driver, KernelCaps, KernelOp, RawStream, Wrap};
+use rocm_safe::device::{
+    raw::{Backend, Driver, KernelOp, RawStream, Wrap},
+    BackendKind, KernelCaps,
+};
 use rocm_safe::fallback::Failure;
 use rocm_safe::{Error, Result};
 

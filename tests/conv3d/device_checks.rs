@@ -25,7 +25,10 @@ use half::bf16;
 use rocm_safe::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
 use rocm_safe::conv3d_chain::TierKind;
 use rocm_safe::device::faults::{FaultKind, When};
-use rocm_safe::device::{Backend, CopyOp, Device, Driver, RawStream, Wrap};
+use rocm_safe::device::{
+    raw::{Backend, CopyOp, Driver, RawStream, Wrap},
+    Device,
+};
 use rocm_safe::fallback::Failure;
 use rocm_safe::{Error, Result};
 /// Every dtype and bias kind through the device chain: the tiled kernel

@@ -12,7 +12,10 @@ use common::conv3d_device::{chain, tiled_case, upload, with_bf16_bias, DeviceDat
 use half::bf16;
 use rocm_safe::conv3d::{reference_point, sample_index};
 use rocm_safe::conv3d_chain::DeviceConv3dData;
-use rocm_safe::device::{CheckedPoint, Conv3dKernel, Conv3dWeightLayout, Device, CHECK_WORDS};
+use rocm_safe::device::{
+    raw::{CheckedPoint, Conv3dWeightLayout, CHECK_WORDS},
+    Conv3dKernel, Device,
+};
 use rocm_safe::fallback::Failure;
 use rocm_safe::Error;
 

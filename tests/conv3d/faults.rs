@@ -12,7 +12,7 @@ use common::conv3d::{assert_close, cases, Case, Data};
 use common::Open;
 use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dOptions, TierKind};
 use rocm_safe::device::faults::{FaultKind, When};
-use rocm_safe::device::{Backend, Device};
+use rocm_safe::device::{raw::Backend, Device};
 use rocm_safe::fallback::{Failure, Outcome};
 use rocm_safe::Error;
 /// A case the tiled kernel takes (16 output channels).

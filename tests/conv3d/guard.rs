@@ -22,8 +22,11 @@ use rocm_safe::conv3d_chain::{Conv3dGuard, GuardRecord, Guarded, GuardedOutput, 
 use rocm_safe::convert::Element;
 use rocm_safe::device::faults::{FaultKind, When};
 use rocm_safe::device::{
-    Device, DeviceBuffer, DeviceView, GuardStage, Stream, CHECK_WORDS, GUARD_ACC_WORDS,
-    GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_WORDS,
+    raw::{
+        GuardStage, CHECK_WORDS, GUARD_ACC_WORDS, GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS,
+        VERDICT_WORDS,
+    },
+    Device, DeviceBuffer, DeviceView, Stream,
 };
 use rocm_safe::Error;
 
@@ -629,7 +632,7 @@ per_device!(
 #[test]
 fn gated_layouts_run_only_when_open() {
     use rocm_safe::conv3d::Conv3dGeometry;
-    use rocm_safe::device::Conv3dWeightLayout;
+    use rocm_safe::device::raw::Conv3dWeightLayout;
     let dev = Device::open(rocm_safe::device::BackendKind::Host, 0).unwrap();
     let s = dev.stream().unwrap();
     let g =

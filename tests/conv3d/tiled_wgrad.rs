@@ -30,7 +30,7 @@ use rocm_safe::conv3d::{
 };
 use rocm_safe::conv3d_chain::{Conv3dChain, Conv3dReport, TierKind};
 use rocm_safe::device::faults::FaultKind;
-use rocm_safe::device::{tiled_wgrad_split, Device};
+use rocm_safe::device::{raw::tiled_wgrad_split, Device};
 use rocm_safe::fallback::{Failure, Outcome};
 use rocm_safe::Error;
 

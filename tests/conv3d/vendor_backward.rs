@@ -22,7 +22,7 @@ use common::Open;
 use rocm_safe::conv3d::{Conv3dBackwardOp, Conv3dBackwardProblem, Conv3dData};
 use rocm_safe::conv3d_chain::{Conv3dChain, TierKind};
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, FaultRule, Faults, When};
-use rocm_safe::device::{Backend, BackendKind, Device};
+use rocm_safe::device::{raw::Backend, BackendKind, Device};
 use rocm_safe::fallback::{Failure, Outcome};
 use rocm_safe::Error;
 

@@ -6,7 +6,7 @@
 use half::bf16;
 use rocm_safe::convert::scalar;
 use rocm_safe::device::{
-    BackendKind, Device, DeviceBuffer, DevicePtr, DeviceView, DeviceViewMut, Stream,
+    raw::DevicePtr, BackendKind, Device, DeviceBuffer, DeviceView, DeviceViewMut, Stream,
 };
 use rocm_safe::Error;
 

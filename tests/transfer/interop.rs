@@ -9,7 +9,11 @@ use std::sync::Arc;
 
 use half::bf16;
 use rocm_safe::device::faults::{FaultKind, When};
-use rocm_safe::device::{host::HostBackend, Backend, Device, Driver, Wrap};
+use rocm_safe::device::{
+    host::HostBackend,
+    raw::{Backend, Driver, Wrap},
+    Device,
+};
 use rocm_safe::fallback::Failure;
 use rocm_safe::safetensors::{Checkpoint, SafeTensorsWriter, TensorSpec};
 use rocm_safe::transfer::{LoadOptions, Loader, Request, Rung};

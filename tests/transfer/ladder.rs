@@ -9,7 +9,7 @@ use crate::common;
 use crate::common::faults::faulty;
 
 use rocm_safe::device::faults::{FaultKind, FaultPlan, FaultRule, Faults, When};
-use rocm_safe::device::{host::HostBackend, Backend, ConvertOp, Device};
+use rocm_safe::device::{host::HostBackend, raw::Backend, ConvertOp, Device};
 use rocm_safe::fallback::{Check, Failure};
 use rocm_safe::safetensors::Checkpoint;
 use rocm_safe::transfer::{Fallback, Loader, Rung};

@@ -12,6 +12,8 @@ use crate::conv3d::{
     Conv3dBackwardProblem, Conv3dData, Conv3dGeometry,
 };
 use crate::device::info::DevicePtr;
+#[cfg(doc)]
+use crate::device::{backend::KernelOp, conv3d::CHECK_MAX_SAMPLES};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -158,7 +160,7 @@ unsafe fn host_problem<'a>(
 /// ([`conv3d_backward_cpu`]).
 ///
 /// # Safety
-/// As [`crate::device::Backend::run`]: the launch's addresses are live host
+/// As [`crate::device::raw::Backend::run`]: the launch's addresses are live host
 /// allocations of the documented lengths, `output` exclusive.
 pub(crate) unsafe fn host_conv3d_backward(a: &Conv3dBackwardLaunch) -> Result<()> {
     if let Some(reason) = a.op.unsupported(&a.geometry) {

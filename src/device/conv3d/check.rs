@@ -12,6 +12,8 @@
 use super::layout::check_len;
 use super::{Conv3dLaunch, Conv3dWeightLayout};
 use crate::conv3d::{reference_point, sample_index, Conv3dData, Conv3dGeometry, Conv3dProblem};
+#[cfg(doc)]
+use crate::device::backend::KernelOp;
 use crate::device::info::DevicePtr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -150,7 +152,7 @@ unsafe fn host_data<'a>(p: DevicePtr, dtype: DType, len: usize) -> Result<Conv3d
 /// each point, as the kernel computes it.
 ///
 /// # Safety
-/// As [`crate::device::Backend::run`]: the launch's addresses are live
+/// As [`crate::device::raw::Backend::run`]: the launch's addresses are live
 /// host allocations of the documented lengths, `results` (and the slot)
 /// exclusive.
 pub(crate) unsafe fn host_conv3d_check(a: &Conv3dCheckLaunch) -> Result<()> {

@@ -18,6 +18,8 @@
 //! (`device::faults`).
 
 use crate::conv3d::{flip_weight, zero_insert, Conv3dGeometry};
+#[cfg(doc)]
+use crate::device::backend::KernelOp;
 use crate::device::info::DevicePtr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -88,7 +90,7 @@ impl Conv3dZeroInsertLaunch {
 /// The host backend's [`KernelOp::Conv3dFlipWeight`]: [`flip_weight`].
 ///
 /// # Safety
-/// As [`crate::device::Backend::run`]: `src` and `dst` are live host
+/// As [`crate::device::raw::Backend::run`]: `src` and `dst` are live host
 /// allocations of the weight's length, `dst` exclusive.
 pub(crate) unsafe fn host_conv3d_flip(a: &Conv3dFlipLaunch) -> Result<()> {
     let n = a.len();
@@ -126,7 +128,7 @@ unsafe fn flip_typed<T: Copy + Send + Sync>(a: &Conv3dFlipLaunch, n: usize) -> R
 /// The host backend's [`KernelOp::Conv3dZeroInsert`]: [`zero_insert`].
 ///
 /// # Safety
-/// As [`crate::device::Backend::run`]: `src` holds `dy`, `dst` the
+/// As [`crate::device::raw::Backend::run`]: `src` holds `dy`, `dst` the
 /// destination's length, exclusive.
 pub(crate) unsafe fn host_conv3d_zero_insert(a: &Conv3dZeroInsertLaunch) -> Result<()> {
     let (n, m) = (a.geometry.output_len(), a.len());

@@ -11,7 +11,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// How a conv3d kernel wants its weight laid out in device memory. The
-/// backend chooses ([`crate::device::Backend::conv3d_weight_layout`]); the caller
+/// backend chooses ([`crate::device::raw::Backend::conv3d_weight_layout`]); the caller
 /// lays the weight out so ([`Conv3dWeightLayout::arrange`]) before the
 /// upload. `R = C/G * KD * KH * KW` below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

@@ -204,7 +204,7 @@ impl std::fmt::Display for Conv3dKernel {
 ///
 /// - `input`: `geometry.input_shape()` elements of `dtype` (F32 or BF16);
 /// - `weight`: the weight in `dtype`, in the layout the backend's
-///   [`conv3d_weight_layout`](super::Backend::conv3d_weight_layout) gave for
+///   [`conv3d_weight_layout`](crate::device::raw::Backend::conv3d_weight_layout) gave for
 ///   the kernel ([`Conv3dWeightLayout::Standard`] for the vendor library);
 /// - `bias`: `out_channels` f32, or `None`;
 /// - `output`: `geometry.output_len()` f32, written (every element).

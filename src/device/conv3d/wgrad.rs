@@ -157,7 +157,7 @@ impl KernelCall {
 /// the GPU backends' memset and atomic adds leave it).
 ///
 /// # Safety
-/// As [`crate::device::Backend::run`]: the launch's addresses are live host
+/// As [`crate::device::raw::Backend::run`]: the launch's addresses are live host
 /// allocations of the documented lengths, `output` exclusive.
 pub(crate) unsafe fn host_conv3d_backward_weight_tiled(a: &Conv3dBackwardLaunch) -> Result<()> {
     if a.op != Conv3dBackwardOp::Weight {

@@ -1,5 +1,7 @@
 //! The chain's device check of a conv3d output and the weight layouts made on the device.
 
+#[cfg(doc)]
+use crate::conv3d::sample_index;
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::Element;
 use crate::device::backend::KernelOp;

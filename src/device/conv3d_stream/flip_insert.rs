@@ -1,6 +1,8 @@
 //! The tiled input gradient's operands made on the device: the flipped weight and the zero-inserted `dy`.
 
 use crate::conv3d::Conv3dGeometry;
+#[cfg(doc)]
+use crate::conv3d::{flip_weight, zero_insert};
 use crate::convert::Element;
 use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};

@@ -1,5 +1,7 @@
 //! The backward ops on a stream: the gradients of a conv3d and the transposed convolution, by kernel and by the vendor library.
 
+#[cfg(doc)]
+use crate::conv3d::sample_index;
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::convert::Element;
 use crate::device::backend::KernelOp;
@@ -194,7 +196,7 @@ impl Stream {
     /// or with `locate` (one `u64`, zeroed here) the first non-finite
     /// element; `bias` (Data only) as the caller gave it, f32 or bf16.
     /// `results` holds [`CHECK_WORDS`] words per point (decode with
-    /// [`super::CheckedPoint::decode`]).
+    /// [`crate::device::raw::CheckedPoint::decode`]).
     ///
     /// Errors: as [`Stream::conv3d_backward_data`]; a `bias` of another
     /// dtype than f32 / bf16; [`Error::LengthMismatch`] for a short

@@ -1,6 +1,6 @@
 //! The vendor call of the data and weight gradients
 //! ([`vendor_conv3d_backward`]), which both GPU runtimes make for
-//! [`KernelOp::Conv3dBackwardVendor`](crate::device::KernelOp::Conv3dBackwardVendor).
+//! [`KernelOp::Conv3dBackwardVendor`](crate::device::raw::KernelOp::Conv3dBackwardVendor).
 //!
 //! The libraries compute a gradient in the operands' dtype (cuDNN's legacy
 //! API and MIOpen take `dy`, the other operand and the result in one
@@ -158,7 +158,7 @@ unsafe fn take_all<const N: usize>(
 /// kept or freed after the wait as [`super::vendor_conv3d`] does.
 ///
 /// # Safety
-/// As [`crate::device::Backend::run`] of
+/// As [`crate::device::raw::Backend::run`] of
 /// [`KernelOp::Conv3dBackwardVendor`] for `a` and `s` on `backend`;
 /// `launch` queues a kernel call on `s` of `backend`, and `lib` belongs to
 /// `backend`'s device, which is current.

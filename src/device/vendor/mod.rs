@@ -198,7 +198,7 @@ unsafe fn take_buffer(backend: &dyn Driver, slot: &mut Kept, bytes: usize) -> Re
 /// that may still run.
 ///
 /// # Safety
-/// As [`crate::device::Backend::conv3d_vendor`] for `a` and `s` on `backend`;
+/// As [`crate::device::raw::Backend::conv3d_vendor`] for `a` and `s` on `backend`;
 /// `launch` queues a kernel call on `s` of `backend`, and `lib` belongs to
 /// `backend`'s device, which is current.
 pub(crate) unsafe fn vendor_conv3d(
@@ -287,7 +287,7 @@ mod tests {
         assert_eq!(bigger.1, 5000);
         assert!(kept.scratch.is_none());
         kept.scratch = Some(bigger);
-        kept.workspace = Some((crate::device::Driver::alloc(&b, 64).unwrap(), 64));
+        kept.workspace = Some((crate::device::backend::Driver::alloc(&b, 64).unwrap(), 64));
         // SAFETY: host "device" memory of `b`, used by no queued work.
         unsafe { kept.release(&b) }.unwrap();
         assert!(kept.scratch.is_none() && kept.workspace.is_none());
