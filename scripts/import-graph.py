@@ -10,7 +10,10 @@ and builds a file-level graph. Prints:
   by component, and the top-level modules each component spans;
 * `--edges A B`: every file of module A that names module B.
 
-Usage: python3 scripts/import-graph.py [--json] [--edges A B] [--check]
+Usage: python3 scripts/import-graph.py [--json] [--edges A B] [--graph] [--check]
+
+`--graph` prints the module map that ARCHITECTURE.md shows between its
+markers; `--check` also fails when that copy is stale.
 Exit status 0, or with --check 1 when an edge runs upward through the
 layers or up `device`'s inner layers (DEVICE_LAYERS), a leaf of LEAVES
 names a module of the crate, or an import cycle spans more than MAX_CYCLE
@@ -231,8 +234,66 @@ def name(m):
     return "::".join(m) or "crate"
 
 
+GRAPH_BEGIN = "<!-- import-graph.py --graph: begin (generated; CI checks it) -->"
+GRAPH_END = "<!-- import-graph.py --graph: end -->"
+
+
+def module_graph(files, edges):
+    """The map ARCHITECTURE.md shows: each layer's modules and the modules
+    below that they name, then device's inner layers the same way."""
+    top = defaultdict(set)
+    for m, ts in edges.items():
+        for t in ts:
+            if m and t and m[0] != t[0]:
+                top[m[0]].add(t[0])
+    lines = ["```", "crate layers, top first (a module names only modules of its layer or below):"]
+    for i in range(len(LAYERS) - 1, -1, -1):
+        for mod in LAYERS[i]:
+            if not any(f and f[0] == mod for f in files):
+                continue
+            below = sorted(top.get(mod, ()))
+            lines.append(f"  {i} {mod:<13} -> {', '.join(below) if below else '(nothing)'}")
+    inner = defaultdict(set)
+    for m, ts in edges.items():
+        if len(m) >= 2 and m[0] == "device":
+            for t in ts:
+                if len(t) >= 2 and t[0] == "device" and t[1] != m[1]:
+                    inner[m[1]].add(t[1])
+    lines.append("device's inner layers, top first:")
+    for i in range(len(DEVICE_LAYERS) - 1, -1, -1):
+        for mod in DEVICE_LAYERS[i]:
+            if not any(len(f) >= 2 and f[0] == "device" and f[1] == mod for f in files):
+                continue
+            below = sorted(inner.get(mod, ()))
+            lines.append(f"  {i} {mod:<13} -> {', '.join(below) if below else '(nothing)'}")
+    comps = sccs(sorted(files), edges)
+    lines.append(f"{len(files)} files, {sum(len(v) for v in edges.values())} import edges, "
+                 f"largest import cycle {max((len(c) for c in comps), default=0)} files")
+    lines.append("```")
+    return "\n".join(lines)
+
+
+def architecture_graph_problem(files, edges):
+    """None when ARCHITECTURE.md holds the graph as generated, else why not."""
+    path = os.path.join(ROOT, "..", "ARCHITECTURE.md")
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        return f"ARCHITECTURE.md: {e}"
+    if GRAPH_BEGIN not in text or GRAPH_END not in text:
+        return "ARCHITECTURE.md has no generated module graph (its markers)"
+    shown = text.split(GRAPH_BEGIN, 1)[1].split(GRAPH_END, 1)[0].strip()
+    if shown != module_graph(files, edges).strip():
+        return ("ARCHITECTURE.md's module graph is not the current one: "
+                "run python3 scripts/import-graph.py --graph and paste it between the markers")
+    return None
+
+
 def main():
     files, edges = graph()
+    if "--graph" in sys.argv:
+        print(module_graph(files, edges))
+        return
     if "--edges" in sys.argv:
         i = sys.argv.index("--edges")
         a, b = sys.argv[i + 1], sys.argv[i + 2]
@@ -280,7 +341,10 @@ def main():
     big = [c for c in report["cycles"] if len(c) > MAX_CYCLE]
     print(f"largest import cycle: {max((len(c) for c in report['cycles']), default=0)} files "
           f"(at most {MAX_CYCLE} allowed)")
-    if "--check" in sys.argv and (up or dev or big):
+    stale = architecture_graph_problem(files, edges)
+    if stale:
+        print(stale)
+    if "--check" in sys.argv and (up or dev or big or stale):
         sys.exit(1)
 
 

@@ -137,7 +137,6 @@ pub struct Attempt<S> {
 
 /// What happened at one step of a chain during one call.
 #[derive(Debug)]
-#[non_exhaustive]
 pub enum Outcome {
     /// The step's result passed the checks and was returned.
     Served,

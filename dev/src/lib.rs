@@ -5,7 +5,7 @@
 //!
 //! rocm-safe lists this crate as a dev-dependency, so its examples and
 //! tests have both while a crate that depends on rocm-safe compiles
-//! neither. See `ARCHITECTURE.md`, "The doctor".
+//! neither. See `docs/internals.md`, "The doctor".
 #![deny(missing_docs)]
 
 pub use rocm_safe::device::faults;

@@ -83,7 +83,6 @@ impl std::str::FromStr for TierKind {
 /// Whether a tier can take a call. `Unsupported` and `Unavailable` make
 /// the chain skip the tier (a skip is not a failure).
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Support {
     /// The tier takes these parameters.
     Yes,

@@ -3,7 +3,7 @@
 //! check. Used by [`convert_verified`](super::convert_verified) and by the
 //! loader's pieces (`transfer/checks.rs`), so both apply one rule.
 //!
-//! The rule (ARCHITECTURE.md, "Decisions"): a fingerprint computed by a
+//! The rule (docs/decisions.md): a fingerprint computed by a
 //! fingerprint kernel that failed its self-test proves nothing either way
 //! (a match may be as wrong as a mismatch), so the fingerprint policies
 //! become [`Policy::ReadBack`] on that device, decided before any work is

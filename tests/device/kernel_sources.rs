@@ -1,8 +1,8 @@
 //! Guards on the kernel sources in `kernels/` that hold for every build
 //! (no GPU, no compiler needed):
 //!
-//! - no kernel built for HIP depends on the wavefront size (ARCHITECTURE.md,
-//!   "Wavefront size"): AMD runs wave64 on gfx9 and wave32 on gfx10-12, so
+//! - no kernel built for HIP depends on the wavefront size (docs/internals.md,
+//!   "Wavefront size (HIP)"): AMD runs wave64 on gfx9 and wave32 on gfx10-12, so
 //!   shuffles, ballots, `warpSize`, lane masks and warp-synchronous
 //!   (`volatile`) code are allowed only inside `#if defined(RS_CUDA)` blocks;
 //! - every kernel that assumes its block size carries a HIP launch bound
@@ -102,7 +102,7 @@ fn hip_kernels_do_not_depend_on_the_wavefront_size() {
     assert!(
         found.is_empty(),
         "wavefront-size dependent code outside #if defined(RS_CUDA) \
-         (AMD runs wave32 and wave64; see ARCHITECTURE.md):\n{}",
+         (AMD runs wave32 and wave64; see docs/internals.md):\n{}",
         found.join("\n")
     );
 }

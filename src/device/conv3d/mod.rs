@@ -1,14 +1,10 @@
-//! Conv3d on a device: the launch description the backends take
-//! ([`Conv3dLaunch`]), which GPU kernel ([`Conv3dKernel`]), the safe entry
-//! points [`Stream::conv3d`] and [`Stream::conv3d_vendor`], the weight
-//! layout the kernels read (`layout.rs`), the host backend's emulation of
-//! the kernels (`host.rs`), and the chain's device check and weight
-//! layouts made on the device (`check.rs`: [`Stream::conv3d_check`],
-//! [`Stream::conv3d_arrange_weight`]), the backward ops (`backward.rs`)
-//! and the flipped weight and zero-inserted `dy` of the tiled input
-//! gradient (`flip.rs`: [`Stream::conv3d_flip_weight`],
-//! [`Stream::conv3d_zero_insert`]) and the tiled weight gradient
-//! (`wgrad.rs`: [`Stream::conv3d_backward_weight_tiled`]).
+//! Conv3d on a device, as data: the launch descriptors the backends take
+//! ([`Conv3dLaunch`] and the backward, check, layout, flip and guard
+//! launches), which GPU kernel runs ([`Conv3dKernel`]), the weight layout
+//! the kernels read, the word layouts of the checks' results, the host
+//! backend's emulation of the kernels and their argument encoding. The
+//! safe entry points that launch them are the conv3d methods of
+//! [`Stream`](crate::device::Stream).
 //!
 //! Every backend computes the same thing: input `[N, C, D, H, W]` and weight
 //! `[K, C/G, KD, KH, KW]` in f32 or bf16 (widened exactly), an optional f32
