@@ -42,7 +42,7 @@ def _make(path, gib):
     script = os.path.join(here, "..", "..", "scripts", "make-checkpoint.py")
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(path))) as d:
         subprocess.run([sys.executable, script, d, "--gib", str(gib), "--shards", "1", "--largest-mib", "256"], check=True)
-        shutil.move(os.path.join(d, "model-00001-of-00001.safetensors"), path)
+        shutil.move(os.path.join(d, "model.safetensors"), path)
 
 
 def _warm(path):
