@@ -135,6 +135,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="gloo on the CPU: a smoke test of the script")
+    ap.add_argument("--peer", action="store_true", help="also InstantTensor with the process group, where installed")
     a = ap.parse_args()
 
     global CPU
@@ -218,6 +219,29 @@ def main() -> int:
         del sd
         release(dev)
 
+    # 4. the peer, where installed: InstantTensor with the process group
+    # (each rank reads 1/N of every chunk, then an NCCL all-gather; no
+    # checks), each rank ending with the whole state dict, as replicate.
+    peer = []
+    if not CPU and a.peer:
+        try:
+            from instanttensor import safe_open as it_open
+        except ImportError:
+            it_open = None
+        for i in range(1 + a.repeat if it_open else 0):
+
+            def it_load():
+                out = {}
+                with it_open(a.file, framework="pt", device=local, process_group=dist.group.WORLD) as f:
+                    for k, v in f.tensors():
+                        out[k] = v.float() if dtype is not None and v.is_floating_point() else v
+                return out
+
+            sd, dt = timed(it_load)
+            peer.append(dt)
+            del sd
+            torch.cuda.empty_cache()
+
     oks = [None] * world
     dist.all_gather_object(oks, {"ok": ok, "shard_bytes": my_bytes, "shard_gbps": my_bytes / min(sh) / 1e9})
     if rank == 0:
@@ -243,6 +267,9 @@ def main() -> int:
                     "shard_per_rank_gbps": [round(x, 1) for x in shard_gbps],
                     "shard_vs_one_gpu": [round(x / one_gbps, 2) for x in shard_gbps],
                     "shard_report_rank0": sh_report,
+                    "instanttensor_pg_best_s": round(min(peer), 3) if peer else None,
+                    "instanttensor_pg_first_s": round(peer[0], 3) if peer else None,
+                    "replicate_vs_instanttensor_pg": round(min(peer) / min(rep), 2) if peer else None,
                 }
             ),
             flush=True,

@@ -617,6 +617,49 @@ impl<'a, T: bytemuck::Pod> DeviceViewMut<'a, T> {
         }
     }
 
+    /// Copies `src`, memory of another device of the same runtime (made
+    /// ready on `src_stream`, which is synchronized first), into the view
+    /// on `stream` (the view's device), and waits: the runtime's device to
+    /// device copy across devices (`cuMemcpyDtoDAsync` under CUDA's unified
+    /// addressing, `hipMemcpyAsync` device to device), over NVLink / xGMI
+    /// where the devices have peer access, staged by the runtime otherwise.
+    ///
+    /// Errors: [`Error::LengthMismatch`]; [`Error::BackendUnsupported`]
+    /// when the two devices are of different runtimes.
+    pub(crate) fn copy_from_peer(
+        &mut self,
+        stream: &Stream,
+        src: &DeviceView<'_, T>,
+        src_stream: &Stream,
+    ) -> Result<()> {
+        check("copy_from_peer", stream, self.device, self.len(), src.len())?;
+        src_stream.check_device("copy_from_peer", src.device)?;
+        if stream.device().kind() != src_stream.device().kind() {
+            return Err(Error::BackendUnsupported {
+                backend: src_stream.device().kind().name(),
+                op: "copy_from_peer (devices of two runtimes)",
+            });
+        }
+        if self.num_bytes() == 0 {
+            return Ok(());
+        }
+        src_stream.synchronize()?;
+        // SAFETY: `self` is a live, mutably borrowed range of this device;
+        // `src` a live range of a device of the same runtime, whose
+        // pointers the runtime resolves in its one address space (unified
+        // addressing; the host backend's are host memory), ready (its
+        // stream synchronized above) and borrowed until the synchronize
+        // below; two devices' allocations never overlap.
+        unsafe {
+            let op = CopyOp::DtoD {
+                dst: self.span.ptr,
+                src: src.span.ptr,
+            };
+            stream.backend().copy(op, self.num_bytes(), stream.raw())?;
+        }
+        stream.synchronize()
+    }
+
     /// Queues zeroing the view on `stream`.
     pub fn memset_zero(&mut self, stream: &Stream) -> Result<()> {
         stream.check_device("memset_zero", self.device)?;

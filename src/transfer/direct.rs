@@ -110,8 +110,9 @@ impl Direct {
         sources: &[Source],
         items: &[Item],
         jobs: &[Job],
+        share: f32,
     ) -> Option<Direct> {
-        let wanted: Vec<bool> = jobs.iter().map(qualifies).collect();
+        let wanted = chosen(jobs, share);
         if !wanted.iter().any(|&w| w) {
             return None;
         }
@@ -377,6 +378,25 @@ impl Drop for Direct {
     }
 }
 
+/// The jobs that go direct: of those that qualify, `share` (0..=1) of
+/// them, spread evenly (the others are filled by the reads at the same
+/// time: the two paths draw on different limits, the registration's page
+/// walk and the CPU's copy).
+fn chosen(jobs: &[Job], share: f32) -> Vec<bool> {
+    let share = f64::from(share.clamp(0.0, 1.0));
+    let mut k = 0u64;
+    jobs.iter()
+        .map(|j| {
+            if !qualifies(j) {
+                return false;
+            }
+            let take = ((k + 1) as f64 * share).floor() > (k as f64 * share).floor();
+            k += 1;
+            take
+        })
+        .collect()
+}
+
 /// Whether `job` is worth copying piece by piece.
 fn qualifies(job: &Job) -> bool {
     let n = job.pieces.len();
@@ -546,5 +566,17 @@ mod tests {
         assert!(qualifies(&big));
         assert!(!qualifies(&small));
         assert!(!qualifies(&Job::default()));
+        let jobs: Vec<Job> = (0..12)
+            .map(|i| Job {
+                pieces: vec![piece(if i % 4 == 3 { 4096 } else { DIRECT_MIN_AVG })],
+                used: 0,
+            })
+            .collect();
+        let n = |share| chosen(&jobs, share).iter().filter(|&&b| b).count();
+        assert_eq!((n(1.0), n(0.0), n(1.0 / 3.0), n(0.5)), (9, 0, 3, 4));
+        assert!(chosen(&jobs, 1.0)
+            .iter()
+            .zip(&jobs)
+            .all(|(&c, j)| c == qualifies(j)));
     }
 }

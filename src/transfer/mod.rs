@@ -140,7 +140,12 @@ impl Loader {
         opts.validate()?;
         let opts = LoadOptions {
             read_bytes: opts.read_bytes.min(opts.buffer_bytes),
-            direct: opts.direct && options::direct_allowed_by_env(),
+            ..opts
+        };
+        let (direct, direct_share) = options::direct_by_env(opts.direct, opts.direct_share);
+        let opts = LoadOptions {
+            direct,
+            direct_share,
             ..opts
         };
         Ok(Loader {

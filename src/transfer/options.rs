@@ -91,29 +91,46 @@ pub struct LoadOptions {
     /// Copy the ring's jobs of large tensors (pieces of 256 KiB or more on
     /// average) straight from the checkpoint's page cache, registered
     /// read-only with the runtime, instead of through the pinned buffers
-    /// (default `true`). Checked as the ring's jobs are; a runtime that
+    /// (default `false`). Checked as the ring's jobs are; a runtime that
     /// refuses the registration turns it off for the rest of the load
     /// ([`LoadReport::direct`](super::LoadReport::direct) says so).
-    /// [`DIRECT_VAR`] turns it off for the whole process.
+    /// Off by default: on the H200 host the registration itself runs at
+    /// 11-23 GB/s (it pins every page), below the ring's 38-41 GB/s
+    /// (BENCHMARKS.md, "Direct path"). [`DIRECT_VAR`] sets it for the
+    /// whole process.
     pub direct: bool,
+    /// Of the jobs that qualify for the direct path, the share that takes
+    /// it (0.0..=1.0, spread evenly; default 1.0); the others are read by
+    /// the ring at the same time.
+    pub direct_share: f32,
 }
 
-/// The environment variable that turns the direct path
-/// ([`LoadOptions::direct`]) off for every loader of the process: `0`,
-/// `off` or `false`. An escape hatch for a runtime that misbehaves with
-/// registered file pages; the pinned ring's reads then serve every job.
+/// The environment variable that sets the direct path
+/// ([`LoadOptions::direct`]) for every loader of the process: `0`, `off`,
+/// `false` or `no` turn it off (an escape hatch for a runtime that
+/// misbehaves with registered file pages); `1`, `on`, `true` or `yes` turn
+/// it on; a number between 0 and 1 turns it on for that share of the jobs
+/// ([`LoadOptions::direct_share`]). Unset or anything else: the options
+/// decide.
 pub const DIRECT_VAR: &str = "ROCM_SAFE_LOAD_DIRECT";
 
-/// Whether [`DIRECT_VAR`] leaves the direct path on (unset: on).
-pub(super) fn direct_allowed_by_env() -> bool {
-    direct_allowed(std::env::var(DIRECT_VAR).ok().as_deref())
+/// `(direct, direct_share)` after [`DIRECT_VAR`].
+pub(super) fn direct_by_env(direct: bool, share: f32) -> (bool, f32) {
+    direct_setting(std::env::var(DIRECT_VAR).ok().as_deref(), direct, share)
 }
 
-fn direct_allowed(v: Option<&str>) -> bool {
-    !matches!(
-        v.map(|s| s.trim().to_ascii_lowercase()).as_deref(),
-        Some("0" | "off" | "false" | "no")
-    )
+fn direct_setting(v: Option<&str>, direct: bool, share: f32) -> (bool, f32) {
+    let Some(v) = v.map(|s| s.trim().to_ascii_lowercase()) else {
+        return (direct, share);
+    };
+    match v.as_str() {
+        "0" | "off" | "false" | "no" => (false, share),
+        "1" | "on" | "true" | "yes" => (true, 1.0),
+        other => match other.parse::<f32>() {
+            Ok(x) if x > 0.0 && x < 1.0 => (true, x),
+            _ => (direct, share),
+        },
+    }
 }
 
 impl Default for LoadOptions {
@@ -130,7 +147,8 @@ impl Default for LoadOptions {
             fallback: Fallback::Ladder,
             memory_budget: None,
             concurrent_fills: None,
-            direct: true,
+            direct: false,
+            direct_share: 1.0,
         }
     }
 }
@@ -223,6 +241,16 @@ impl LoadOptions {
         LoadOptions { direct, ..self }
     }
 
+    /// With [`LoadOptions::direct_share`]: the share of qualifying jobs
+    /// that take the direct path.
+    #[must_use]
+    pub fn with_direct_share(self, direct_share: f32) -> LoadOptions {
+        LoadOptions {
+            direct_share,
+            ..self
+        }
+    }
+
     /// With [`LoadOptions::memory_budget`]: device bytes the loader may use (`None`: no limit).
     #[must_use]
     pub fn with_memory_budget(self, memory_budget: Option<u64>) -> LoadOptions {
@@ -263,6 +291,9 @@ impl LoadOptions {
         if self.read_bytes < SPLIT_ALIGN || !self.read_bytes.is_multiple_of(SPLIT_ALIGN) {
             return bad("read_bytes", "must be a multiple of 64 KiB");
         }
+        if !(0.0..=1.0).contains(&self.direct_share) {
+            return bad("direct_share", "must be 0.0..=1.0");
+        }
         if let Some(d) = self.dtype {
             if !matches!(d, DType::F32 | DType::F16 | DType::BF16) {
                 return bad("dtype", "must be F32, F16 or BF16");
@@ -301,15 +332,22 @@ impl Request {
 
 #[cfg(test)]
 mod tests {
-    /// `ROCM_SAFE_LOAD_DIRECT`: off for `0`, `off`, `false`, `no` (any
-    /// case, spaces trimmed); on when unset or anything else.
+    /// `ROCM_SAFE_LOAD_DIRECT`: off for `0`, `off`, `false`, `no`; on
+    /// for `1`, `on`, `true`, `yes` (any case, spaces trimmed); a share for
+    /// a number strictly between 0 and 1; the options otherwise.
     #[test]
-    fn the_direct_variable_turns_the_path_off() {
+    fn the_direct_variable_sets_the_path() {
+        use super::direct_setting as d;
         for off in ["0", "off", " OFF ", "false", "No"] {
-            assert!(!super::direct_allowed(Some(off)), "{off}");
+            assert_eq!(d(Some(off), true, 0.5), (false, 0.5), "{off}");
         }
-        for on in [None, Some("1"), Some("on"), Some(""), Some("yes")] {
-            assert!(super::direct_allowed(on), "{on:?}");
+        for on in ["1", "on", "True", " yes"] {
+            assert_eq!(d(Some(on), false, 0.5), (true, 1.0), "{on}");
+        }
+        assert_eq!(d(Some("0.25"), false, 1.0), (true, 0.25));
+        for other in [None, Some(""), Some("maybe"), Some("1.5"), Some("-0.2")] {
+            assert_eq!(d(other, true, 0.75), (true, 0.75), "{other:?}");
+            assert_eq!(d(other, false, 1.0), (false, 1.0), "{other:?}");
         }
     }
 }

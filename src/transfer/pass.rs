@@ -45,7 +45,13 @@ pub(super) fn run(stg: &mut Staging, cx: &mut LoadCtx<'_>, ring_items: &[usize])
         return Ok(0);
     };
     let direct = if stg.opts.direct {
-        Direct::plan(&stg.device, cx.sources, cx.items, &jobs)
+        Direct::plan(
+            &stg.device,
+            cx.sources,
+            cx.items,
+            &jobs,
+            stg.opts.direct_share,
+        )
     } else {
         None
     };

@@ -13,15 +13,14 @@
 //!
 //! # The peer copy hook
 //!
-//! [`PeerCopy`] is how bytes go from one device to another. [`ViaHost`]
-//! (the one provided) stages them through host memory in bounded chunks
-//! with the backends' synchronous copies: it runs on every backend,
-//! including the host backend (where CI runs this module with several
-//! host "devices"). A direct device-to-device copy (`cuMemcpyPeerAsync` /
-//! `hipMemcpyPeerAsync`, over NVLink / xGMI) is a `PeerCopy` too; it needs
-//! runtime bindings the backends do not have yet, and is the part of the
-//! multi-device load still to be written. Whatever the copy, the check is
-//! the same, so a faulty peer path cannot return wrong bytes.
+//! [`PeerCopy`] is how bytes go from one device to another. [`DevicePeer`]
+//! is the runtime's own copy between two of its devices (over NVLink /
+//! xGMI where they have peer access), one copy per tensor. [`ViaHost`]
+//! stages them through host memory in bounded chunks with the backends'
+//! synchronous copies: it runs between any two devices, of any runtimes.
+//! Both run on the host backend too (where CI runs this module with
+//! several host "devices"). Whatever the copy, the check is the same, so a
+//! faulty peer path cannot return wrong bytes.
 
 use std::thread;
 
@@ -95,6 +94,31 @@ impl PeerCopy for ViaHost {
 
     fn name(&self) -> &'static str {
         "via host"
+    }
+}
+
+/// The [`PeerCopy`] device to device: the runtime's copy across two of its
+/// devices (`cuMemcpyDtoDAsync` under CUDA's unified addressing,
+/// `hipMemcpyAsync` device to device: over NVLink / xGMI where the devices
+/// have peer access, staged by the runtime otherwise), one copy per tensor,
+/// no host memory. Devices of two runtimes are refused
+/// ([`Error::BackendUnsupported`]); use [`ViaHost`] there.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DevicePeer;
+
+impl PeerCopy for DevicePeer {
+    fn copy(
+        &self,
+        src: &DeviceView<'_, u8>,
+        src_stream: &Stream,
+        dst: &mut DeviceViewMut<'_, u8>,
+        dst_stream: &Stream,
+    ) -> Result<()> {
+        dst.copy_from_peer(dst_stream, src, src_stream)
+    }
+
+    fn name(&self) -> &'static str {
+        "device to device"
     }
 }
 

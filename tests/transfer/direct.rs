@@ -36,6 +36,7 @@ fn large(dir: &std::path::Path) -> std::path::PathBuf {
 
 fn opts(dtype: Option<DType>) -> LoadOptions {
     LoadOptions::default()
+        .with_direct(true)
         .with_dtype(dtype)
         .with_ring_buffers(3)
         .with_buffer_bytes(2 << 20)
@@ -103,6 +104,25 @@ fn turned_off_or_small_tensors_only_take_the_reads() {
     let loaded = l.load_all(&ckpt).unwrap();
     assert_exact(&ckpt, &loaded);
     assert_eq!(loaded.report.direct.jobs, 0);
+    // The default: off.
+    let mut l = Loader::new(&dma(), LoadOptions::default()).unwrap();
+    assert_eq!(l.load_all(&ckpt).unwrap().report.direct.jobs, 0);
+    // A share: some jobs direct, the others read, all exact.
+    let all = Loader::new(&dma(), opts(None))
+        .unwrap()
+        .load_all(&ckpt)
+        .unwrap();
+    let half = (Loader::new(&dma(), opts(None).with_direct_share(0.5)).unwrap())
+        .load_all(&ckpt)
+        .unwrap();
+    assert_exact(&ckpt, &half);
+    assert!(half.report.direct.jobs > 0, "{:?}", half.report.direct);
+    assert!(
+        half.report.direct.jobs < all.report.direct.jobs,
+        "{:?}",
+        half.report.direct
+    );
+    assert!(Loader::new(&dma(), opts(None).with_direct_share(1.5)).is_err());
     let (path, _) = common::transfer::tiny(dir.path(), 40);
     let tiny = Checkpoint::open(path).unwrap();
     let mut l = Loader::new(&dma(), opts(Some(DType::F32))).unwrap();
@@ -265,7 +285,11 @@ fn direct_on_a_gpu(dev: &Device) {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(windows(dir.path())).unwrap();
     for dtype in [None, Some(DType::F32)] {
-        let mut l = Loader::new(dev, LoadOptions::default().with_dtype(dtype)).unwrap();
+        let mut l = Loader::new(
+            dev,
+            LoadOptions::default().with_direct(true).with_dtype(dtype),
+        )
+        .unwrap();
         let loaded = l.load_all(&ckpt).unwrap();
         assert_exact(&ckpt, &loaded);
         let d = &loaded.report.direct;
@@ -297,7 +321,7 @@ fn direct_faults_on_a_gpu(open: common::Open<'_>) {
     ] {
         let (f, h) = Faults::new(open(), FaultPlan::one(kind, when));
         let dev = Device::from_backend(Box::new(f));
-        let mut l = Loader::new(&dev, LoadOptions::to_dtype(DType::F32)).unwrap();
+        let mut l = Loader::new(&dev, LoadOptions::to_dtype(DType::F32).with_direct(true)).unwrap();
         let loaded = l.load_all(&ckpt).unwrap();
         assert!(!h.injected().is_empty(), "{kind:?}");
         assert_exact(&ckpt, &loaded);

@@ -11,7 +11,7 @@ use rocm_safe::device::host::HostBackend;
 use rocm_safe::device::faults::{FaultHandle, FaultKind, FaultPlan, When};
 use rocm_safe::device::{Device, DeviceView, DeviceViewMut, Stream};
 use rocm_safe::safetensors::Checkpoint;
-use rocm_safe::transfer::replicate::{load_replicated, plan_owners, PeerCopy, ViaHost};
+use rocm_safe::transfer::replicate::{load_replicated, plan_owners, DevicePeer, PeerCopy, ViaHost};
 use rocm_safe::transfer::TensorData;
 use rocm_safe::{DType, Error, Result};
 
@@ -40,21 +40,14 @@ fn want(ckpt: &Checkpoint, name: &str, dtype: DType) -> Vec<u8> {
 /// Loads the mixed checkpoint onto `devices` (as stored and widened to
 /// f32) and checks every tensor on every device, each loaded once, every
 /// copy checked.
-fn replicated_exactly(devices: &[Device]) {
+fn replicated_exactly(devices: &[Device], peer: &dyn PeerCopy) {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = Checkpoint::open(mixed(dir.path())).unwrap();
     let n = devices.len();
     for dtype in [None, Some(DType::F32)] {
-        let r = load_replicated(
-            &ckpt,
-            &NAMES,
-            devices,
-            &small(dtype),
-            &ViaHost { chunk_bytes: 4099 },
-        )
-        .unwrap();
+        let r = load_replicated(&ckpt, &NAMES, devices, &small(dtype), peer).unwrap();
         assert_eq!(r.devices.len(), n);
-        assert_eq!(r.peer, "via host");
+        assert_eq!(r.peer, peer.name());
         for (d, list) in r.devices.iter().enumerate() {
             let names: Vec<&str> = list.iter().map(|t| t.name.as_str()).collect();
             assert_eq!(names, NAMES, "device {d}: in the order asked for");
@@ -90,7 +83,8 @@ fn replicated_exactly(devices: &[Device]) {
 #[test]
 fn every_device_gets_every_tensor_exactly_each_loaded_once() {
     let devices: Vec<Device> = (0..3).map(|_| Device::host()).collect();
-    replicated_exactly(&devices);
+    replicated_exactly(&devices, &ViaHost { chunk_bytes: 4099 });
+    replicated_exactly(&devices, &DevicePeer);
 }
 
 /// Two GPUs of this build's backend (`cargo test --features cuda --test
@@ -108,7 +102,8 @@ fn two_gpus_get_every_tensor_exactly() {
     let devices: Vec<Device> = (0..2)
         .map(|i| Device::open(kind, i).unwrap_or_else(|e| panic!("open {}:{i}: {e}", kind.name())))
         .collect();
-    replicated_exactly(&devices);
+    replicated_exactly(&devices, &ViaHost { chunk_bytes: 4099 });
+    replicated_exactly(&devices, &DevicePeer);
 }
 
 #[test]
@@ -266,6 +261,28 @@ fn via_host_refuses_a_copy_of_another_length() {
         .copy(&a.view(), &s, &mut b.view_mut(), &s)
         .unwrap_err();
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
+}
+
+#[test]
+fn device_peer_refuses_a_copy_of_another_length() {
+    let (d0, d1) = (Device::host(), Device::host());
+    let (s0, s1) = (d0.stream().unwrap(), d1.stream().unwrap());
+    let a = s0.clone_htod(&[1u8, 2, 3]).unwrap();
+    let mut b = s1.alloc_zeros::<u8>(2).unwrap();
+    let e = DevicePeer
+        .copy(&a.view(), &s0, &mut b.view_mut(), &s1)
+        .unwrap_err();
+    assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
+    let mut c = s1.alloc_zeros::<u8>(3).unwrap();
+    DevicePeer
+        .copy(&a.view(), &s0, &mut c.view_mut(), &s1)
+        .unwrap();
+    assert_eq!(c.view().to_vec(&s1).unwrap(), [1, 2, 3]);
+    // A view of the other device named as the source's stream's: refused.
+    let e = DevicePeer
+        .copy(&a.view(), &s1, &mut c.view_mut(), &s1)
+        .unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e}");
 }
 
 #[test]
