@@ -11,7 +11,7 @@
 //!   (what every tier is tested, and each result sampled, against).
 //! - [`conv3d_cpu`] is the CPU kernel (rayon; AVX2/AVX-512 register tiles
 //!   chosen at run time), every tier's last resort.
-//! - [`Conv3dBackwardProblem`] (`backward.rs`): the gradients of a conv3d
+//! - [`Conv3dBackwardProblem`] (`backward_problem.rs`): the gradients of a conv3d
 //!   (input, weight, bias: [`Conv3dBackwardOp`]) and the transposed
 //!   convolution ([`Conv3dGeometry::transposed`]), their f64 references
 //!   ([`backward_reference_point`]) and CPU kernels
@@ -25,13 +25,13 @@
 //! runs the CPU kernel and whose kernels take a [`Conv3dGeometry`]); it
 //! imports nothing above it.
 
-mod backward;
+mod backward_problem;
 mod cpu;
 mod flip;
 mod params;
 mod reference;
 
-pub use backward::{
+pub use backward_problem::{
     backward_reference, backward_reference_point, conv3d_backward_cpu, Conv3dBackwardOp,
     Conv3dBackwardProblem,
 };

@@ -23,7 +23,7 @@
 
 use std::sync::Mutex;
 
-use super::backward::{run_backward_on_host_then_copy, run_backward_views};
+use super::backward_chain::{run_backward_on_host_then_copy, run_backward_views};
 use super::device_run::run_on_host_then_copy;
 use super::{
     Conv3dTier, CpuTier, DeviceBackwardOperands, DeviceConv3dData, DeviceOperands, Support,

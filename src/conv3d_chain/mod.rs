@@ -35,7 +35,7 @@
 //! (HIP, then CUDA) and otherwise puts [`UnavailableTier`]s (saying why)
 //! before the CPU tier.
 //!
-//! - The backward ops (`backward.rs`): the gradients of a conv3d and the
+//! - The backward ops (`backward_chain.rs`): the gradients of a conv3d and the
 //!   transposed convolution ([`Conv3dChain::run_backward`],
 //!   [`Conv3dChain::backward_device`], [`Conv3dChain::backward_bias_device`],
 //!   [`Conv3dChain::conv_transpose3d_device`]) through the tiers that take
@@ -47,15 +47,8 @@
 //!   the device and, where wrong, rewritten by the tiled kernel behind a
 //!   device-side gate, with no host wait; the verdicts come back later.
 //!
-// Files (for readers of the source, not of the rustdoc):
-// Files: `tier.rs` (what a tier is, the CPU and unavailable tiers),
-// `device_tiers.rs` (the tiers of a device), `chain.rs` (the chain and its
-// checks), `device_run.rs` (the chain over device memory), `backward.rs`
-// (gradients and the transposed convolution), `guard.rs` (the guarded
-// output of another library), `report.rs` (reports and
-// statistics).
 
-mod backward;
+mod backward_chain;
 mod chain;
 mod device_run;
 mod device_tiers;
@@ -64,7 +57,7 @@ mod report;
 mod tier;
 mod tiled_wgrad;
 
-pub use backward::{BackwardInputs, DeviceBackwardOperands};
+pub use backward_chain::{BackwardInputs, DeviceBackwardOperands};
 pub use chain::{Conv3dChain, Conv3dOptions};
 pub use device_run::{DeviceConv3dData, DeviceOperands};
 pub use device_tiers::{device_tiers, NaiveTier, TiledTier, VendorTier, TILED_MAX_STRIDE_PRODUCT};

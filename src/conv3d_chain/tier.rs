@@ -159,7 +159,7 @@ pub trait Conv3dTier: Send + Sync {
         ops: &DeviceBackwardOperands<'_, '_>,
         out: &mut DeviceViewMut<'_, f32>,
     ) -> Result<()> {
-        super::backward::run_backward_on_host_then_copy(self, ops, out)
+        super::backward_chain::run_backward_on_host_then_copy(self, ops, out)
     }
 }
 

@@ -22,7 +22,7 @@ use super::hostmem::{Mapping, REGISTER_MIN};
 use super::info::{KernelCaps, KernelSource, RawStream};
 use super::kernels::{Kernel, KernelCall, KernelModule};
 use super::options::Pinning;
-use super::vendor::backward::vendor_conv3d_backward;
+use super::vendor::vendor_backward::vendor_conv3d_backward;
 use super::vendor::{vendor_conv3d, VendorConv};
 use super::wrap::Wrap;
 use crate::conv3d::Conv3dGeometry;

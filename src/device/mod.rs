@@ -28,20 +28,10 @@
 //! `faults::Faults` (feature `testing`) injects the documented ROCm failure modes into any
 //! backend.
 //!
-// Files (for readers of the source, not of the rustdoc):
-// | file | holds |
-// | --- | --- |
-// | `info.rs` | [`BackendKind`], [`DeviceInfo`], [`KernelCaps`], raw handles |
-// | `backend.rs`, `wrap.rs` | the [`Driver`] and [`Backend`] traits; [`Wrap`] and the forwarding macros |
-// | `device_handle.rs` | [`Device`], [`DeviceOptions`] (`options.rs`) |
-// | `stream.rs`, `ops.rs` | [`Stream`], [`Event`]; the kernel operations on a stream |
-// | `buffer.rs`, `pinned.rs` | [`DeviceBuffer`], views, [`DeviceSpan`]; [`PinnedBuffer`] |
-// | `conv3d/` | [`Conv3dLaunch`], [`Conv3dKernel`], weight layouts, host emulation, the backward ops ([`Conv3dBackwardLaunch`]) |
-// | `gpu.rs`, `kernels.rs` | the GPU body over a runtime; kernel argument lists |
-// | `kernel_cache.rs` | run-time compiled kernels kept on disk |
-// | `vendor/` | MIOpen and cuDNN |
-// | `host.rs`, `cuda.rs`, `hip/` | the backends and runtimes |
-// | `faults.rs`, `visible.rs` | fault injection; `*_VISIBLE_DEVICES` |
+//! The layers inside, bottom to top (ARCHITECTURE.md, "Layer order"): plain
+//! data; the raw interface ([`raw`]); the runtimes; the safe types at this
+//! root; the factory that names every runtime ([`raw::open_backend`],
+//! [`Device::open`], [`Device::list`]).
 //!
 //! The safe types uphold the raw interface's rules: zero-length work never
 //! reaches a backend, lengths are checked before any call, memory is freed

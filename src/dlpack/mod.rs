@@ -10,13 +10,6 @@
 //! | where memory is | [`dl_device`] | `kDLROCM` on HIP, `kDLCUDA` on CUDA, `kDLCPU` on the host backend; the device's ordinal |
 //! | element types | [`data_type`], [`dtype`] | every [`DType`] has a DLPack 1.3 code |
 //!
-// Files (for readers of the source, not of the rustdoc):
-// | file | holds |
-// | --- | --- |
-// | `types.rs` | [`DType`] and device descriptors, both ways |
-// | `export.rs` | [`Export`] and the owner its deleter drops |
-// | `import.rs` | [`Imported`] and the checks before a view is lent |
-//!
 //! # Layout
 //!
 //! Exported tensors are compact row-major with explicit strides (DLPack 1.2

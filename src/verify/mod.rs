@@ -26,13 +26,6 @@
 //! loader).
 
 //!
-// Files (for readers of the source, not of the rustdoc):
-// | file | holds |
-// | --- | --- |
-// | `mod.rs` | [`Policy`], [`VerifyOptions`], [`ConvertReport`] (its [`Outcome`]) |
-// | `staged.rs` | the staged check: policy and self-test -> device operations, the one rule (also the loader's) |
-// | `selftest.rs` | [`self_test`]: the exhaustive per-device kernel test, cached per device |
-// | `convert.rs` | [`convert_verified`], [`upload_convert`]: one verified call |
 
 mod convert;
 mod selftest;

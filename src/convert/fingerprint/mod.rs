@@ -49,18 +49,6 @@
 //!   partial sum of its bytes and that of their f32 widening, in one pass
 //!   (what a verified bf16/f16 -> f32 upload checks).
 //!
-// Files (for readers of the source, not of the rustdoc):
-// # Files
-//
-// `spec.rs` holds the definition (keys, the one-word `term`, lane tables,
-// [`finish`]); `blocks.rs` the block sums (a 256-word block has one block
-// key, so the loops take lane keys from precomputed tables: a portable
-// loop the compiler vectorises, and on x86-64 an AVX2 loop chosen at run
-// time that computes block keys ahead and prefetches 4 KiB ahead);
-// `widened.rs` the raw and widened sums of a bf16/f16 piece in one pass
-// (what a verified bf16/f16 -> f32 upload checks); `x86.rs` the AVX2 and
-// AVX-512 loops; `stream.rs` the [`Fingerprinter`]. Every loop is tested
-// against `term`, the one-word reference (`tests.rs`).
 
 mod blocks;
 mod spec;

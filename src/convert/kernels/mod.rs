@@ -11,10 +11,6 @@
 //! tested against [`crate::convert::scalar`] over every 16-bit pattern and over large
 //! samples of f32/f64 patterns.
 //!
-// Files (for readers of the source, not of the rustdoc):
-// Files: `branchless.rs` (the element conversions and short forms),
-// `loops.rs` (the slice loops and streaming stores), this file (one kernel
-// per pair, three builds each, and the table), `tests.rs`.
 
 use crate::dtype::DType;
 

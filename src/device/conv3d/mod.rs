@@ -10,29 +10,29 @@
 //! `[K, C/G, KD, KH, KW]` in f32 or bf16 (widened exactly), an optional f32
 //! bias `[K]`, an f32 output `[N, K, OD, OH, OW]`, f32 accumulation.
 
-pub(crate) mod backward;
+pub(crate) mod backward_launch;
 pub(crate) mod check;
-pub(crate) mod flip;
+pub(crate) mod emulation;
+pub(crate) mod flip_launch;
 pub(crate) mod gate;
-pub(crate) mod host;
 pub(crate) mod launch;
 pub(crate) mod layout;
 pub(crate) mod wgrad;
 
-pub(crate) use backward::{host_conv3d_backward, host_conv3d_backward_check};
-pub use backward::{Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch};
+pub(crate) use backward_launch::{host_conv3d_backward, host_conv3d_backward_check};
+pub use backward_launch::{Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch};
 pub(crate) use check::{host_conv3d_check, host_conv3d_layout};
 pub use check::{
     CheckedPoint, Conv3dCheckLaunch, Conv3dLayoutLaunch, CHECK_MAX_SAMPLES, CHECK_WORDS,
 };
-pub(crate) use flip::{host_conv3d_flip, host_conv3d_zero_insert};
-pub use flip::{Conv3dFlipLaunch, Conv3dZeroInsertLaunch};
+pub(crate) use emulation::host_conv3d;
+pub(crate) use flip_launch::{host_conv3d_flip, host_conv3d_zero_insert};
+pub use flip_launch::{Conv3dFlipLaunch, Conv3dZeroInsertLaunch};
 pub(crate) use gate::{host_gate_closed, host_guard_check, host_guard_decide};
 pub use gate::{
     Conv3dGuardCheck, Conv3dGuardDecide, GuardStage, GuardVerdict, GUARD_ACC_WORDS,
     GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
 };
-pub(crate) use host::host_conv3d;
 pub(crate) use launch::Conv3dArgs;
 pub use layout::{tiled_weight_layout, Conv3dWeightLayout};
 pub(crate) use wgrad::host_conv3d_backward_weight_tiled;

@@ -10,7 +10,7 @@
 //! ([`KernelOp::Conv3dBackwardWeightTiled`]), its grid, and the host
 //! backend's emulation (the CPU kernels).
 
-use super::backward::{host_conv3d_backward, Conv3dBackwardLaunch};
+use super::backward_launch::{host_conv3d_backward, Conv3dBackwardLaunch};
 use super::launch::{by_dtype, Conv3dArgs};
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::device::kernels::{Kernel, KernelArg, KernelCall, BLOCK};

@@ -6,7 +6,7 @@ use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::convert::Element;
 use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
-use crate::device::conv3d::backward::{bias_refused, operand_name};
+use crate::device::conv3d::backward_launch::{bias_refused, operand_name};
 use crate::device::conv3d::check::CHECK_MAX_SAMPLES;
 use crate::device::conv3d::layout::check_len;
 use crate::device::conv3d::CHECK_WORDS;

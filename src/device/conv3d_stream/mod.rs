@@ -6,8 +6,8 @@ mod checks;
 mod flip_insert;
 pub(crate) mod forward;
 mod gradients;
-mod guard;
+mod guard_ops;
 mod wgrad_tiled;
 
 pub use checks::{CheckBias, CheckOperands};
-pub use guard::GuardWords;
+pub use guard_ops::GuardWords;

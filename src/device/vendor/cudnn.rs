@@ -50,7 +50,7 @@
 //!     const cudnnTensorDescriptor_t yDesc, void *y);
 //! ```
 //!
-//! and, bound apart (`cudnn/backward.rs`: a cuDNN without them keeps the
+//! and, bound apart (`cudnn/cudnn_backward.rs`: a cuDNN without them keeps the
 //! forward tier), the gradients' calls; `cudnnConvolutionBwdDataAlgoPerf_t`
 //! and `cudnnConvolutionBwdFilterAlgoPerf_t` have the forward perf struct's
 //! fields (`algo, status, float time, size_t memory, determinism, mathType,
@@ -97,10 +97,10 @@
 //! f32 runs with `CUDNN_FMA_MATH` (true f32, no TF32); bf16 with tensor
 //! cores and f32 accumulation, writing a bf16 output that the backend
 //! widens (with the bias) into the f32 output. The gradients always run in
-//! f32 (bf16 operands are widened first: `vendor/backward.rs`).
+//! f32 (bf16 operands are widened first: `vendor/vendor_backward.rs`).
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
-mod backward;
+mod cudnn_backward;
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -121,7 +121,7 @@ use crate::device::dynlib::{self, Spec};
 use crate::device::info::{DevicePtr, RawStream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use backward::BwdFns;
+use cudnn_backward::BwdFns;
 
 type Handle = *mut c_void;
 type TensorDesc = *mut c_void;

@@ -45,7 +45,7 @@
 //!     void* workSpace, size_t workSpaceSize);
 //! ```
 //!
-//! and, bound apart (`miopen/backward.rs`: a MIOpen without them keeps the
+//! and, bound apart (`miopen/miopen_backward.rs`: a MIOpen without them keeps the
 //! forward tier), the gradients' calls (the perf results are the same
 //! `miopenConvAlgoPerf_t`, whose union holds `bwd_data_algo` or
 //! `bwd_weights_algo`):
@@ -100,7 +100,7 @@
 
 #![cfg_attr(not(feature = "hip"), allow(dead_code))]
 
-mod backward;
+mod miopen_backward;
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -125,7 +125,7 @@ use crate::device::info::DevicePtr;
 use crate::device::info::RawStream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use backward::BwdFns;
+use miopen_backward::BwdFns;
 
 type Handle = *mut c_void;
 type TensorDesc = *mut c_void;

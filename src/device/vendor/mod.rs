@@ -2,7 +2,7 @@
 //! on HIP, cuDNN on CUDA) with the [`VendorConv`] interface each binds, the
 //! buffers kept between calls and the vendor calls both GPU runtimes make
 //! ([`vendor_conv3d`], and for the data and weight gradients
-//! `backward::vendor_conv3d_backward`); and NVRTC, CUDA's run-time compiler
+//! `vendor_backward::vendor_conv3d_backward`); and NVRTC, CUDA's run-time compiler
 //! (`nvrtc.rs`).
 //!
 //! Each library is bound here, function by function, with the C signatures
@@ -13,7 +13,6 @@
 //! them. Nothing here is ever unloaded.
 #![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
-pub(crate) mod backward;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) mod cudnn;
 pub(crate) mod libs;
@@ -21,6 +20,7 @@ pub(crate) mod libs;
 pub(crate) mod miopen;
 #[cfg(any(feature = "cuda", test))]
 pub(crate) mod nvrtc;
+pub(crate) mod vendor_backward;
 
 use super::backend::Driver;
 use super::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};

@@ -7,7 +7,7 @@
 //! ([`super::backward_available`]). A plan per (op, geometry) holds the f32
 //! descriptors (`CUDNN_FMA_MATH`: true f32, no TF32), the algorithm
 //! (the first the heuristics list as usable) and its workspace size. The
-//! operands are always f32 here: `vendor/backward.rs` widens bf16 first.
+//! operands are always f32 here: `vendor/vendor_backward.rs` widens bf16 first.
 //! The bias gradient is not bound (`cudnnConvolutionBackwardBias`): the
 //! chain's naive tier reduces `dy` itself.
 

@@ -8,7 +8,7 @@
 //! descriptors and the workspace size; the algorithm is chosen by a Find
 //! (not exhaustive) on the first call of the plan, with the call's own
 //! tensors and workspace, as the forward call does. The operands are
-//! always f32 here: `vendor/backward.rs` widens bf16 first. The bias
+//! always f32 here: `vendor/vendor_backward.rs` widens bf16 first. The bias
 //! gradient is no MIOpen call: the chain's naive tier reduces `dy`.
 
 use std::ffi::{c_int, c_void};

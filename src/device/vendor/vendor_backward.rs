@@ -382,7 +382,7 @@ mod tests {
         let call = bias_epilogue(&d, DevicePtr(8), 4);
         assert_eq!(call.args[2], KernelArg::U64(1 << 33));
         assert_eq!(call.args[3], KernelArg::U64(1 << 32));
-        // The libraries' 32-bit descriptors refuse them: cudnn/backward.rs,
-        // miopen/backward.rs.
+        // The libraries' 32-bit descriptors refuse them: cudnn/cudnn_backward.rs,
+        // miopen/miopen_backward.rs.
     }
 }
