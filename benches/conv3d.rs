@@ -72,7 +72,7 @@ fn cpu(c: &mut Criterion) {
 
 /// The GPU tiers' device work (no copies) on every GPU this build and
 /// machine have: tiled and naive kernels and the vendor library, through
-/// `Stream::conv3d` / `Stream::conv3d_vendor`, synchronised inside the
+/// `Conv3dOps::forward` / `Conv3dOps::vendor`, synchronised inside the
 /// timed closure.
 fn gpu(c: &mut Criterion) {
     use rocm_safe::device::{BackendKind, Conv3dKernel, Device};
@@ -119,7 +119,9 @@ fn gpu(c: &mut Criterion) {
                 let wd = s.clone_htod(&$ws).unwrap();
                 // The layout the tiled kernel reads here (packed for the
                 // tensor-core kernel on CUDA sm_80+ in bf16).
-                let tiled_layout = s.conv3d_weight_layout(Conv3dKernel::Tiled, p.dtype(), &geo);
+                let tiled_layout =
+                    s.conv3d_ops()
+                        .weight_layout(Conv3dKernel::Tiled, p.dtype(), &geo);
                 eprintln!("{kind} {}: tiled weight layout {tiled_layout:?}", $name);
                 let wt = s
                     .clone_htod(&tiled_layout.arrange(&geo, &$ws).unwrap())
@@ -131,15 +133,16 @@ fn gpu(c: &mut Criterion) {
                 ] {
                     g.bench_function(format!("{kname}/{}", $name), |bench| {
                         bench.iter(|| {
-                            s.conv3d(
-                                kernel,
-                                &geo,
-                                &xd.view(),
-                                &wv.view(),
-                                Some(bias.view()),
-                                &mut y.view_mut(),
-                            )
-                            .unwrap();
+                            s.conv3d_ops()
+                                .forward(
+                                    kernel,
+                                    &geo,
+                                    &xd.view(),
+                                    &wv.view(),
+                                    Some(bias.view()),
+                                    &mut y.view_mut(),
+                                )
+                                .unwrap();
                             s.synchronize().unwrap();
                         })
                     });
@@ -148,14 +151,15 @@ fn gpu(c: &mut Criterion) {
                     Ok(()) => {
                         g.bench_function(format!("vendor/{}", $name), |bench| {
                             bench.iter(|| {
-                                s.conv3d_vendor(
-                                    &geo,
-                                    &xd.view(),
-                                    &wd.view(),
-                                    Some(bias.view()),
-                                    &mut y.view_mut(),
-                                )
-                                .unwrap();
+                                s.conv3d_ops()
+                                    .vendor(
+                                        &geo,
+                                        &xd.view(),
+                                        &wd.view(),
+                                        Some(bias.view()),
+                                        &mut y.view_mut(),
+                                    )
+                                    .unwrap();
                                 s.synchronize().unwrap();
                             })
                         });
@@ -239,19 +243,22 @@ fn chain_overhead(c: &mut Criterion) {
                     let geo = p.geometry;
                     let xd = s.clone_htod(&$xs).unwrap();
                     let wd = s.clone_htod(&$ws).unwrap();
-                    let layout = s.conv3d_weight_layout(Conv3dKernel::Tiled, p.dtype(), &geo);
+                    let layout = s
+                        .conv3d_ops()
+                        .weight_layout(Conv3dKernel::Tiled, p.dtype(), &geo);
                     let wt = s.clone_htod(&layout.arrange(&geo, &$ws).unwrap()).unwrap();
                     let mut y = s.alloc_zeros::<f32>(geo.output_len()).unwrap();
                     let mut kernel = || {
-                        s.conv3d(
-                            Conv3dKernel::Tiled,
-                            &geo,
-                            &xd.view(),
-                            &wt.view(),
-                            Some(bias.view()),
-                            &mut y.view_mut(),
-                        )
-                        .unwrap();
+                        s.conv3d_ops()
+                            .forward(
+                                Conv3dKernel::Tiled,
+                                &geo,
+                                &xd.view(),
+                                &wt.view(),
+                                Some(bias.view()),
+                                &mut y.view_mut(),
+                            )
+                            .unwrap();
                         s.synchronize().unwrap();
                     };
                     let tier = mean_secs(5, &mut kernel);

@@ -188,7 +188,8 @@ fn work(dev: &Device, s: &Stream, ckpt: &Checkpoint, x: &Imported, w: &Imported)
     )?;
     let g = p.geometry;
     let mut out = s.alloc::<f32>(g.output_len())?;
-    s.conv3d(Conv3dKernel::Naive, &g, &xv, &wv, None, &mut out.view_mut())?;
+    s.conv3d_ops()
+        .forward(Conv3dKernel::Naive, &g, &xv, &wv, None, &mut out.view_mut())?;
     let got = out.view().to_vec(s)?;
     let mut want = vec![0f32; g.output_len()];
     conv3d_cpu(&p, &mut want)?;

@@ -528,7 +528,8 @@ fn check_every_launch(arch: &str) -> R {
                 let w = s.alloc_zeros::<f32>(weight_len).map_err(err("w"))?;
                 (x_ptr, w_ptr) = (ptr(x.device_ptr()), ptr(w.device_ptr()));
                 launches_of(&st, &[&name], || {
-                    s.conv3d(kind, &g, &x.view(), &w.view(), b, &mut y.view_mut())
+                    s.conv3d_ops()
+                        .forward(kind, &g, &x.view(), &w.view(), b, &mut y.view_mut())
                         .map_err(err("conv3d"))
                 })?
             } else {
@@ -538,7 +539,8 @@ fn check_every_launch(arch: &str) -> R {
                 let w = s.alloc_zeros::<bf16>(weight_len).map_err(err("w"))?;
                 (x_ptr, w_ptr) = (ptr(x.device_ptr()), ptr(w.device_ptr()));
                 launches_of(&st, &[&name], || {
-                    s.conv3d(kind, &g, &x.view(), &w.view(), b, &mut y.view_mut())
+                    s.conv3d_ops()
+                        .forward(kind, &g, &x.view(), &w.view(), b, &mut y.view_mut())
                         .map_err(err("conv3d"))
                 })?
             };
@@ -573,7 +575,8 @@ fn check_every_launch(arch: &str) -> R {
                 .map_err(err("dy"))?;
             (x_ptr, dy_ptr) = (ptr(x.device_ptr()), ptr(dy.device_ptr()));
             launches_of(&st, &[&name], || {
-                s.conv3d_backward_weight_tiled(&g, &x.view(), &dy.view(), &mut dw.view_mut())
+                s.conv3d_ops()
+                    .backward_weight_tiled(&g, &x.view(), &dy.view(), &mut dw.view_mut())
                     .map_err(err("conv3d_backward_weight_tiled"))
             })?
         } else {
@@ -585,7 +588,8 @@ fn check_every_launch(arch: &str) -> R {
                 .map_err(err("dy"))?;
             (x_ptr, dy_ptr) = (ptr(x.device_ptr()), ptr(dy.device_ptr()));
             launches_of(&st, &[&name], || {
-                s.conv3d_backward_weight_tiled(&g, &x.view(), &dy.view(), &mut dw.view_mut())
+                s.conv3d_ops()
+                    .backward_weight_tiled(&g, &x.view(), &dy.view(), &mut dw.view_mut())
                     .map_err(err("conv3d_backward_weight_tiled"))
             })?
         };

@@ -15,7 +15,7 @@
 //! `dy` (spread by the stride where there is one) with the flipped weight
 //! ([`Conv3dGeometry::data_grad_as_forward`], [`super::TiledTier`]) and
 //! the weight gradient by its split-K kernel
-//! ([`crate::device::Stream::conv3d_backward_weight_tiled`]: float atomics,
+//! ([`crate::device::Conv3dOps::backward_weight_tiled`]: float atomics,
 //! so not bit-reproducible run to run, checked as every tier is) where there
 //! are at least 8 output channels per group, and skips the rest (the bias
 //! gradient, ...) as unsupported; the naive tier runs the gather kernels
@@ -168,16 +168,18 @@ pub(super) fn run_backward_views(
         let (s, g) = (ops.stream, &ops.geometry);
         match (ops.op, other, vendor) {
             (Conv3dBackwardOp::Data, Some(w), false) => {
-                s.conv3d_backward_data(g, dy, w, ops.bias, out)
+                s.conv3d_ops().backward_data(g, dy, w, ops.bias, out)
             }
             (Conv3dBackwardOp::Data, Some(w), true) => {
-                s.conv3d_backward_data_vendor(g, dy, w, ops.bias, out)
+                s.conv3d_ops().backward_data_vendor(g, dy, w, ops.bias, out)
             }
-            (Conv3dBackwardOp::Weight, Some(x), false) => s.conv3d_backward_weight(g, x, dy, out),
+            (Conv3dBackwardOp::Weight, Some(x), false) => {
+                s.conv3d_ops().backward_weight(g, x, dy, out)
+            }
             (Conv3dBackwardOp::Weight, Some(x), true) => {
-                s.conv3d_backward_weight_vendor(g, x, dy, out)
+                s.conv3d_ops().backward_weight_vendor(g, x, dy, out)
             }
-            (Conv3dBackwardOp::Bias, None, false) => s.conv3d_backward_bias(g, dy, out),
+            (Conv3dBackwardOp::Bias, None, false) => s.conv3d_ops().backward_bias(g, dy, out),
             _ => Err(operands_refused()),
         }
     }
@@ -600,15 +602,29 @@ impl Conv3dChain {
             results: &mut DeviceViewMut<'_, u64>,
         ) -> Result<()> {
             match bias {
-                Some(DeviceConv3dData::F32(b)) => {
-                    s.conv3d_backward_check(op, g, operands, Some(&b), out, sampling, slot, results)
-                }
-                Some(DeviceConv3dData::BF16(b)) => {
-                    s.conv3d_backward_check(op, g, operands, Some(&b), out, sampling, slot, results)
-                }
-                None => s.conv3d_backward_check::<T, f32>(
-                    op, g, operands, None, out, sampling, slot, results,
+                Some(DeviceConv3dData::F32(b)) => s.conv3d_ops().backward_check(
+                    op,
+                    g,
+                    operands,
+                    Some(&b),
+                    out,
+                    sampling,
+                    slot,
+                    results,
                 ),
+                Some(DeviceConv3dData::BF16(b)) => s.conv3d_ops().backward_check(
+                    op,
+                    g,
+                    operands,
+                    Some(&b),
+                    out,
+                    sampling,
+                    slot,
+                    results,
+                ),
+                None => s
+                    .conv3d_ops()
+                    .backward_check::<T, f32>(op, g, operands, None, out, sampling, slot, results),
             }
         }
         use DeviceConv3dData::{BF16, F32};

@@ -12,7 +12,7 @@
 //!
 //! The checks run on the device, on the caller's stream, whatever tier
 //! served: the non-finite scan ([`Stream::count_nonfinite_into`]) and the
-//! sampled f64 points ([`Stream::conv3d_check`]) are queued after the tier,
+//! sampled f64 points ([`Conv3dOps::check`](crate::device::Conv3dOps::check)) are queued after the tier,
 //! and one small copy reads both back (the only wait of a call whose output
 //! is clean). Only when the output holds a NaN or an infinity does a second
 //! round run on the device: the operands' non-finite counts (are the
@@ -635,13 +635,18 @@ impl Conv3dChain {
                 ($x:expr, $w:expr, $y:expr) => {
                     match bias {
                         Some(DeviceConv3dData::F32(b)) => {
-                            stream.conv3d_check(&g, $x, $w, Some(&b), $y, sampling, None, r)
+                            stream
+                                .conv3d_ops()
+                                .check(&g, $x, $w, Some(&b), $y, sampling, None, r)
                         }
                         Some(DeviceConv3dData::BF16(b)) => {
-                            stream.conv3d_check(&g, $x, $w, Some(&b), $y, sampling, None, r)
+                            stream
+                                .conv3d_ops()
+                                .check(&g, $x, $w, Some(&b), $y, sampling, None, r)
                         }
                         None => stream
-                            .conv3d_check::<_, f32, _>(&g, $x, $w, None, $y, sampling, None, r),
+                            .conv3d_ops()
+                            .check::<_, f32, _>(&g, $x, $w, None, $y, sampling, None, r),
                     }
                 };
             }
@@ -746,7 +751,7 @@ type CheckOperands<'r, 'v, T> = (
     Option<DeviceConv3dData<'v>>,
 );
 
-/// [`Stream::conv3d_check`] with the bias's own element type.
+/// [`Conv3dOps::check`](crate::device::Conv3dOps::check) with the bias's own element type.
 fn check_typed<T: crate::convert::Element>(
     s: &Stream,
     g: &Conv3dGeometry,
@@ -758,12 +763,16 @@ fn check_typed<T: crate::convert::Element>(
 ) -> Result<()> {
     match bias {
         Some(DeviceConv3dData::BF16(b)) => {
-            s.conv3d_check(g, x, w, Some(&b), out, sampling, locate, results)
+            s.conv3d_ops()
+                .check(g, x, w, Some(&b), out, sampling, locate, results)
         }
         Some(DeviceConv3dData::F32(b)) => {
-            s.conv3d_check(g, x, w, Some(&b), out, sampling, locate, results)
+            s.conv3d_ops()
+                .check(g, x, w, Some(&b), out, sampling, locate, results)
         }
-        None => s.conv3d_check::<T, f32, f32>(g, x, w, None, out, sampling, locate, results),
+        None => s
+            .conv3d_ops()
+            .check::<T, f32, f32>(g, x, w, None, out, sampling, locate, results),
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! The GPU tiers, per [`Device`]: each uploads the problem, runs one
 //! conv3d on the device through the [`Backend`](crate::device::raw::Backend)
-//! trait ([`Stream::conv3d`] or [`Stream::conv3d_vendor`]; for the backward
+//! trait ([`Conv3dOps::forward`](crate::device::Conv3dOps::forward) or [`Conv3dOps::vendor`](crate::device::Conv3dOps::vendor); for the backward
 //! ops the naive tier's kernels and the vendor tier's library), and
 //! downloads the output. So they run on every backend: HIP, CUDA, the host backend
 //! (whose "kernels" are the CPU code, so the whole path runs in CI), and
@@ -120,7 +120,7 @@ impl LayoutScratch {
         run: impl FnOnce(&DeviceView<'_, T>) -> Result<()>,
     ) -> Result<()> {
         self.with_buffer(s, layout.len(g), |dst| {
-            s.conv3d_arrange_weight(layout, g, w, dst)?;
+            s.conv3d_ops().arrange_weight(layout, g, w, dst)?;
             run(&dst.as_view())
         })
     }
@@ -151,7 +151,7 @@ fn run_typed<T: Element + Default>(
     let g = &p.geometry;
     let layout = match op {
         Op::Vendor => Conv3dWeightLayout::Standard,
-        Op::Kernel(k) => s.conv3d_weight_layout(k, T::DTYPE, g),
+        Op::Kernel(k) => s.conv3d_ops().weight_layout(k, T::DTYPE, g),
     };
     let w = layout.arrange(g, w)?;
     let xd = s.clone_htod(x)?;
@@ -166,8 +166,13 @@ fn run_typed<T: Element + Default>(
     let mut y = s.alloc_zeros::<f32>(g.output_len())?;
     let bias = bd.as_ref().map(|b| b.view());
     match op {
-        Op::Vendor => s.conv3d_vendor(g, &xd.view(), &wd.view(), bias, &mut y.view_mut())?,
-        Op::Kernel(k) => s.conv3d(k, g, &xd.view(), &wd.view(), bias, &mut y.view_mut())?,
+        Op::Vendor => s
+            .conv3d_ops()
+            .vendor(g, &xd.view(), &wd.view(), bias, &mut y.view_mut())?,
+        Op::Kernel(k) => {
+            s.conv3d_ops()
+                .forward(k, g, &xd.view(), &wd.view(), bias, &mut y.view_mut())?
+        }
     }
     // Waits for the stream.
     y.copy_dtoh(out)
@@ -218,11 +223,11 @@ fn run_views<T: Element + Default>(
 ) -> Result<()> {
     let layout = match op {
         Op::Vendor => Conv3dWeightLayout::Standard,
-        Op::Kernel(k) => s.conv3d_weight_layout(k, T::DTYPE, g),
+        Op::Kernel(k) => s.conv3d_ops().weight_layout(k, T::DTYPE, g),
     };
     let mut call = |wv: &DeviceView<'_, T>| match op {
-        Op::Vendor => s.conv3d_vendor(g, x, wv, bias, out),
-        Op::Kernel(k) => s.conv3d(k, g, x, wv, bias, out),
+        Op::Vendor => s.conv3d_ops().vendor(g, x, wv, bias, out),
+        Op::Kernel(k) => s.conv3d_ops().forward(k, g, x, wv, bias, out),
     };
     match layout {
         Conv3dWeightLayout::Standard => call(w),
@@ -277,18 +282,18 @@ fn backward_typed<T: Element + Default>(
     let (bias, mut yv) = (bd.as_ref().map(|b| b.view()), y.view_mut());
     match (p.op, ov, vendor) {
         (Conv3dBackwardOp::Data, Some(w), false) => {
-            s.conv3d_backward_data(g, &dyv, &w, bias, &mut yv)?
+            s.conv3d_ops().backward_data(g, &dyv, &w, bias, &mut yv)?
         }
-        (Conv3dBackwardOp::Data, Some(w), true) => {
-            s.conv3d_backward_data_vendor(g, &dyv, &w, bias, &mut yv)?
-        }
+        (Conv3dBackwardOp::Data, Some(w), true) => s
+            .conv3d_ops()
+            .backward_data_vendor(g, &dyv, &w, bias, &mut yv)?,
         (Conv3dBackwardOp::Weight, Some(x), false) => {
-            s.conv3d_backward_weight(g, &x, &dyv, &mut yv)?
+            s.conv3d_ops().backward_weight(g, &x, &dyv, &mut yv)?
         }
-        (Conv3dBackwardOp::Weight, Some(x), true) => {
-            s.conv3d_backward_weight_vendor(g, &x, &dyv, &mut yv)?
-        }
-        (Conv3dBackwardOp::Bias, None, false) => s.conv3d_backward_bias(g, &dyv, &mut yv)?,
+        (Conv3dBackwardOp::Weight, Some(x), true) => s
+            .conv3d_ops()
+            .backward_weight_vendor(g, &x, &dyv, &mut yv)?,
+        (Conv3dBackwardOp::Bias, None, false) => s.conv3d_ops().backward_bias(g, &dyv, &mut yv)?,
         _ => {
             return Err(crate::Error::Conv3dTier {
                 tier: "naive",
@@ -315,8 +320,8 @@ const VENDOR_NO_BIAS_GRAD: &str =
 /// Skipped as unavailable where the library is not installed (and always
 /// on the host backend, which has none). Serves the forward call, and the
 /// data and weight gradients (so `conv_transpose3d` too) where the
-/// library has its backward calls ([`Stream::conv3d_backward_data_vendor`],
-/// [`Stream::conv3d_backward_weight_vendor`]: f32 results, bf16 operands
+/// library has its backward calls ([`Conv3dOps::backward_data_vendor`](crate::device::Conv3dOps::backward_data_vendor),
+/// [`Conv3dOps::backward_weight_vendor`](crate::device::Conv3dOps::backward_weight_vendor): f32 results, bf16 operands
 /// widened to f32 on the device); not the bias gradient.
 #[derive(Debug)]
 pub struct VendorTier {
@@ -432,7 +437,7 @@ impl Conv3dTier for VendorTier {
 /// naive tier's gather kernel serves them.
 ///
 /// The weight gradient is the split-K tiled kernel's
-/// ([`Stream::conv3d_backward_weight_tiled`]: one implicit GEMM per group
+/// ([`Conv3dOps::backward_weight_tiled`](crate::device::Conv3dOps::backward_weight_tiled): one implicit GEMM per group
 /// on 64 x 64 tiles of `dw`, the reduction over the batch and the output
 /// volume split into chunks whose partial sums are added with float atomics
 /// into `dw`, zeroed first on the caller's stream; no host copy, no wait).
@@ -482,7 +487,7 @@ impl TiledTier {
         }
         self.inserted
             .with_buffer::<T>(s, g1.output_len(), |spread| {
-                s.conv3d_zero_insert(g, g1.output, dy, spread)?;
+                s.conv3d_ops().zero_insert(g, g1.output, dy, spread)?;
                 self.flipped(s, &g1, (&spread.as_view(), w), bias, out)
             })
     }
@@ -506,7 +511,7 @@ impl TiledTier {
             })?;
         let op = Op::Kernel(Conv3dKernel::Tiled);
         self.flips.with_buffer::<T>(s, w.len(), |flipped| {
-            s.conv3d_flip_weight(g, w, flipped)?;
+            s.conv3d_ops().flip_weight(g, w, flipped)?;
             let operands = (dy, &flipped.as_view());
             run_views(s, op, &fwd, &self.layouts, operands, bias, out)
         })

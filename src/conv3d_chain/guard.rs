@@ -5,7 +5,7 @@
 //! computed (torch's conv3d, on torch's stream) and queues behind it, on
 //! the same stream:
 //!
-//! 1. one launch ([`Stream::conv3d_guard_check`], [`GuardStage::Output`]):
+//! 1. one launch ([`Conv3dOps::guard_check`](crate::device::Conv3dOps::guard_check), [`GuardStage::Output`]):
 //!    the output's NaN/Inf count, when asked the device check of sampled
 //!    points (f64 recomputation from the operands), and the verdict, whose
 //!    second word is the *gate* of everything that follows (the launch
@@ -322,7 +322,9 @@ impl Conv3dGuard {
         let k = g.out_channels;
         let bias_f32 = DeviceScratch::bias_f32(stream, alloc_on, &mut st.bias, bias, k)?;
         let dtype = input.0.dtype();
-        let layout = stream.conv3d_weight_layout(Conv3dKernel::Tiled, dtype, &g);
+        let layout = stream
+            .conv3d_ops()
+            .weight_layout(Conv3dKernel::Tiled, dtype, &g);
         let layout_words = (layout.len(&g) * dtype.size().unwrap_or(4)).div_ceil(4);
         let layout_buf = match layout {
             Conv3dWeightLayout::Standard => None,
@@ -451,7 +453,7 @@ fn queue(
     )
 }
 
-/// The fused check of `out` ([`Stream::conv3d_guard_check`]) at `stage`.
+/// The fused check of `out` ([`Conv3dOps::guard_check`](crate::device::Conv3dOps::guard_check)) at `stage`.
 fn check(
     s: &Stream,
     p: &Plan<'_, '_>,
@@ -471,15 +473,18 @@ fn check(
             match p.bias {
                 Some(F32(b)) => {
                     let ops = ($x, $w, Some(&b) as CheckBias<'_, '_, f32>, $y);
-                    s.conv3d_guard_check(p.g, ops, sampling, stage, words, gate)
+                    s.conv3d_ops()
+                        .guard_check(p.g, ops, sampling, stage, words, gate)
                 }
                 Some(BF16(b)) => {
                     let ops = ($x, $w, Some(&b) as CheckBias<'_, '_, bf16>, $y);
-                    s.conv3d_guard_check(p.g, ops, sampling, stage, words, gate)
+                    s.conv3d_ops()
+                        .guard_check(p.g, ops, sampling, stage, words, gate)
                 }
                 None => {
                     let ops = ($x, $w, None as CheckBias<'_, '_, f32>, $y);
-                    s.conv3d_guard_check(p.g, ops, sampling, stage, words, gate)
+                    s.conv3d_ops()
+                        .guard_check(p.g, ops, sampling, stage, words, gate)
                 }
             }
         };
@@ -509,13 +514,17 @@ fn repair(
     macro_rules! run {
         ($x:expr, $w:expr, $y:expr, $t:ty) => {{
             match layout_buf {
-                None => s.conv3d_tiled_gated(g, (&$x, &$w, p.bias_f32), $y, gate),
+                None => s
+                    .conv3d_ops()
+                    .tiled_gated(g, (&$x, &$w, p.bias_f32), $y, gate),
                 Some(buf) => {
                     let mut all = buf.view_mut();
                     let mut typed = all.cast_mut::<$t>()?;
                     let mut dst = typed.slice_mut(..p.layout.len(g))?;
-                    s.conv3d_arrange_weight_gated(p.layout, g, &$w, &mut dst, gate)?;
-                    s.conv3d_tiled_gated(g, (&$x, &dst.as_view(), p.bias_f32), $y, gate)
+                    s.conv3d_ops()
+                        .arrange_weight_gated(p.layout, g, &$w, &mut dst, gate)?;
+                    s.conv3d_ops()
+                        .tiled_gated(g, (&$x, &dst.as_view(), p.bias_f32), $y, gate)
                 }
             }
         }};

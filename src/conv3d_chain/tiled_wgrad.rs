@@ -1,5 +1,5 @@
 //! The tiled tier's weight gradient: the split-K tiled kernel
-//! ([`Stream::conv3d_backward_weight_tiled`]) on host operands (uploaded,
+//! ([`Conv3dOps::backward_weight_tiled`](crate::device::Conv3dOps::backward_weight_tiled)) on host operands (uploaded,
 //! run, downloaded) and on device operands (in place on the caller's
 //! stream), and which geometries it takes.
 
@@ -43,7 +43,8 @@ pub(super) fn weight_on_host(
         let xd = s.clone_htod(x)?;
         let dyd = s.clone_htod(dy)?;
         let mut dw = s.alloc_zeros::<f32>(out.len())?;
-        s.conv3d_backward_weight_tiled(g, &xd.view(), &dyd.view(), &mut dw.view_mut())?;
+        s.conv3d_ops()
+            .backward_weight_tiled(g, &xd.view(), &dyd.view(), &mut dw.view_mut())?;
         // Waits for the stream.
         dw.copy_dtoh(out)
     }
@@ -64,8 +65,8 @@ pub(super) fn weight_on_device(
     use DeviceConv3dData::{BF16, F32};
     let (s, g) = (ops.stream, &ops.geometry);
     match (ops.grad_output, ops.other) {
-        (F32(dy), Some(F32(x))) => s.conv3d_backward_weight_tiled(g, &x, &dy, out),
-        (BF16(dy), Some(BF16(x))) => s.conv3d_backward_weight_tiled(g, &x, &dy, out),
+        (F32(dy), Some(F32(x))) => s.conv3d_ops().backward_weight_tiled(g, &x, &dy, out),
+        (BF16(dy), Some(BF16(x))) => s.conv3d_ops().backward_weight_tiled(g, &x, &dy, out),
         _ => Err(refused()),
     }
 }

@@ -450,7 +450,7 @@ pub enum KernelOp<'a> {
     /// The weight gradient `args` describes (op
     /// [`Conv3dBackwardOp::Weight`](crate::conv3d::Conv3dBackwardOp::Weight))
     /// by the tiled split-K kernel (`conv3d_bwd_weight_tiled_{f32,bf16}`;
-    /// see [`Stream::conv3d_backward_weight_tiled`](crate::device::Stream::conv3d_backward_weight_tiled)):
+    /// see [`Conv3dOps::backward_weight_tiled`](crate::device::Conv3dOps::backward_weight_tiled)):
     /// the f32 result written in full. A GPU backend zeroes the result on
     /// the stream, then the kernel's blocks add their partial sums into it
     /// with float atomics, so its last bits may differ run to run. The

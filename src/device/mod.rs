@@ -8,8 +8,8 @@
 //! | device memory | [`DeviceBuffer<T>`] | owns its allocation; `Drop` waits for the device, then frees |
 //! | a range of device memory | [`DeviceView`], [`DeviceViewMut`] | borrowed, any element offset |
 //! | page-locked host memory | [`PinnedBuffer<T>`] | async copies; host access waits for them |
-//! | a conv3d on the device | [`Stream::conv3d`], [`Stream::conv3d_vendor`] | the conv3d chain's GPU tiers; [`Conv3dLaunch`] at the backend |
-//! | its gradients on the device | [`Stream::conv3d_backward_data`] (also `conv_transpose3d`), `_weight`, `_bias`; [`Stream::conv3d_backward_data_vendor`], `_weight_vendor` | the chain's naive and vendor tiers for the backward ops; [`Conv3dBackwardLaunch`] at the backend |
+//! | a conv3d on the device | [`Conv3dOps::forward`](crate::device::Conv3dOps::forward), [`Conv3dOps::vendor`](crate::device::Conv3dOps::vendor) | the conv3d chain's GPU tiers; [`Conv3dLaunch`] at the backend |
+//! | its gradients on the device | [`Conv3dOps::backward_data`](crate::device::Conv3dOps::backward_data) (also `conv_transpose3d`), `_weight`, `_bias`; [`Conv3dOps::backward_data_vendor`](crate::device::Conv3dOps::backward_data_vendor), `_weight_vendor` | the chain's naive and vendor tiers for the backward ops; [`Conv3dBackwardLaunch`] at the backend |
 //!
 //! Backends implement two raw, object-safe traits (addresses, handles, byte
 //! counts): [`Driver`] (memory, streams, events, copies: what differs per
@@ -106,6 +106,7 @@ pub mod hip;
 
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
 pub use conv3d::Conv3dKernel;
+pub use conv3d_stream::Conv3dOps;
 pub use device_handle::Device;
 pub(crate) use device_handle::WeakDevice;
 pub(crate) use info::record_kernel_load;

@@ -102,7 +102,7 @@ impl Stream {
 
     /// The device address of an optional gate (one `u64` of this device
     /// that a gated kernel reads as it starts; see
-    /// `Stream::conv3d_guard_decide`), checked: [`Error::DeviceMismatch`]
+    /// `Conv3dOps::guard_decide`), checked: [`Error::DeviceMismatch`]
     /// (`op`) for a gate of another device, [`Error::LengthMismatch`]
     /// (`what`) for one that is not one element.
     pub(crate) fn gate_ptr(

@@ -58,8 +58,8 @@ fn check_kernel_matches_the_host_reference(dev: &Device) {
                     let (seed, rv) = (99u64, &mut res.slice_mut(..CHECK_WORDS * n).unwrap());
                     let yv = yd.view();
                     match (&u.x, &u.w, &u.b) {
-                        (DeviceData::F32(x), DeviceData::F32(w), Some(DeviceData::F32(b))) => s
-                            .conv3d_check(
+                        (DeviceData::F32(x), DeviceData::F32(w), Some(DeviceData::F32(b))) => {
+                            s.conv3d_ops().check(
                                 &g,
                                 &x.view(),
                                 &w.view(),
@@ -68,9 +68,10 @@ fn check_kernel_matches_the_host_reference(dev: &Device) {
                                 (n, seed),
                                 lv.as_mut(),
                                 rv,
-                            ),
-                        (DeviceData::F32(x), DeviceData::F32(w), Some(DeviceData::BF16(b))) => s
-                            .conv3d_check(
+                            )
+                        }
+                        (DeviceData::F32(x), DeviceData::F32(w), Some(DeviceData::BF16(b))) => {
+                            s.conv3d_ops().check(
                                 &g,
                                 &x.view(),
                                 &w.view(),
@@ -79,9 +80,10 @@ fn check_kernel_matches_the_host_reference(dev: &Device) {
                                 (n, seed),
                                 lv.as_mut(),
                                 rv,
-                            ),
-                        (DeviceData::BF16(x), DeviceData::BF16(w), Some(DeviceData::F32(b))) => s
-                            .conv3d_check(
+                            )
+                        }
+                        (DeviceData::BF16(x), DeviceData::BF16(w), Some(DeviceData::F32(b))) => {
+                            s.conv3d_ops().check(
                                 &g,
                                 &x.view(),
                                 &w.view(),
@@ -90,9 +92,10 @@ fn check_kernel_matches_the_host_reference(dev: &Device) {
                                 (n, seed),
                                 lv.as_mut(),
                                 rv,
-                            ),
-                        (DeviceData::BF16(x), DeviceData::BF16(w), Some(DeviceData::BF16(b))) => s
-                            .conv3d_check(
+                            )
+                        }
+                        (DeviceData::BF16(x), DeviceData::BF16(w), Some(DeviceData::BF16(b))) => {
+                            s.conv3d_ops().check(
                                 &g,
                                 &x.view(),
                                 &w.view(),
@@ -101,7 +104,8 @@ fn check_kernel_matches_the_host_reference(dev: &Device) {
                                 (n, seed),
                                 lv.as_mut(),
                                 rv,
-                            ),
+                            )
+                        }
                         _ => panic!("operands"),
                     }
                     .unwrap();
@@ -155,23 +159,25 @@ fn locate_without_a_non_finite_value_finds_nothing(dev: &Device) {
     let y = s.alloc_zeros::<f32>(g.output_len()).unwrap();
     let mut res = s.alloc_zeros::<u64>(CHECK_WORDS).unwrap();
     let mut slot = s.alloc_zeros::<u64>(1).unwrap();
-    s.conv3d_check::<f32, f32, f32>(
-        &g,
-        &x.view(),
-        &w.view(),
-        None,
-        &y.view(),
-        (1, 0),
-        Some(&mut slot.view_mut()),
-        &mut res.view_mut(),
-    )
-    .unwrap();
+    s.conv3d_ops()
+        .check::<f32, f32, f32>(
+            &g,
+            &x.view(),
+            &w.view(),
+            None,
+            &y.view(),
+            (1, 0),
+            Some(&mut slot.view_mut()),
+            &mut res.view_mut(),
+        )
+        .unwrap();
     let pt = CheckedPoint::decode(&res.to_vec().unwrap())[0];
     assert_eq!(pt.index, None);
     assert!(pt.reference.is_nan());
     // Misuse is refused before the device sees it.
     let e = s
-        .conv3d_check::<f32, f32, f32>(
+        .conv3d_ops()
+        .check::<f32, f32, f32>(
             &g,
             &x.view(),
             &w.view(),
@@ -193,7 +199,8 @@ fn locate_without_a_non_finite_value_finds_nothing(dev: &Device) {
         "{e}"
     );
     let e = s
-        .conv3d_check::<f32, f32, f32>(
+        .conv3d_ops()
+        .check::<f32, f32, f32>(
             &g,
             &x.view(),
             &w.view(),
@@ -223,7 +230,8 @@ fn layout_kernels_match_the_host_layouts(dev: &Device) {
             if layout != Conv3dWeightLayout::TiledTransposed {
                 let src = s.clone_htod(&data.wb).unwrap();
                 let mut dst = s.alloc_zeros::<bf16>(layout.len(&g)).unwrap();
-                s.conv3d_arrange_weight(layout, &g, &src.view(), &mut dst.view_mut())
+                s.conv3d_ops()
+                    .arrange_weight(layout, &g, &src.view(), &mut dst.view_mut())
                     .unwrap();
                 assert_eq!(
                     dst.to_vec().unwrap(),
@@ -235,7 +243,8 @@ fn layout_kernels_match_the_host_layouts(dev: &Device) {
             }
             let src = s.clone_htod(&data.w).unwrap();
             let mut dst = s.alloc_zeros::<f32>(layout.len(&g)).unwrap();
-            s.conv3d_arrange_weight(layout, &g, &src.view(), &mut dst.view_mut())
+            s.conv3d_ops()
+                .arrange_weight(layout, &g, &src.view(), &mut dst.view_mut())
                 .unwrap();
             assert_eq!(
                 dst.to_vec().unwrap(),
@@ -245,7 +254,8 @@ fn layout_kernels_match_the_host_layouts(dev: &Device) {
             );
             let src = s.clone_htod(&data.wb).unwrap();
             let mut dst = s.alloc_zeros::<bf16>(layout.len(&g)).unwrap();
-            s.conv3d_arrange_weight(layout, &g, &src.view(), &mut dst.view_mut())
+            s.conv3d_ops()
+                .arrange_weight(layout, &g, &src.view(), &mut dst.view_mut())
                 .unwrap();
             assert_eq!(
                 dst.to_vec().unwrap(),
@@ -259,7 +269,8 @@ fn layout_kernels_match_the_host_layouts(dev: &Device) {
             let src = s.clone_htod(&data.w).unwrap();
             let mut dst = s.alloc_zeros::<f32>(packed.len(&g)).unwrap();
             assert!(matches!(
-                s.conv3d_arrange_weight(packed, &g, &src.view(), &mut dst.view_mut()),
+                s.conv3d_ops()
+                    .arrange_weight(packed, &g, &src.view(), &mut dst.view_mut()),
                 Err(Error::Conv3dDType { .. })
             ));
         }

@@ -218,7 +218,8 @@ fn vendor_no_algorithm_is_injected_into_the_vendor_call() {
     let w = s.clone_htod(&data.w).unwrap();
     let mut y = s.alloc_zeros::<f32>(g.output_len()).unwrap();
     let e = s
-        .conv3d_vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
+        .conv3d_ops()
+        .vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
         .unwrap_err();
     assert!(
         matches!(
@@ -231,7 +232,8 @@ fn vendor_no_algorithm_is_injected_into_the_vendor_call() {
         "{e}"
     );
     let e = s
-        .conv3d_vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
+        .conv3d_ops()
+        .vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
         .unwrap_err();
     assert!(
         matches!(

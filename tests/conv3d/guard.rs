@@ -408,12 +408,14 @@ fn separate<T: Element, Y: Element>(
     }
     let mut res = s.alloc_zeros::<u64>(CHECK_WORDS * samples.max(1)).unwrap();
     let mut res = res.slice_mut(..CHECK_WORDS * samples).unwrap();
-    s.conv3d_check(g, x, w, b, y, (samples, 5), None, &mut res)
+    s.conv3d_ops()
+        .check(g, x, w, b, y, (samples, 5), None, &mut res)
         .unwrap();
     let mut verdict = s.alloc_zeros::<u64>(VERDICT_WORDS).unwrap();
     let ic_view = ic.view();
     let words = (&oc.view(), repair.then_some(&ic_view), &res.as_view());
-    s.conv3d_guard_decide(words, rel, &mut verdict.view_mut(), None)
+    s.conv3d_ops()
+        .guard_decide(words, rel, &mut verdict.view_mut(), None)
         .unwrap();
     let mut record = oc.to_vec().unwrap();
     if repair {
@@ -447,15 +449,16 @@ fn fused<T: Element, Y: Element>(
     // Twice: the accumulators the first launch leaves must be zero again,
     // or the second launch's record would differ.
     for _ in 0..2 {
-        s.conv3d_guard_check(
-            g,
-            ops,
-            (samples, 5, rel),
-            stage,
-            (&mut res, &mut acc.view_mut(), &mut record.view_mut()),
-            gate.as_ref().map(|b| b.view()).as_ref(),
-        )
-        .unwrap();
+        s.conv3d_ops()
+            .guard_check(
+                g,
+                ops,
+                (samples, 5, rel),
+                stage,
+                (&mut res, &mut acc.view_mut(), &mut record.view_mut()),
+                gate.as_ref().map(|b| b.view()).as_ref(),
+            )
+            .unwrap();
     }
     (
         record.to_vec().unwrap(),
@@ -644,14 +647,15 @@ fn gated_layouts_run_only_when_open() {
     for open in [0u64, 1] {
         let gate = s.clone_htod(&[open]).unwrap();
         let mut dst = s.alloc_zeros::<f32>(layout.len(&g)).unwrap();
-        s.conv3d_arrange_weight_gated(
-            layout,
-            &g,
-            &wd.view(),
-            &mut dst.view_mut(),
-            Some(&gate.view()),
-        )
-        .unwrap();
+        s.conv3d_ops()
+            .arrange_weight_gated(
+                layout,
+                &g,
+                &wd.view(),
+                &mut dst.view_mut(),
+                Some(&gate.view()),
+            )
+            .unwrap();
         let got = dst.to_vec().unwrap();
         if open == 1 {
             assert_eq!(&got[..], &*want);
@@ -660,7 +664,8 @@ fn gated_layouts_run_only_when_open() {
         }
         let mut std_dst = s.alloc_zeros::<f32>(w.len()).unwrap();
         let e = s
-            .conv3d_arrange_weight_gated(
+            .conv3d_ops()
+            .arrange_weight_gated(
                 Conv3dWeightLayout::Standard,
                 &g,
                 &wd.view(),

@@ -185,7 +185,8 @@ fn device_errors_are_typed(dev: &Device) {
     let mut y = s.alloc_zeros::<f32>(g.output_len()).unwrap();
     let mut short = s.alloc_zeros::<f32>(3).unwrap();
     let e = s
-        .conv3d(
+        .conv3d_ops()
+        .forward(
             Conv3dKernel::Naive,
             &g,
             &x.view(),
@@ -199,7 +200,8 @@ fn device_errors_are_typed(dev: &Device) {
         "{e}"
     );
     let e = s
-        .conv3d(
+        .conv3d_ops()
+        .forward(
             Conv3dKernel::Naive,
             &g,
             &x.view(),
@@ -219,7 +221,8 @@ fn device_errors_are_typed(dev: &Device) {
         "{e}"
     );
     let e = s
-        .conv3d(
+        .conv3d_ops()
+        .forward(
             Conv3dKernel::Naive,
             &g,
             &x.view(),
@@ -239,7 +242,8 @@ fn device_errors_are_typed(dev: &Device) {
         "{e}"
     );
     let e = s
-        .conv3d(
+        .conv3d_ops()
+        .forward(
             Conv3dKernel::Naive,
             &g,
             &x.slice(..5).unwrap(),
@@ -263,7 +267,8 @@ fn device_errors_are_typed(dev: &Device) {
     let os = other.stream().unwrap();
     let ox = os.clone_htod(&data.x).unwrap();
     let e = s
-        .conv3d(
+        .conv3d_ops()
+        .forward(
             Conv3dKernel::Naive,
             &g,
             &ox.view(),
@@ -280,28 +285,33 @@ fn device_errors_are_typed(dev: &Device) {
     assert!(Conv3dKernel::Tiled.cannot_take(&g).is_none());
     let mut y2 = s.alloc_zeros::<f32>(y.len()).unwrap();
     // The tiled kernel reads the weight in its own layout.
-    let layout = s.conv3d_weight_layout(Conv3dKernel::Tiled, rocm_safe::dtype::DType::F32, &g);
+    let layout =
+        s.conv3d_ops()
+            .weight_layout(Conv3dKernel::Tiled, rocm_safe::dtype::DType::F32, &g);
     let mut wt = s.alloc_zeros::<f32>(layout.len(&g)).unwrap();
-    s.conv3d_arrange_weight(layout, &g, &w.view(), &mut wt.view_mut())
+    s.conv3d_ops()
+        .arrange_weight(layout, &g, &w.view(), &mut wt.view_mut())
         .unwrap();
-    s.conv3d(
-        Conv3dKernel::Tiled,
-        &g,
-        &x.view(),
-        &wt.view(),
-        None,
-        &mut y.view_mut(),
-    )
-    .unwrap();
-    s.conv3d(
-        Conv3dKernel::Naive,
-        &g,
-        &x.view(),
-        &w.view(),
-        None,
-        &mut y2.view_mut(),
-    )
-    .unwrap();
+    s.conv3d_ops()
+        .forward(
+            Conv3dKernel::Tiled,
+            &g,
+            &x.view(),
+            &wt.view(),
+            None,
+            &mut y.view_mut(),
+        )
+        .unwrap();
+    s.conv3d_ops()
+        .forward(
+            Conv3dKernel::Naive,
+            &g,
+            &x.view(),
+            &w.view(),
+            None,
+            &mut y2.view_mut(),
+        )
+        .unwrap();
     let (mut ha, mut hb) = (vec![0f32; y.len()], vec![0f32; y.len()]);
     y.view().copy_dtoh(&s, &mut ha).unwrap();
     y2.view().copy_dtoh(&s, &mut hb).unwrap();
@@ -320,7 +330,8 @@ fn device_errors_are_typed(dev: &Device) {
     let ew = s.clone_htod(&ed.w).unwrap();
     let mut ey = s.alloc_zeros::<f32>(0).unwrap();
     let e = s
-        .conv3d(
+        .conv3d_ops()
+        .forward(
             Conv3dKernel::Naive,
             &eg,
             &ex.view(),
@@ -331,19 +342,21 @@ fn device_errors_are_typed(dev: &Device) {
         .unwrap_err();
     assert!(matches!(e, Error::Conv3dTier { tier: "naive", .. }), "{e}");
     let e = s
-        .conv3d_vendor(&eg, &ex.view(), &ew.view(), None, &mut ey.view_mut())
+        .conv3d_ops()
+        .vendor(&eg, &ex.view(), &ew.view(), None, &mut ey.view_mut())
         .unwrap_err();
     assert!(matches!(e, Error::Conv3dTier { tier: "vendor", .. }), "{e}");
     // A correct call works, and equals the CPU tier.
-    s.conv3d(
-        Conv3dKernel::Naive,
-        &g,
-        &x.view(),
-        &w.view(),
-        Some(b.view()),
-        &mut y.view_mut(),
-    )
-    .unwrap();
+    s.conv3d_ops()
+        .forward(
+            Conv3dKernel::Naive,
+            &g,
+            &x.view(),
+            &w.view(),
+            Some(b.view()),
+            &mut y.view_mut(),
+        )
+        .unwrap();
     let got = y.to_vec().unwrap();
     let p = data.problem(case, false);
     let mut want = vec![0f32; g.output_len()];
@@ -355,7 +368,8 @@ fn device_errors_are_typed(dev: &Device) {
     assert!(dev.kind() != BackendKind::Host || available.is_err());
     if available.is_err() {
         let e = s
-            .conv3d_vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
+            .conv3d_ops()
+            .vendor(&g, &x.view(), &w.view(), None, &mut y.view_mut())
             .unwrap_err();
         assert!(
             matches!(e, Error::VendorUnavailable { backend, .. } if backend == dev.kind().name()),

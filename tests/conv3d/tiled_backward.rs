@@ -509,7 +509,7 @@ fn tiled_kernel_failure_falls_to_naive(open: Open<'_>) {
     });
 }
 
-/// `Stream::conv3d_flip_weight` (f32 and bf16) writes
+/// `Conv3dOps::flip_weight` (f32 and bf16) writes
 /// `W'[g*Cg + c, k, a, b, e] = W[g*Kg + k, c, KD-1-a, KH-1-b, KW-1-e]`,
 /// computed here index by index; refuses wrong lengths.
 fn flip_kernel_matches_the_index_formula(dev: &Device) {
@@ -544,23 +544,26 @@ fn flip_kernel_matches_the_index_formula(dev: &Device) {
     let s = dev.stream().unwrap();
     let wd = s.clone_htod(&w).unwrap();
     let mut out = s.alloc_zeros::<f32>(n).unwrap();
-    s.conv3d_flip_weight(&g, &wd.view(), &mut out.view_mut())
+    s.conv3d_ops()
+        .flip_weight(&g, &wd.view(), &mut out.view_mut())
         .unwrap();
     assert_eq!(out.to_vec().unwrap(), want);
     let wb = to_bf16(&w);
     let wbd = s.clone_htod(&wb).unwrap();
     let mut outb = s.alloc_zeros::<bf16>(n).unwrap();
-    s.conv3d_flip_weight(&g, &wbd.view(), &mut outb.view_mut())
+    s.conv3d_ops()
+        .flip_weight(&g, &wbd.view(), &mut outb.view_mut())
         .unwrap();
     assert_eq!(outb.to_vec().unwrap(), to_bf16(&want));
     let mut short = s.alloc_zeros::<f32>(n - 1).unwrap();
     let e = s
-        .conv3d_flip_weight(&g, &wd.view(), &mut short.view_mut())
+        .conv3d_ops()
+        .flip_weight(&g, &wd.view(), &mut short.view_mut())
         .unwrap_err();
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
 }
 
-/// `Stream::conv3d_zero_insert` (f32 and bf16) writes `dy[n, k, z/sd,
+/// `Conv3dOps::zero_insert` (f32 and bf16) writes `dy[n, k, z/sd,
 /// y/sh, x/sw]` at multiples of the stride inside `dy`, zero elsewhere,
 /// computed here index by index; refuses a destination too small for the
 /// stride.
@@ -594,13 +597,15 @@ fn zero_insert_kernel_matches_the_index_formula(dev: &Device) {
     let dyd = s.clone_htod(&dy).unwrap();
     // Filled with garbage first: every element is written.
     let mut out = s.clone_htod(&vec![7f32; want.len()]).unwrap();
-    s.conv3d_zero_insert(&g, expanded, &dyd.view(), &mut out.view_mut())
+    s.conv3d_ops()
+        .zero_insert(&g, expanded, &dyd.view(), &mut out.view_mut())
         .unwrap();
     assert_eq!(out.to_vec().unwrap(), want);
     let dyb = to_bf16(&dy);
     let dybd = s.clone_htod(&dyb).unwrap();
     let mut outb = s.clone_htod(&vec![bf16::ONE; want.len()]).unwrap();
-    s.conv3d_zero_insert(&g, expanded, &dybd.view(), &mut outb.view_mut())
+    s.conv3d_ops()
+        .zero_insert(&g, expanded, &dybd.view(), &mut outb.view_mut())
         .unwrap();
     assert_eq!(outb.to_vec().unwrap(), to_bf16(&want));
     let small = [(od - 1) * 2, expanded[1], expanded[2]];
@@ -608,7 +613,8 @@ fn zero_insert_kernel_matches_the_index_formula(dev: &Device) {
         .alloc_zeros::<f32>(planes * small.iter().product::<usize>())
         .unwrap();
     let e = s
-        .conv3d_zero_insert(&g, small, &dyd.view(), &mut o2.view_mut())
+        .conv3d_ops()
+        .zero_insert(&g, small, &dyd.view(), &mut o2.view_mut())
         .unwrap_err();
     assert!(matches!(e, Error::Conv3dParam { .. }), "{e}");
 }

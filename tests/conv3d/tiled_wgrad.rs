@@ -2,7 +2,7 @@
 //! implicit GEMM per group on 64 x 64 tiles of `dw` with the reduction over
 //! the batch and the output volume split into chunks whose partial tiles
 //! are added into the zeroed result with float atomics
-//! (`Stream::conv3d_backward_weight_tiled`).
+//! (`Conv3dOps::backward_weight_tiled`).
 //!
 //! The kernel called directly (its result overwrites whatever the buffer
 //! held: the zeroing is part of the call) against the f64 reference and
@@ -159,7 +159,7 @@ fn tiled_serves_the_weight_gradient(dev: &Device) {
     assert_eq!(stats[2].attempts, 0, "the naive tier never runs");
 }
 
-/// `Stream::conv3d_backward_weight_tiled` on a buffer full of garbage:
+/// `Conv3dOps::backward_weight_tiled` on a buffer full of garbage:
 /// the result is the f64 reference's (the call zeroes it first) and the
 /// naive kernel's within f32 rounding; refusals: too few output channels
 /// per group, a result of the wrong length.
@@ -175,16 +175,20 @@ fn direct_kernel_matches_the_reference(dev: &Device) {
             if bf {
                 let x = s.clone_htod(&w.xb).unwrap();
                 let dy = s.clone_htod(&w.dyb).unwrap();
-                s.conv3d_backward_weight_tiled(&w.g, &x.view(), &dy.view(), &mut dw.view_mut())
+                s.conv3d_ops()
+                    .backward_weight_tiled(&w.g, &x.view(), &dy.view(), &mut dw.view_mut())
                     .unwrap();
-                s.conv3d_backward_weight(&w.g, &x.view(), &dy.view(), &mut naive.view_mut())
+                s.conv3d_ops()
+                    .backward_weight(&w.g, &x.view(), &dy.view(), &mut naive.view_mut())
                     .unwrap();
             } else {
                 let x = s.clone_htod(&w.x).unwrap();
                 let dy = s.clone_htod(&w.dy).unwrap();
-                s.conv3d_backward_weight_tiled(&w.g, &x.view(), &dy.view(), &mut dw.view_mut())
+                s.conv3d_ops()
+                    .backward_weight_tiled(&w.g, &x.view(), &dy.view(), &mut dw.view_mut())
                     .unwrap();
-                s.conv3d_backward_weight(&w.g, &x.view(), &dy.view(), &mut naive.view_mut())
+                s.conv3d_ops()
+                    .backward_weight(&w.g, &x.view(), &dy.view(), &mut naive.view_mut())
                     .unwrap();
             }
             let (got, naive) = (dw.to_vec().unwrap(), naive.to_vec().unwrap());
@@ -209,7 +213,8 @@ fn direct_kernel_matches_the_reference(dev: &Device) {
     let dy = s.clone_htod(&w.dy).unwrap();
     let mut dw = s.alloc_zeros::<f32>(8 * 27).unwrap();
     let e = s
-        .conv3d_backward_weight_tiled(&w.g, &x.view(), &dy.view(), &mut dw.view_mut())
+        .conv3d_ops()
+        .backward_weight_tiled(&w.g, &x.view(), &dy.view(), &mut dw.view_mut())
         .unwrap_err();
     assert!(
         matches!(e, Error::Conv3dTier { tier: "tiled", reason } if reason.contains("fewer than 8 output channels")),
@@ -221,7 +226,8 @@ fn direct_kernel_matches_the_reference(dev: &Device) {
     let dy = s.clone_htod(&w.dy).unwrap();
     let mut short = s.alloc_zeros::<f32>(5).unwrap();
     let e = s
-        .conv3d_backward_weight_tiled(&w.g, &x.view(), &dy.view(), &mut short.view_mut())
+        .conv3d_ops()
+        .backward_weight_tiled(&w.g, &x.view(), &dy.view(), &mut short.view_mut())
         .unwrap_err();
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
 }
@@ -340,11 +346,21 @@ fn time_kernels(what: &str, dev: &Device, w: &Wgrad, bf: bool) {
         let mut out = dw.view_mut();
         let r = match (bf, tiled) {
             (false, true) => {
-                s.conv3d_backward_weight_tiled(&w.g, &xf.view(), &dyf.view(), &mut out)
+                s.conv3d_ops()
+                    .backward_weight_tiled(&w.g, &xf.view(), &dyf.view(), &mut out)
             }
-            (false, false) => s.conv3d_backward_weight(&w.g, &xf.view(), &dyf.view(), &mut out),
-            (true, true) => s.conv3d_backward_weight_tiled(&w.g, &xb.view(), &dyb.view(), &mut out),
-            (true, false) => s.conv3d_backward_weight(&w.g, &xb.view(), &dyb.view(), &mut out),
+            (false, false) => {
+                s.conv3d_ops()
+                    .backward_weight(&w.g, &xf.view(), &dyf.view(), &mut out)
+            }
+            (true, true) => {
+                s.conv3d_ops()
+                    .backward_weight_tiled(&w.g, &xb.view(), &dyb.view(), &mut out)
+            }
+            (true, false) => {
+                s.conv3d_ops()
+                    .backward_weight(&w.g, &xb.view(), &dyb.view(), &mut out)
+            }
         };
         r.unwrap();
         s.synchronize().unwrap();

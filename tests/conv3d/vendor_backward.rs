@@ -284,7 +284,8 @@ fn host_backend_skips_the_vendor_tier_for_backward_ops() {
         .alloc_zeros::<f32>(g.input_shape().iter().product())
         .unwrap();
     let e = s
-        .conv3d_backward_data_vendor(&g, &dy.view(), &w.view(), None, &mut dx.view_mut())
+        .conv3d_ops()
+        .backward_data_vendor(&g, &dy.view(), &w.view(), None, &mut dx.view_mut())
         .unwrap_err();
     assert!(
         matches!(
@@ -298,7 +299,8 @@ fn host_backend_skips_the_vendor_tier_for_backward_ops() {
     );
     h.set_enabled(false);
     let e = s
-        .conv3d_backward_data_vendor(&g, &dy.view(), &w.view(), None, &mut dx.view_mut())
+        .conv3d_ops()
+        .backward_data_vendor(&g, &dy.view(), &w.view(), None, &mut dx.view_mut())
         .unwrap_err();
     assert!(
         matches!(

@@ -1,7 +1,7 @@
 //! The conv3d chain's work on the device besides the convolution itself:
-//! the sampled-point check ([`Conv3dCheckLaunch`], [`Stream::conv3d_check`])
+//! the sampled-point check ([`Conv3dCheckLaunch`], [`Conv3dOps::check`](crate::device::Conv3dOps::check))
 //! and the weight layouts of the tiled kernels made on the device
-//! ([`Conv3dLayoutLaunch`], [`Stream::conv3d_arrange_weight`]), with the
+//! ([`Conv3dLayoutLaunch`], [`Conv3dOps::arrange_weight`](crate::device::Conv3dOps::arrange_weight)), with the
 //! host backend's emulation of both.
 //!
 //! The check recomputes sampled output points in f64 (every product of two

@@ -1,10 +1,10 @@
 //! The flipped weight on a device ([`Conv3dFlipLaunch`],
-//! [`Stream::conv3d_flip_weight`]): a conv3d weight as the weight of the
+//! [`Conv3dOps::flip_weight`](crate::device::Conv3dOps::flip_weight)): a conv3d weight as the weight of the
 //! forward convolution that computes its input gradient at stride 1
 //! ([`Conv3dGeometry::data_grad_as_forward`]), made by
 //! `conv3d_flip_weight_{u32,u16}`, and the host backend's emulation
 //! ([`flip_weight`]); and `dy` spread by the stride
-//! ([`Conv3dZeroInsertLaunch`], [`Stream::conv3d_zero_insert`],
+//! ([`Conv3dZeroInsertLaunch`], [`Conv3dOps::zero_insert`](crate::device::Conv3dOps::zero_insert),
 //! `conv3d_zero_insert_{u32,u16}`, emulated by [`zero_insert`]), which
 //! makes a strided input gradient a stride-1 one
 //! ([`Conv3dGeometry::data_grad_unstrided`]).

@@ -2,18 +2,18 @@
 //!
 //! A guarded call (`conv3d_chain::Conv3dChain::guard_device`) checks an
 //! output that another library computed (torch's conv3d), decides on the
-//! device whether it is wrong ([`Stream::conv3d_guard_decide`]), and queues
+//! device whether it is wrong ([`Conv3dOps::guard_decide`](crate::device::Conv3dOps::guard_decide)), and queues
 //! the repair (the tiled kernel writing over that output) and the repair's
 //! own checks behind a *gate*: one `u64` of device memory, the verdict's
 //! second word. Each gated kernel reads the gate as it starts and returns at
 //! once when it is zero. So nothing waits on the host: the verdict is copied
 //! back later, when the caller asks.
 //!
-//! [`Stream::conv3d_guard_check`] fuses a decision with what it reads: one
+//! [`Conv3dOps::guard_check`](crate::device::Conv3dOps::guard_check) fuses a decision with what it reads: one
 //! launch counts the output's NaN/Inf (and for a repair the operands'),
 //! recomputes the sampled points and, in its last block to finish, writes
 //! the verdict, where [`Stream::count_nonfinite_gated_into`],
-//! [`Stream::conv3d_check_gated`] and [`Stream::conv3d_guard_decide`] take
+//! [`Conv3dOps::check_gated`](crate::device::Conv3dOps::check_gated) and [`Conv3dOps::guard_decide`](crate::device::Conv3dOps::guard_decide) take
 //! one launch each.
 
 use super::check::{host_conv3d_check, Conv3dCheckLaunch, CHECK_WORDS};
@@ -46,10 +46,10 @@ pub const GUARD_RECORD_WORDS: usize = 2 + VERDICT_WORDS + GUARD_REPAIR_WORDS;
 pub const GUARD_REPAIR_WORDS: usize = 6 + 2 + VERDICT_WORDS;
 
 /// `u64` words of a fused check's accumulators
-/// ([`Stream::conv3d_guard_check`]): a ticket and four pairs of counts.
+/// ([`Conv3dOps::guard_check`](crate::device::Conv3dOps::guard_check)): a ticket and four pairs of counts.
 pub const GUARD_ACC_WORDS: usize = 9;
 
-/// Which verdict a fused guard check decides ([`Stream::conv3d_guard_check`]).
+/// Which verdict a fused guard check decides ([`Conv3dOps::guard_check`](crate::device::Conv3dOps::guard_check)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum GuardStage {

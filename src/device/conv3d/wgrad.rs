@@ -1,5 +1,5 @@
 //! The tiled weight gradient on a device
-//! ([`Stream::conv3d_backward_weight_tiled`],
+//! ([`Conv3dOps::backward_weight_tiled`](crate::device::Conv3dOps::backward_weight_tiled),
 //! `conv3d_bwd_weight_tiled_{f32,bf16}` in `kernels/conv3d_wgrad.hip`):
 //! one implicit GEMM per group, `dw[g*Kg + m][(c, tap)] = sum over (n, o)
 //! of dy[n][g*Kg + m][o] * x[n][g*Cg + c][o * stride + tap * dilation -

@@ -1,5 +1,6 @@
 //! The chain's device check of a conv3d output and the weight layouts made on the device.
 
+use super::Conv3dOps;
 #[cfg(doc)]
 use crate::conv3d::sample_index;
 use crate::conv3d::Conv3dGeometry;
@@ -9,7 +10,6 @@ use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::conv3d::layout::check_len;
 use crate::device::conv3d::*;
 use crate::device::conv3d::{Conv3dLaunch, Conv3dWeightLayout};
-use crate::device::stream::Stream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -26,7 +26,7 @@ pub type CheckOperands<'r, 'v, T, B, Y> = (
     &'r DeviceView<'v, Y>,
 );
 
-impl Stream {
+impl Conv3dOps<'_> {
     /// Queues the device check of a conv3d's output on this stream (no
     /// synchronisation; read `results` back after it): `samples` points
     /// of [`sample_index`]`(output_len, seed, j)`, or with `locate` (one
@@ -46,7 +46,7 @@ impl Stream {
     /// [`Error::Conv3dTier`] for zero-size calls or more than
     /// [`CHECK_MAX_SAMPLES`] points; the backend's launch error.
     #[allow(clippy::too_many_arguments)]
-    pub fn conv3d_check<T: Element, B: Element, Y: Element>(
+    pub fn check<T: Element, B: Element, Y: Element>(
         &self,
         g: &Conv3dGeometry,
         input: &DeviceView<'_, T>,
@@ -58,17 +58,17 @@ impl Stream {
         results: &mut DeviceViewMut<'_, u64>,
     ) -> Result<()> {
         let operands = (input, weight, bias, output);
-        self.conv3d_check_gated(g, operands, sampling, locate, results, None)
+        self.check_gated(g, operands, sampling, locate, results, None)
     }
 
-    /// [`Stream::conv3d_check`] with a `gate` (one `u64` of this device):
+    /// [`Conv3dOps::check`](crate::device::Conv3dOps::check) with a `gate` (one `u64` of this device):
     /// the check runs only when the gate is non-zero as it starts (the
     /// guarded fallback's check of work it may skip; `None` runs always).
     /// Operands: input, weight, bias, output.
     ///
-    /// Errors: as [`Stream::conv3d_check`], and [`Error::LengthMismatch`]
+    /// Errors: as [`Conv3dOps::check`](crate::device::Conv3dOps::check), and [`Error::LengthMismatch`]
     /// for a gate that is not one element.
-    pub fn conv3d_check_gated<T: Element, B: Element, Y: Element>(
+    pub fn check_gated<T: Element, B: Element, Y: Element>(
         &self,
         g: &Conv3dGeometry,
         (input, weight, bias, output): CheckOperands<'_, '_, T, B, Y>,
@@ -119,7 +119,7 @@ impl Stream {
 
     /// The launch of a check of `samples` points of the call `g` into
     /// `results` (no located point), every range validated as
-    /// [`Stream::conv3d_check_gated`] documents; `samples` may be 0.
+    /// [`Conv3dOps::check_gated`](crate::device::Conv3dOps::check_gated) documents; `samples` may be 0.
     pub(super) fn check_launch<T: Element, B: Element, Y: Element>(
         &self,
         g: &Conv3dGeometry,
@@ -202,7 +202,7 @@ impl Stream {
 
     /// Queues the rearrangement of `src` (a standard-layout weight of the
     /// call `g`) into `layout` at `dst` on this stream: the layout a tiled
-    /// kernel reads ([`Stream::conv3d_weight_layout`]), made on the device.
+    /// kernel reads ([`Conv3dOps::weight_layout`](crate::device::Conv3dOps::weight_layout)), made on the device.
     /// [`Conv3dWeightLayout::Standard`] is a device-to-device copy.
     ///
     /// Errors: [`Error::Conv3dDType`] for a `T` other than f32 and bf16, or
@@ -210,25 +210,25 @@ impl Stream {
     /// [`Error::LengthMismatch`] for a `src` that is not the weight's length
     /// or a `dst` that is not the layout's; [`Error::Conv3dTier`] for a
     /// zero-size weight; the backend's launch error.
-    pub fn conv3d_arrange_weight<T: Element>(
+    pub fn arrange_weight<T: Element>(
         &self,
         layout: Conv3dWeightLayout,
         g: &Conv3dGeometry,
         src: &DeviceView<'_, T>,
         dst: &mut DeviceViewMut<'_, T>,
     ) -> Result<()> {
-        self.conv3d_arrange_weight_gated(layout, g, src, dst, None)
+        self.arrange_weight_gated(layout, g, src, dst, None)
     }
 
-    /// [`Stream::conv3d_arrange_weight`] behind a `gate` (one `u64` of this
+    /// [`Conv3dOps::arrange_weight`](crate::device::Conv3dOps::arrange_weight) behind a `gate` (one `u64` of this
     /// device: the layout is made only when it is non-zero as the kernel
     /// starts; the guarded fallback's repair). The standard layout (a
     /// copy) takes no gate.
     ///
-    /// Errors: as [`Stream::conv3d_arrange_weight`];
+    /// Errors: as [`Conv3dOps::arrange_weight`](crate::device::Conv3dOps::arrange_weight);
     /// [`Error::LengthMismatch`] for a gate that is not one element;
     /// [`Error::Conv3dTier`] for a gate on the standard layout.
-    pub fn conv3d_arrange_weight_gated<T: Element>(
+    pub fn arrange_weight_gated<T: Element>(
         &self,
         layout: Conv3dWeightLayout,
         g: &Conv3dGeometry,

@@ -1,5 +1,6 @@
 //! The tiled input gradient's operands made on the device: the flipped weight and the zero-inserted `dy`.
 
+use super::Conv3dOps;
 use crate::conv3d::Conv3dGeometry;
 #[cfg(doc)]
 use crate::conv3d::{flip_weight, zero_insert};
@@ -8,11 +9,10 @@ use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::conv3d::layout::check_len;
 use crate::device::conv3d::*;
-use crate::device::stream::Stream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-impl Stream {
+impl Conv3dOps<'_> {
     /// Queues the spread of `src` (`dy` of the forward convolution `g`) by
     /// `g`'s stride into `dst` (`[N, K, expanded...]`) on this stream:
     /// zeros everywhere but at multiples of the stride (see
@@ -26,7 +26,7 @@ impl Stream {
     /// size below `(O - 1) * s + 1` on some axis (or overflowing);
     /// [`Error::Conv3dTier`] for a zero-size call; the backend's launch
     /// error.
-    pub fn conv3d_zero_insert<T: Element>(
+    pub fn zero_insert<T: Element>(
         &self,
         g: &Conv3dGeometry,
         expanded: [usize; 3],
@@ -93,7 +93,7 @@ impl Stream {
     /// [`Error::DeviceMismatch`]; [`Error::LengthMismatch`] for a view that
     /// is not the weight's length; [`Error::Conv3dTier`] for a zero-size
     /// weight; the backend's launch error.
-    pub fn conv3d_flip_weight<T: Element>(
+    pub fn flip_weight<T: Element>(
         &self,
         g: &Conv3dGeometry,
         src: &DeviceView<'_, T>,

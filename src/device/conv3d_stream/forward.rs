@@ -1,11 +1,11 @@
-//! [`Stream::conv3d`] and [`Stream::conv3d_vendor`]: a forward conv3d on a stream.
+//! [`Conv3dOps::forward`](crate::device::Conv3dOps::forward) and [`Conv3dOps::vendor`](crate::device::Conv3dOps::vendor): a forward conv3d on a stream.
 
+use super::Conv3dOps;
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::Element;
 use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::conv3d::*;
-use crate::device::stream::Stream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use layout::check_len;
@@ -17,11 +17,11 @@ pub(crate) type Operands<'r, 'v, T> = (
     Option<DeviceView<'v, f32>>,
 );
 
-impl Stream {
+impl Conv3dOps<'_> {
     /// The weight layout `kernel` reads on this stream's device for a call
     /// `g` with inputs of `dtype` (lay the weight out with
     /// [`Conv3dWeightLayout::arrange`] before uploading it).
-    pub fn conv3d_weight_layout(
+    pub fn weight_layout(
         &self,
         kernel: Conv3dKernel,
         dtype: DType,
@@ -75,14 +75,14 @@ impl Stream {
     /// Queues `kernel` computing the convolution `g` of `input` and `weight`
     /// (plus `bias`) into `out` on this stream (no synchronisation).
     /// `weight` is in the layout the backend asks for
-    /// ([`Stream::conv3d_weight_layout`]).
+    /// ([`Conv3dOps::weight_layout`](crate::device::Conv3dOps::weight_layout)).
     ///
     /// Errors: [`Error::Conv3dDType`] for a `T` other than f32 and bf16,
     /// [`Error::DeviceMismatch`], [`Error::LengthMismatch`] for a view whose
     /// length is not its shape's, [`Error::Conv3dTier`] for sizes the kernel
     /// does not take (see [`Conv3dKernel::unsupported`]; zero-size calls
     /// among them), or the backend's launch error.
-    pub fn conv3d<T: Element>(
+    pub fn forward<T: Element>(
         &self,
         kernel: Conv3dKernel,
         g: &Conv3dGeometry,
@@ -110,16 +110,16 @@ impl Stream {
         }
     }
 
-    /// [`Stream::conv3d`] of the tiled kernel behind a `gate` (one `u64` of
+    /// [`Conv3dOps::forward`](crate::device::Conv3dOps::forward) of the tiled kernel behind a `gate` (one `u64` of
     /// this device: the kernel runs only when it is non-zero as the kernel
-    /// starts; see [`Stream::conv3d_guard_decide`]), writing an output of
+    /// starts; see [`Conv3dOps::guard_decide`](crate::device::Conv3dOps::guard_decide)), writing an output of
     /// `Y`: f32, or bf16 rounded to nearest even (the guarded fallback
     /// writes over another library's bf16 output in place).
     ///
-    /// Errors: as [`Stream::conv3d`]; [`Error::Conv3dDType`] for an output
+    /// Errors: as [`Conv3dOps::forward`](crate::device::Conv3dOps::forward); [`Error::Conv3dDType`] for an output
     /// other than f32 and bf16; [`Error::LengthMismatch`] for a gate that
     /// is not one element.
-    pub fn conv3d_tiled_gated<T: Element, Y: Element>(
+    pub fn tiled_gated<T: Element, Y: Element>(
         &self,
         g: &Conv3dGeometry,
         (input, weight, bias): Operands<'_, '_, T>,
@@ -158,11 +158,11 @@ impl Stream {
     /// backend may wait for the stream before returning (it frees its
     /// workspace).
     ///
-    /// Errors: as [`Stream::conv3d`]; [`Error::VendorUnavailable`] when the
+    /// Errors: as [`Conv3dOps::forward`](crate::device::Conv3dOps::forward); [`Error::VendorUnavailable`] when the
     /// backend has no vendor library here; the library's own error
     /// ([`Error::Conv3dMiopen`], `Error::Conv3dCudnn`) when it refuses the
     /// call (no algorithm for these parameters, ...).
-    pub fn conv3d_vendor<T: Element>(
+    pub fn vendor<T: Element>(
         &self,
         g: &Conv3dGeometry,
         input: &DeviceView<'_, T>,

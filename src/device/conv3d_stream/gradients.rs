@@ -1,5 +1,6 @@
 //! The backward ops on a stream: the gradients of a conv3d and the transposed convolution, by kernel and by the vendor library.
 
+use super::Conv3dOps;
 #[cfg(doc)]
 use crate::conv3d::sample_index;
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
@@ -11,11 +12,10 @@ use crate::device::conv3d::check::CHECK_MAX_SAMPLES;
 use crate::device::conv3d::layout::check_len;
 use crate::device::conv3d::CHECK_WORDS;
 use crate::device::conv3d::*;
-use crate::device::stream::Stream;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-impl Stream {
+impl Conv3dOps<'_> {
     /// Checks a backward call's operands (`dy`, the other operand, the bias
     /// of any element type) and result, and builds its launch (`tier`
     /// names the refusal of a zero-size call).
@@ -112,7 +112,7 @@ impl Stream {
     /// [`Error::DeviceMismatch`]; [`Error::LengthMismatch`] for a view
     /// whose length is not its shape's; [`Error::Conv3dTier`] for a
     /// zero-size call; the backend's launch error.
-    pub fn conv3d_backward_data<T: Element>(
+    pub fn backward_data<T: Element>(
         &self,
         g: &Conv3dGeometry,
         grad_output: &DeviceView<'_, T>,
@@ -124,7 +124,7 @@ impl Stream {
         self.conv3d_backward((Conv3dBackwardOp::Data, false), g, ops, bias, grad_input)
     }
 
-    /// [`Stream::conv3d_backward_data`] by the vendor library (cuDNN's
+    /// [`Conv3dOps::backward_data`](crate::device::Conv3dOps::backward_data) by the vendor library (cuDNN's
     /// `cudnnConvolutionBackwardData`, MIOpen's
     /// `miopenConvolutionBackwardData`): bf16 operands are widened to f32
     /// on the device first and the library computes in f32 (its bf16 call
@@ -132,12 +132,12 @@ impl Stream {
     /// (`conv3d_bias_f32`). The backend may wait for the stream before
     /// returning (it keeps or frees its workspace).
     ///
-    /// Errors: as [`Stream::conv3d_backward_data`] (a zero-size call is
+    /// Errors: as [`Conv3dOps::backward_data`](crate::device::Conv3dOps::backward_data) (a zero-size call is
     /// [`Error::Conv3dTier`] `"vendor"`); [`Error::VendorUnavailable`]
     /// when the backend has no vendor library, or one without its backward
     /// calls; the library's own error (`Error::Conv3dCudnn`,
     /// [`Error::Conv3dMiopen`]) when it refuses the call.
-    pub fn conv3d_backward_data_vendor<T: Element>(
+    pub fn backward_data_vendor<T: Element>(
         &self,
         g: &Conv3dGeometry,
         grad_output: &DeviceView<'_, T>,
@@ -149,11 +149,11 @@ impl Stream {
         self.conv3d_backward((Conv3dBackwardOp::Data, true), g, ops, bias, grad_input)
     }
 
-    /// [`Stream::conv3d_backward_weight`] by the vendor library (cuDNN's
+    /// [`Conv3dOps::backward_weight`](crate::device::Conv3dOps::backward_weight) by the vendor library (cuDNN's
     /// `cudnnConvolutionBackwardFilter`, MIOpen's
     /// `miopenConvolutionBackwardWeights`), in f32 as
-    /// [`Stream::conv3d_backward_data_vendor`]. Errors as that.
-    pub fn conv3d_backward_weight_vendor<T: Element>(
+    /// [`Conv3dOps::backward_data_vendor`](crate::device::Conv3dOps::backward_data_vendor). Errors as that.
+    pub fn backward_weight_vendor<T: Element>(
         &self,
         g: &Conv3dGeometry,
         input: &DeviceView<'_, T>,
@@ -166,8 +166,8 @@ impl Stream {
 
     /// Queues the weight gradient `[K, C/G, KD, KH, KW]` of the forward
     /// convolution `g` from its `input` and `grad_output`
-    /// (`conv3d_bwd_weight_*`). Errors as [`Stream::conv3d_backward_data`].
-    pub fn conv3d_backward_weight<T: Element>(
+    /// (`conv3d_bwd_weight_*`). Errors as [`Conv3dOps::backward_data`](crate::device::Conv3dOps::backward_data).
+    pub fn backward_weight<T: Element>(
         &self,
         g: &Conv3dGeometry,
         input: &DeviceView<'_, T>,
@@ -180,8 +180,8 @@ impl Stream {
 
     /// Queues the bias gradient `[K]` of `grad_output` (`conv3d_bwd_bias_*`;
     /// `g` as [`Conv3dGeometry::for_bias_grad`] or any geometry of that
-    /// output). Errors as [`Stream::conv3d_backward_data`].
-    pub fn conv3d_backward_bias<T: Element>(
+    /// output). Errors as [`Conv3dOps::backward_data`](crate::device::Conv3dOps::backward_data).
+    pub fn backward_bias<T: Element>(
         &self,
         g: &Conv3dGeometry,
         grad_output: &DeviceView<'_, T>,
@@ -198,13 +198,13 @@ impl Stream {
     /// `results` holds [`CHECK_WORDS`] words per point (decode with
     /// [`crate::device::raw::CheckedPoint::decode`]).
     ///
-    /// Errors: as [`Stream::conv3d_backward_data`]; a `bias` of another
+    /// Errors: as [`Conv3dOps::backward_data`](crate::device::Conv3dOps::backward_data); a `bias` of another
     /// dtype than f32 / bf16; [`Error::LengthMismatch`] for a short
     /// `results`, a `locate` slot that is not one element or `samples` not
     /// 1 with it; [`Error::Conv3dTier`] for more than
     /// [`CHECK_MAX_SAMPLES`] points.
     #[allow(clippy::too_many_arguments)]
-    pub fn conv3d_backward_check<T: Element, B: Element>(
+    pub fn backward_check<T: Element, B: Element>(
         &self,
         op: Conv3dBackwardOp,
         g: &Conv3dGeometry,

@@ -1,5 +1,6 @@
 //! The fused guard check and decision of a conv3d output on the device.
 
+use super::Conv3dOps;
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::Element;
 use crate::device::backend::KernelOp;
@@ -8,7 +9,6 @@ use crate::device::conv3d::check::CHECK_WORDS;
 use crate::device::conv3d::layout::check_len;
 use crate::device::conv3d::*;
 use crate::device::conv3d_stream::CheckOperands;
-use crate::device::stream::Stream;
 use crate::error::{Error, Result};
 
 /// The counts, points and verdict of one decision.
@@ -18,13 +18,13 @@ pub type GuardWords<'r, 'v> = (
     &'r DeviceView<'v, u64>,
 );
 
-impl Stream {
+impl Conv3dOps<'_> {
     /// Queues the guarded fallback's fused check of `output` on this stream
     /// (one launch; no synchronisation): its NaN and Inf counts (for a
     /// [`GuardStage::Repair`] the operands' too), `samples` points of
     /// [`sample_index`](crate::conv3d::sample_index)`(output_len, seed, j)`
-    /// recomputed in f64 as [`Stream::conv3d_check`] does, and the verdict
-    /// over both, as [`Stream::conv3d_guard_decide`] decides it (within
+    /// recomputed in f64 as [`Conv3dOps::check`](crate::device::Conv3dOps::check) does, and the verdict
+    /// over both, as [`Conv3dOps::guard_decide`](crate::device::Conv3dOps::guard_decide) decides it (within
     /// `rel_tol`; for the output without the operands' counts, for a repair
     /// with them). Writes the stage's record: for [`GuardStage::Output`]
     /// [`GUARD_RECORD_WORDS`] words (counts, verdict, then the repair's
@@ -40,10 +40,10 @@ impl Stream {
     /// the record. With `gate`, nothing runs (and nothing is written)
     /// unless the gate is non-zero as the kernel starts.
     ///
-    /// Errors: as [`Stream::conv3d_check_gated`];
+    /// Errors: as [`Conv3dOps::check_gated`](crate::device::Conv3dOps::check_gated);
     /// [`Error::LengthMismatch`] for accumulators or a record of other
     /// lengths; the backend's launch error.
-    pub fn conv3d_guard_check<T: Element, B: Element, Y: Element>(
+    pub fn guard_check<T: Element, B: Element, Y: Element>(
         &self,
         g: &Conv3dGeometry,
         operands: CheckOperands<'_, '_, T, B, Y>,
@@ -97,7 +97,7 @@ impl Stream {
     /// counts, a verdict or a gate of other lengths, or results that are
     /// not whole points; [`Error::Conv3dTier`] for more points than
     /// [`crate::device::conv3d::CHECK_MAX_SAMPLES`]; the backend's launch error.
-    pub fn conv3d_guard_decide(
+    pub fn guard_decide(
         &self,
         (out_counts, in_counts, results): GuardWords<'_, '_>,
         rel_tol: f64,

@@ -1,14 +1,14 @@
 //! The tiled weight gradient on a stream.
 
+use super::Conv3dOps;
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::convert::Element;
 use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::conv3d::*;
-use crate::device::stream::Stream;
 use crate::error::{Error, Result};
 
-impl Stream {
+impl Conv3dOps<'_> {
     /// Queues the weight gradient `[K, C/G, KD, KH, KW]` of the forward
     /// convolution `g` from its `input` and `grad_output` by the tiled
     /// split-K kernel (`conv3d_bwd_weight_tiled_*`): `grad_weight` is
@@ -19,13 +19,13 @@ impl Stream {
     ///
     /// The chunks' sums arrive in any order, so the result is **not
     /// bit-reproducible** run to run (it differs from
-    /// [`Stream::conv3d_backward_weight`] and from itself in the last bits);
+    /// [`Conv3dOps::backward_weight`](crate::device::Conv3dOps::backward_weight) and from itself in the last bits);
     /// the conv3d chain's sampled f64 check applies to it as to every tier.
     ///
-    /// Errors: as [`Stream::conv3d_backward_weight`] (the zero-size refusal
+    /// Errors: as [`Conv3dOps::backward_weight`](crate::device::Conv3dOps::backward_weight) (the zero-size refusal
     /// as [`Error::Conv3dTier`] `"tiled"`); [`Error::Conv3dTier`] for what
     /// [`tiled_wgrad_unsupported`] names.
-    pub fn conv3d_backward_weight_tiled<T: Element>(
+    pub fn backward_weight_tiled<T: Element>(
         &self,
         g: &Conv3dGeometry,
         input: &DeviceView<'_, T>,
