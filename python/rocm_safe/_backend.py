@@ -357,8 +357,7 @@ def decide(f: Facts, list_devices: Optional[DeviceLister] = None) -> Tuple[str, 
         return "hip", hip_why + note
     if cuda_ok:
         return "cuda", cuda_why + note
-    why = [hip_why] if hip_built else []
-    why += [cuda_why] if cuda_built else []
+    why = [hip_why, cuda_why]
     if f.wsl_dxg and not amd and not nvidia:
         why.append("WSL2's /dev/dxg, but neither AMD's librocdxg nor /usr/lib/wsl/lib/libcuda.so.1")
     return "cpu", "; ".join(why) + note

@@ -7,7 +7,7 @@
 # `rocm_safe.numpy`); these functions are its building blocks.
 
 from os import PathLike
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 
 from rocm_safe._errors import SafetensorError as SafetensorError
 
@@ -18,6 +18,7 @@ _GuardRecord = Tuple[int, bool, bool, bool, Optional[str], bool, bool, Optional[
 
 __version__: str
 
+@final
 class Checkpoint:
     """An open, validated checkpoint (one file or every shard of an index)."""
 
@@ -32,7 +33,7 @@ class Checkpoint:
     def shard_paths(self) -> List[str]: ...
     def tensors(self) -> List[Tuple[str, str, List[int]]]: ...
     def describe(self, name: str) -> Tuple[str, List[int]]: ...
-    def __contains__(self, name: str) -> bool: ...
+    def __contains__(self, key: str, /) -> bool: ...
     def __len__(self) -> int: ...
     def metadata(self) -> Optional[Dict[str, str]]: ...
     def target_dtype(self, name: str, to: Optional[str] = None, floats_only: bool = False) -> str: ...
@@ -44,6 +45,7 @@ class Checkpoint:
         floats_only: bool = False,
     ) -> Tuple[bytearray, str, List[int]]: ...
 
+@final
 class Writer:
     """A safetensors file being written (temporary file, fsync, rename)."""
 
@@ -59,11 +61,12 @@ class Writer:
     def finish(self) -> str: ...
     def abort(self) -> None: ...
 
+@final
 class LoadReport:
     """The report of a GPU load (`rocm_safe.torch.last_load_report()`)."""
 
     def to_dict(self) -> Dict[str, Any]: ...
-    def __getitem__(self, key: str) -> Any: ...
+    def __getitem__(self, key: str, /) -> Any: ...
 
 def load_bytes(
     data: bytes, to: Optional[str] = None

@@ -177,7 +177,10 @@ def choice_in_child(code_before: str, **env) -> dict:
 def test_over_the_standin_runtime_in_the_process_hip_is_chosen(standin):
     load = f"import ctypes; ctypes.CDLL({str(standin)!r}, mode=ctypes.RTLD_GLOBAL)"
     c = choice_in_child(load)
-    assert c["backend"] == "hip" and "already in this process" in c["reason"] and "gfx1151" in c["reason"], c
+    assert c["backend"] == "hip" and "already in this process" in c["reason"] and "1 device(s)" in c["reason"], c
+    # The arch comes from the KFD topology (none here) or the override.
+    c = choice_in_child(load, HSA_OVERRIDE_GFX_VERSION="11.5.1")
+    assert c["backend"] == "hip" and "1 device(s): gfx1151" in c["reason"], c
     # A ROCm torch in the process: HIP, following torch.
     fake_rocm_torch = load + "\nimport sys, types\nt = types.ModuleType('torch'); t.version = types.SimpleNamespace(hip='7.1.0', cuda=None); sys.modules['torch'] = t"
     c = choice_in_child(fake_rocm_torch)
