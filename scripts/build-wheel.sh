@@ -18,10 +18,21 @@ cd "$(dirname "$0")/.."
 out=$(mkdir -p "${1:-target/wheels-one}" && cd "${1:-target/wheels-one}" && pwd)
 rm -f "$out"/rocm_safe-*.whl
 unset ROCM_SAFE_OFFLOAD_ARCH PYTORCH_ROCM_ARCH ROCM_SAFE_CUDA_ARCH
-if ! command -v zig >/dev/null && ! python3 -c 'import ziglang' 2>/dev/null; then
-  echo "scripts/build-wheel.sh: zig is needed for the manylinux_2_28 link: pip install ziglang" >&2
-  exit 1
+# zig: on PATH, else pip's ziglang through a `zig` shim of our own (the
+# Python that has it).
+if ! command -v zig >/dev/null; then
+  py=${PYTHON:-python3}
+  if ! "$py" -c 'import ziglang' 2>/dev/null; then
+    echo "scripts/build-wheel.sh: zig is needed for the manylinux_2_28 link: pip install ziglang" >&2
+    exit 1
+  fi
+  shim=$(mktemp -d)
+  trap 'rm -rf "$shim"' EXIT
+  printf '#!/bin/sh\nexec "%s" -m ziglang "$@"\n' "$(command -v "$py")" > "$shim/zig"
+  chmod +x "$shim/zig"
+  export PATH="$shim:$PATH"
 fi
+zig version
 (
   cd python
   maturin build --release --locked --features hip,cuda \

@@ -126,7 +126,7 @@ def doctor(json: bool = False) -> Union[str, Dict[str, Any]]:
 
     Either way the report has one key more than the crate's doctor:
     ``"backend_choice"``, :func:`backend`'s choice (``backend``,
-    ``reason``, ``built``, ``evidence``), printed first.
+    ``reason``, ``built``, ``evidence``), printed right after the verdict.
     """
     import json as _json
 
@@ -136,9 +136,12 @@ def doctor(json: bool = False) -> Union[str, Dict[str, Any]]:
     report["backend_choice"] = choice.to_dict()
     if json:
         return _json.dumps(report, indent=2)
-    lines = [f"  rocm_safe serves GPU requests with: {choice.backend} ({choice.reason})"]
+    lines = ["backend choice (rocm_safe.backend())"]
+    lines.append(f"  rocm_safe serves GPU requests with: {choice.backend} ({choice.reason})")
     lines += [f"    {e}" for e in choice.evidence]
-    print("backend choice (rocm_safe.backend())\n" + "\n".join(lines) + "\n\n" + table, end="")
+    # The verdict stays the first line (and the last): the choice follows it.
+    verdict, _, rest = table.partition("\n")
+    print(verdict + "\n\n" + "\n".join(lines) + "\n" + rest, end="")
     return report
 
 
