@@ -142,6 +142,12 @@ def test_on_this_machine_without_a_gpu_the_choice_is_the_cpu():
 # ------------------------------------------------ over the stand-in runtime
 
 STANDIN = Path(__file__).resolve().parents[2] / "tests" / "hip-standin" / "standin.c"
+# An NVIDIA GPU with its driver here (the GPU machine): CUDA is then chosen
+# where the stand-in HIP runtime is not.
+NVIDIA_HERE = "cuda" in rocm_safe.features() and (
+    (B.nvidia_gpus() > 0 and B.find_cuda_driver() is not None)
+    or (os.path.exists("/dev/dxg") and (B.find_cuda_driver() or "").startswith("/usr/lib/wsl/lib/"))
+)
 CLEARED = ["ROCM_SAFE_HIP_RUNTIME", "ROCM_PATH", "HIP_PATH", "HSA_OVERRIDE_GFX_VERSION", "HIP_VISIBLE_DEVICES",
            "ROCR_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "LD_PRELOAD", B.BACKEND_VAR]
 
@@ -189,9 +195,13 @@ def test_over_the_standin_runtime_in_the_process_hip_is_chosen(standin):
     fake_cuda_torch = load + "\nimport sys, types\nt = types.ModuleType('torch'); t.version = types.SimpleNamespace(hip=None, cuda='12.8'); sys.modules['torch'] = t"
     c = choice_in_child(fake_cuda_torch)
     assert c["backend"] in ("cpu", "cuda") and c["backend"] != "hip", c
-    # The stand-in with no device: the CPU, saying why.
+    # The stand-in with no device: not HIP; the CPU here, saying why (CUDA
+    # on a machine with an NVIDIA GPU).
     c = choice_in_child(load, ROCM_SAFE_STANDIN_DEVICES=0)
-    assert c["backend"] == "cpu" and "sees no device" in c["reason"], c
+    if NVIDIA_HERE:
+        assert c["backend"] == "cuda", c
+    else:
+        assert c["backend"] == "cpu" and "sees no device" in c["reason"], c
 
 
 def test_a_runtime_file_without_an_amd_gpu_is_not_loaded_at_import(standin):
@@ -199,7 +209,7 @@ def test_a_runtime_file_without_an_amd_gpu_is_not_loaded_at_import(standin):
         pytest.skip("an AMD GPU here")
     code = "import rocm_safe\nassert not [l for l in open('/proc/self/maps') if 'libamdhip64' in l]"
     c = choice_in_child(code, ROCM_SAFE_HIP_RUNTIME=standin)
-    assert c["backend"] == "cpu" and str(standin) in " ".join(c["evidence"]), c
+    assert c["backend"] == ("cuda" if NVIDIA_HERE else "cpu") and str(standin) in " ".join(c["evidence"]), c
     # Forced: HIP, and a device asked for without a backend opens over the
     # stand-in.
     opens = "import rocm_safe\nfrom rocm_safe import _native\nassert _native.device_owned_bytes('cuda:0') == 0"
