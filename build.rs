@@ -30,10 +30,12 @@ use sources::KERNEL_FILES;
 use tools::{c_compiler_runs, env_var, fail, write_file};
 
 /// Archs built when no list is given, where the compiler can target them:
-/// Strix Halo / Strix Point APUs, RDNA3, RDNA4, MI300, MI200, RDNA2.
+/// Strix Halo / Strix Point / Krackan Point APUs, RDNA3, RDNA4, MI300,
+/// MI200, MI100, RDNA2 (every arch of ROCm 6.4/7.x's lists that clang 19
+/// targets; docs/amd.md says which are left out and why).
 pub(crate) const DEFAULT_ARCHS: &[&str] = &[
-    "gfx1151", "gfx1150", "gfx1100", "gfx1101", "gfx1102", "gfx1200", "gfx1201", "gfx942",
-    "gfx90a", "gfx1030",
+    "gfx1151", "gfx1150", "gfx1152", "gfx1100", "gfx1101", "gfx1102", "gfx1200", "gfx1201",
+    "gfx942", "gfx90a", "gfx908", "gfx1030",
 ];
 
 /// The oldest clang major version that targets every arch of

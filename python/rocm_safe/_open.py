@@ -191,7 +191,7 @@ class safe_open:
     def __enter__(self) -> "safe_open":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def close(self) -> None:
@@ -217,7 +217,7 @@ class safe_open:
     def _target(self, dtype: Any) -> Optional[str]:
         return self._dtype if dtype is None else _dtypes.conversion_target(dtype)
 
-    def get_tensor(self, name: str, *, dtype: Any = None):
+    def get_tensor(self, name: str, *, dtype: Any = None) -> Any:
         """The whole tensor ``name``, read from the file into memory Python
         owns (one copy). ``dtype`` overrides the file-wide ``dtype=``."""
         target = self._target(dtype)
@@ -405,7 +405,7 @@ class _Slice:
         stop = r.stop - lo
         return lo, hi, slice(r.start - lo, stop if stop >= 0 else None, r.step)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: Any) -> Any:
         idx = self._normalize(index)
         owner = self._owner
         ckpt = self._ckpt

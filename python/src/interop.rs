@@ -56,23 +56,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 // ---------------------------------------------------------------- devices
 
-/// The backend `"cuda:N"` means in this build: HIP on a `hip` build, CUDA
-/// on a `cuda` build; with both, `hint` (`"hip"` when PyTorch is a ROCm
-/// build) decides.
-fn gpu_backend(hint: Option<&str>) -> PyResult<BackendKind> {
-    let (hip, cuda) = (BackendKind::Hip.is_built(), BackendKind::Cuda.is_built());
-    match (hip, cuda, hint) {
-        (true, true, Some("hip")) | (true, false, _) => Ok(BackendKind::Hip),
-        (_, true, _) => Ok(BackendKind::Cuda),
-        (false, false, _) => Err(PyRuntimeError::new_err(
-            "this rocm_safe was built without a GPU backend: build the wheel with \
-             `maturin build --release --features cuda` (NVIDIA) or `--features hip` (AMD ROCm)",
-        )),
-    }
-}
-
 /// The device of `device` (`"cpu"`: the host backend, whose "device
-/// memory" is host memory; `"cuda:N"`: the GPU backend of this build),
+/// memory" is host memory; `"cuda:N"`: the GPU backend `hint` names, else the one chosen at import:
+/// [`crate::backend::gpu_backend`]),
 /// opened once per process and shared, so that every buffer, import and
 /// chain of one GPU is of one [`Device`]. Per process on purpose: Python
 /// names devices by string (`"cuda:0"`) as torch does, and one handle per
@@ -82,7 +68,7 @@ pub fn device_of(device: &str, hint: Option<&str>) -> PyResult<Device> {
     static DEVICES: OnceLock<Mutex<HashMap<(BackendKind, usize), Device>>> = OnceLock::new();
     let (kind, ordinal) = match crate::parse_device(device).map_err(PyValueError::new_err)? {
         crate::Target::Cpu => (BackendKind::Host, 0),
-        crate::Target::Gpu { ordinal } => (gpu_backend(hint)?, ordinal),
+        crate::Target::Gpu { ordinal } => (crate::backend::gpu_backend(hint)?, ordinal),
     };
     let mut map = lock(DEVICES.get_or_init(Default::default));
     if let Some(d) = map.get(&(kind, ordinal)) {

@@ -21,6 +21,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod backend;
 mod conv3d;
 mod device;
 mod distributed;
@@ -626,6 +627,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::convert_chunk, m)?)?;
     m.add_function(wrap_pyfunction!(doctor_report, m)?)?;
     m.add_function(wrap_pyfunction!(features, m)?)?;
+    m.add_function(wrap_pyfunction!(backend::set_default_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(backend::gpu_devices, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_loads_json, m)?)?;
     m.add_function(wrap_pyfunction!(conversions, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
