@@ -174,7 +174,7 @@ pub unsafe trait Driver: Send + Sync + std::fmt::Debug + 'static {
 
 /// The kernel operations of a device, over a [`Driver`]: conversions,
 /// fingerprints, non-finite scans, conv3d. Implemented once for every GPU
-/// runtime (the generic GPU body in `device/gpu.rs`), by the host backend
+/// runtime (the generic GPU body in `device/runtime/gpu.rs`), by the host backend
 /// with the CPU implementations, and by wrappers ([`Wrap`], with
 /// [`crate::forward_backend!`] for what they do not change).
 ///

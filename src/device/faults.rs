@@ -733,7 +733,7 @@ unsafe impl<B: Backend> Backend for Faults<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{host::HostBackend, Device};
+    use crate::device::{runtime::host::HostBackend, Device};
 
     /// A garbage chunk: the copy lands, then at most 4 KiB of it, at a
     /// seeded place, differ from the source in every byte; the rest is

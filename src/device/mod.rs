@@ -13,7 +13,7 @@
 //!
 //! Backends implement two raw, object-safe traits (addresses, handles, byte
 //! counts): [`Driver`] (memory, streams, events, copies: what differs per
-//! runtime) and [`Backend`] (the kernel operations). [`host`] (always;
+//! runtime) and [`Backend`] (the kernel operations). [`host`] (always, in `runtime/`;
 //! device memory is host memory and kernels are `crate::convert`)
 //! implements both; the GPU runtimes, `hip` (feature `hip`) and `cuda`
 //! (feature `cuda`), implement only [`Driver`] and a small crate-private
@@ -83,8 +83,6 @@ pub(crate) mod fault_kind;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod faults;
-mod gpu;
-pub mod host;
 mod hostmem;
 pub(crate) mod info;
 pub(crate) mod kernel_cache;
@@ -95,14 +93,18 @@ mod options;
 mod pinned;
 pub mod raw;
 mod stream;
-pub(crate) mod vendor;
 pub(crate) mod visible;
 pub(crate) mod wrap;
 
+pub(crate) mod runtime;
+
 #[cfg(feature = "cuda")]
-pub mod cuda;
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub use runtime::cuda;
 #[cfg(feature = "hip")]
-pub mod hip;
+#[cfg_attr(docsrs, doc(cfg(feature = "hip")))]
+pub use runtime::hip;
+pub use runtime::host;
 
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
 pub use conv3d::Conv3dKernel;
