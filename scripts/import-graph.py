@@ -176,12 +176,13 @@ def layer(m):
 
 # Inside `device`, bottom to top (ARCHITECTURE.md, "Layer order"):
 # plain data, the raw interface the backends implement, the runtimes, the
-# safe types, the factory that names every runtime, and `raw` (the public
-# face of the raw interface: re-exports only, named by no file of the crate). A file of `device`
-# may name files of its own inner layer or below.
+# safe types, the factory that names every runtime, and `raw`'s mod.rs (the
+# public face of the raw interface: its traits in raw/backend.rs and
+# raw/wrap.rs, the rest re-exported; named by no file of the crate). A file
+# of `device` may name files of its own inner layer or below.
 DEVICE_LAYERS = [
     ["visible", "fault_kind", "info", "options", "dynlib", "hostmem", "kernel_cache"],
-    ["backend", "wrap", "conv3d", "kernels"],
+    ["raw::backend", "raw::wrap", "conv3d", "kernels"],
     ["runtime::host", "runtime::gpu", "runtime::cuda", "runtime::hip", "runtime::vendor",
      "runtime", "faults"],
     ["buffer", "stream", "pinned", "device_handle", "conv3d_stream", "ops"],

@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::backend::{Backend, Driver};
 use super::info::{BackendKind, DeviceInfo, DevicePtr};
 use super::pinned::PinnedBuffer;
 use super::runtime::host;
 use super::stream::{Event, Stream};
+use crate::device::raw::backend::{Backend, Driver};
 use crate::error::{Error, ErrorKind, Result};
 
 struct DeviceInner {

@@ -38,10 +38,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::backend::{Backend, CopyOp, Driver, KernelOp};
 use super::conv3d::Conv3dLaunch;
 use super::info::{DevicePtr, RawEvent, RawStream};
-use super::wrap::Wrap;
+use crate::device::raw::backend::{Backend, CopyOp, Driver, KernelOp};
+use crate::device::raw::wrap::Wrap;
 use crate::error::{Error, Result};
 
 /// A failure mode to inject (defined with the error's data, which names it).

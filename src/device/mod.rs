@@ -73,7 +73,6 @@
 //! # }
 //! ```
 
-pub(crate) mod backend;
 mod buffer;
 pub(crate) mod conv3d;
 pub(crate) mod conv3d_stream;
@@ -94,7 +93,6 @@ mod pinned;
 pub mod raw;
 mod stream;
 pub(crate) mod visible;
-pub(crate) mod wrap;
 
 pub(crate) mod runtime;
 

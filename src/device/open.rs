@@ -3,7 +3,6 @@
 //! types ([`Device`], [`Stream`](super::Stream), the buffers) depend on
 //! none of them.
 
-use super::backend::Backend;
 use super::device_handle::Device;
 use super::info::{BackendKind, DeviceInfo};
 use super::options::DeviceOptions;
@@ -13,6 +12,7 @@ use super::runtime::cuda;
 use super::runtime::hip;
 use super::runtime::host;
 use super::visible::VisibleDevices;
+use crate::device::raw::backend::Backend;
 #[cfg(any(feature = "hip", feature = "cuda"))]
 use crate::device::runtime::gpu::Gpu;
 use crate::error::{Error, Result};

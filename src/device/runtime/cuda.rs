@@ -22,12 +22,12 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use cudarc::driver::DriverError;
 
-use crate::device::backend::{CopyOp, Driver};
 use crate::device::info::{
     BackendKind, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent, RawStream,
 };
 use crate::device::kernel_cache;
 use crate::device::kernels::{self, KernelCall, KernelModule};
+use crate::device::raw::backend::{CopyOp, Driver};
 use crate::device::runtime::gpu::Runtime;
 use crate::device::runtime::vendor::cudnn::Cudnn;
 use crate::device::runtime::vendor::nvrtc::Output;

@@ -17,15 +17,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::conv3d::Conv3dGeometry;
-use crate::device::backend::{Backend, Driver, KernelOp};
 use crate::device::conv3d::{Conv3dBackwardLaunch, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 use crate::device::hostmem::{Mapping, REGISTER_MIN};
 use crate::device::info::{KernelCaps, KernelSource, RawStream};
 use crate::device::kernels::{Kernel, KernelCall, KernelModule};
 use crate::device::options::Pinning;
+use crate::device::raw::backend::{Backend, Driver, KernelOp};
+use crate::device::raw::wrap::Wrap;
 use crate::device::runtime::vendor::vendor_backward::vendor_conv3d_backward;
 use crate::device::runtime::vendor::{vendor_conv3d, VendorConv};
-use crate::device::wrap::Wrap;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -13,7 +13,6 @@ use rayon::prelude::*;
 
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::fingerprint::term;
-use crate::device::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
 use crate::device::conv3d::{
     host_conv3d, host_conv3d_backward, host_conv3d_backward_check,
     host_conv3d_backward_weight_tiled, host_conv3d_check, host_conv3d_flip, host_conv3d_layout,
@@ -23,6 +22,7 @@ use crate::device::conv3d::{
 use crate::device::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
+use crate::device::raw::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -47,11 +47,11 @@ pub use kfd::{parse_gfx_override, GfxOverride, GFX_OVERRIDE_VAR};
 pub use loader::{runtime_file, HipRuntimeFile, RUNTIME_VAR};
 pub use result::HipError;
 
-use crate::device::backend::{CopyOp, Driver};
 use crate::device::info::{
     BackendKind, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent, RawStream,
 };
 use crate::device::kernels::{self, KernelCall, KernelModule};
+use crate::device::raw::backend::{CopyOp, Driver};
 use crate::device::runtime::gpu::Runtime;
 use crate::device::runtime::vendor::miopen::Miopen;
 use crate::device::VisibleDevices;

@@ -22,10 +22,10 @@ pub(crate) mod miopen;
 pub(crate) mod nvrtc;
 pub(crate) mod vendor_backward;
 
-use crate::device::backend::Driver;
 use crate::device::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
 use crate::device::info::{DevicePtr, RawStream};
 use crate::device::kernels::KernelCall;
+use crate::device::raw::backend::Driver;
 use crate::dtype::DType;
 use crate::error::Result;
 
@@ -287,7 +287,10 @@ mod tests {
         assert_eq!(bigger.1, 5000);
         assert!(kept.scratch.is_none());
         kept.scratch = Some(bigger);
-        kept.workspace = Some((crate::device::backend::Driver::alloc(&b, 64).unwrap(), 64));
+        kept.workspace = Some((
+            crate::device::raw::backend::Driver::alloc(&b, 64).unwrap(),
+            64,
+        ));
         // SAFETY: host "device" memory of `b`, used by no queued work.
         unsafe { kept.release(&b) }.unwrap();
         assert!(kept.scratch.is_none() && kept.workspace.is_none());

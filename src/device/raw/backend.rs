@@ -3,7 +3,7 @@
 //! each a [`KernelOp`]).
 //!
 //! Neither trait has default methods: a backend that leaves one out does
-//! not compile. A *wrapper* (a backend over another: [`super::faults::Faults`],
+//! not compile. A *wrapper* (a backend over another: [`crate::device::faults::Faults`],
 //! a test's instrumentation, `Box<dyn Backend>`) implements [`Wrap`] and
 //! writes the operations it changes; [`crate::forward_driver!`] and
 //! [`crate::forward_backend!`] write the forwarding of the others, whose
@@ -25,16 +25,16 @@
 //! }
 //! ```
 
-use super::conv3d::{
+use crate::conv3d::Conv3dGeometry;
+use crate::device::conv3d::{
     Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch,
     Conv3dGuardCheck, Conv3dGuardDecide, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch,
     Conv3dWeightLayout, Conv3dZeroInsertLaunch,
 };
-use super::info::{
+use crate::device::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
-use super::wrap::Wrap;
-use crate::conv3d::Conv3dGeometry;
+use crate::device::raw::wrap::Wrap;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
