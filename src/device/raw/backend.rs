@@ -476,28 +476,10 @@ pub enum KernelOp<'a> {
 }
 
 impl KernelOp<'_> {
-    /// The operation's name in errors and fault logs.
+    /// The operation's name in errors and fault logs (its row of the op
+    /// table, `raw/op_table.rs`).
     pub fn name(&self) -> &'static str {
-        match self {
-            KernelOp::Convert { .. } => "convert",
-            KernelOp::FingerprintSum { .. } => "fingerprint_sum",
-            KernelOp::ConvertFingerprint { .. } => "convert_fingerprint",
-            KernelOp::WidenCheck { .. } => "widen_check",
-            KernelOp::CountNonFinite { .. } => "count_nonfinite",
-            KernelOp::Conv3dGuardDecide { .. } => "conv3d_guard_decide",
-            KernelOp::Conv3dGuardCheck { .. } => "conv3d_guard_check",
-            KernelOp::ClampNonFinite { .. } => "clamp_nonfinite",
-            KernelOp::Conv3d { .. } => "conv3d",
-            KernelOp::Conv3dVendor { .. } => "conv3d_vendor",
-            KernelOp::Conv3dCheck { .. } => "conv3d_check",
-            KernelOp::Conv3dLayout { .. } => "conv3d_layout",
-            KernelOp::Conv3dBackward { .. } => "conv3d_backward",
-            KernelOp::Conv3dBackwardCheck { .. } => "conv3d_backward_check",
-            KernelOp::Conv3dBackwardVendor { .. } => "conv3d_backward_vendor",
-            KernelOp::Conv3dBackwardWeightTiled { .. } => "conv3d_backward_weight_tiled",
-            KernelOp::Conv3dFlipWeight { .. } => "conv3d_flip_weight",
-            KernelOp::Conv3dZeroInsert { .. } => "conv3d_zero_insert",
-        }
+        self.entry().name
     }
 }
 

@@ -7,6 +7,7 @@
 //! buffers are at the root of [`device`](super).
 
 pub(crate) mod backend;
+pub(crate) mod op_table;
 pub(crate) mod wrap;
 
 pub use super::conv3d::{
