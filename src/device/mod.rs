@@ -18,7 +18,7 @@
 //! implements both; the GPU runtimes, `hip` (feature `hip`) and `cuda`
 //! (feature `cuda`), implement only [`Driver`] and a small crate-private
 //! `Runtime` trait (load a module, launch a kernel, open the vendor
-//! library), and one generic GPU body (`gpu.rs`) implements [`Backend`]
+//! library), and one generic GPU body (`runtime/gpu.rs`) implements [`Backend`]
 //! over either, so every line HIP runs beyond its runtime calls is a line
 //! the CUDA tests execute. Neither trait has default methods (a backend
 //! that leaves one out does not compile); a wrapping backend implements
