@@ -176,13 +176,15 @@ def layer(m):
 
 # Inside `device`, bottom to top (ARCHITECTURE.md, "Layer order"):
 # plain data, the raw interface the backends implement, the runtimes, the
-# safe types, the factory that names every runtime, and `raw` (the public
-# face of the raw interface: re-exports only, named by no file of the crate). A file of `device`
-# may name files of its own inner layer or below.
+# safe types, the factory that names every runtime, and `raw`'s mod.rs (the
+# public face of the raw interface: its traits in raw/backend.rs and
+# raw/wrap.rs, the rest re-exported; named by no file of the crate). A file
+# of `device` may name files of its own inner layer or below.
 DEVICE_LAYERS = [
     ["visible", "fault_kind", "info", "options", "dynlib", "hostmem", "kernel_cache"],
-    ["backend", "wrap", "conv3d", "kernels"],
-    ["host", "gpu", "cuda", "hip", "vendor", "faults"],
+    ["raw::backend", "raw::op_table", "raw::wrap", "conv3d", "kernels"],
+    ["runtime::host", "runtime::gpu", "runtime::cuda", "runtime::hip", "runtime::vendor",
+     "runtime", "faults"],
     ["buffer", "stream", "pinned", "device_handle", "conv3d_stream", "ops"],
     ["open"],
     ["raw"],
@@ -192,9 +194,21 @@ DEVICE_LAYERS = [
 MAX_CYCLE = 4
 
 
+def device_key(m):
+    """The name DEVICE_LAYERS gives file `m` of `device`: its first two
+    segments below `device` when DEVICE_LAYERS names them (a folder
+    such as `runtime/` whose files sit in different inner layers), else
+    its first."""
+    two = "::".join(m[1:3])
+    if len(m) >= 3 and any(two in names for names in DEVICE_LAYERS):
+        return two
+    return m[1]
+
+
 def device_layer(m):
+    k = device_key(m)
     for i, names in enumerate(DEVICE_LAYERS):
-        if m[1] in names:
+        if k in names:
             return i
     return None
 
@@ -211,7 +225,7 @@ def device_problems(files, edges):
             out.append((name(m), "(no layer in DEVICE_LAYERS)"))
             continue
         for t in sorted(edges.get(m, ())):
-            if len(t) >= 2 and t[0] == "device" and t[1] != m[1]:
+            if len(t) >= 2 and t[0] == "device" and device_key(t) != device_key(m):
                 lt = device_layer(t)
                 if lt is not None and lt > lm:
                     out.append((name(m), name(t)))
@@ -257,12 +271,12 @@ def module_graph(files, edges):
     for m, ts in edges.items():
         if len(m) >= 2 and m[0] == "device":
             for t in ts:
-                if len(t) >= 2 and t[0] == "device" and t[1] != m[1]:
-                    inner[m[1]].add(t[1])
+                if len(t) >= 2 and t[0] == "device" and device_key(t) != device_key(m):
+                    inner[device_key(m)].add(device_key(t))
     lines.append("device's inner layers, top first:")
     for i in range(len(DEVICE_LAYERS) - 1, -1, -1):
         for mod in DEVICE_LAYERS[i]:
-            if not any(len(f) >= 2 and f[0] == "device" and f[1] == mod for f in files):
+            if not any(len(f) >= 2 and f[0] == "device" and device_key(f) == mod for f in files):
                 continue
             below = sorted(inner.get(mod, ()))
             lines.append(f"  {i} {mod:<13} -> {', '.join(below) if below else '(nothing)'}")

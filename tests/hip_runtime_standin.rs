@@ -1,4 +1,4 @@
-//! The HIP runtime layer (`src/device/hip/`) executed over the stand-in
+//! The HIP runtime layer (`src/device/runtime/hip/`) executed over the stand-in
 //! HIP runtime (`tests/hip-standin/standin.c`, built here with the C
 //! compiler): the loading order and reuse of an already loaded runtime,
 //! HIP 7's sticky error cleared after the failures the crate handles, and

@@ -5,11 +5,11 @@
 use std::marker::PhantomData;
 use std::ops::{Bound, Deref, RangeBounds};
 
-use super::backend::CopyOp;
 use super::device_handle::Device;
 use super::info::DevicePtr;
 use super::pinned::PinnedBuffer;
 use super::stream::Stream;
+use crate::device::raw::backend::CopyOp;
 use crate::error::{Error, Result};
 
 /// A range of device memory: its first address and its length in elements

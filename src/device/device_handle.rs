@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::backend::{Backend, Driver};
-use super::host;
 use super::info::{BackendKind, DeviceInfo, DevicePtr};
 use super::pinned::PinnedBuffer;
+use super::runtime::host;
 use super::stream::{Event, Stream};
+use crate::device::raw::backend::{Backend, Driver};
 use crate::error::{Error, ErrorKind, Result};
 
 struct DeviceInner {
@@ -333,7 +333,7 @@ pub(crate) fn byte_len<T>(op: &'static str, len: usize) -> Result<usize> {
 mod tests {
     use super::*;
     use crate::device::faults::{FaultKind, FaultPlan, Faults, When};
-    use crate::device::host::HostBackend;
+    use crate::device::runtime::host::HostBackend;
 
     #[test]
     fn out_of_memory_with_frees_pending_syncs_frees_and_retries_once() {

@@ -38,10 +38,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::backend::{Backend, CopyOp, Driver, KernelOp};
 use super::conv3d::Conv3dLaunch;
 use super::info::{DevicePtr, RawEvent, RawStream};
-use super::wrap::Wrap;
+use crate::device::raw::backend::{Backend, CopyOp, Driver, KernelOp};
+use crate::device::raw::op_table::FaultClass;
+use crate::device::raw::wrap::Wrap;
 use crate::error::{Error, Result};
 
 /// A failure mode to inject (defined with the error's data, which names it).
@@ -626,25 +627,20 @@ unsafe impl<B: Backend> Backend for Faults<B> {
     );
 
     unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
-        let name = op.name();
+        // The op's fault class, from the op table (`raw/op_table.rs`).
+        let entry = op.entry();
+        let name = entry.name;
         self.sticky(name)?;
-        match *op {
-            KernelOp::Conv3d { args, .. } => {
-                // SAFETY: forwards the caller's guarantees unchanged; the
-                // faults write only inside the output range.
-                return unsafe { self.conv3d_faults(name, args, s, || self.inner.run(op, s)) };
-            }
-            KernelOp::Conv3dVendor { args } => {
-                if self.fires(FaultKind::VendorNoAlgorithm, name) {
+        match entry.faults {
+            FaultClass::Conv3d { args, vendor } => {
+                if vendor && self.fires(FaultKind::VendorNoAlgorithm, name) {
                     return Err(Self::injected(FaultKind::VendorNoAlgorithm, name));
                 }
-                // SAFETY: as above.
-                return unsafe { self.conv3d_faults(name, args, s, || self.inner.run(op, s)) };
+                // SAFETY: forwards the caller's guarantees unchanged; the
+                // faults write only inside the output range.
+                unsafe { self.conv3d_faults(name, args, s, || self.inner.run(op, s)) }
             }
-            KernelOp::Conv3dBackward { args }
-            | KernelOp::Conv3dBackwardVendor { args }
-            | KernelOp::Conv3dBackwardWeightTiled { args } => {
-                let vendor = matches!(op, KernelOp::Conv3dBackwardVendor { .. });
+            FaultClass::Conv3dBackward { args, vendor } => {
                 if vendor && self.fires(FaultKind::VendorNoAlgorithm, name) {
                     return Err(Self::injected(FaultKind::VendorNoAlgorithm, name));
                 }
@@ -661,50 +657,34 @@ unsafe impl<B: Backend> Backend for Faults<B> {
                     gate: None,
                 };
                 // SAFETY: as above: the result range is the caller's.
-                return unsafe {
-                    self.output_faults(name, kinds, out, s, || self.inner.run(op, s))
-                };
+                unsafe { self.output_faults(name, kinds, out, s, || self.inner.run(op, s)) }
             }
-            KernelOp::Conv3dFlipWeight { args } => {
+            FaultClass::TiledBackward { dst, n, dtype } => {
                 let out = OutputRange {
-                    ptr: args.dst,
-                    n: args.len(),
-                    bf16: args.dtype == crate::dtype::DType::BF16,
+                    ptr: dst,
+                    n,
+                    bf16: dtype == crate::dtype::DType::BF16,
                     gate: None,
                 };
                 // SAFETY: as above: the destination range is the caller's.
-                return unsafe {
+                unsafe {
                     self.output_faults(name, TILED_BACKWARD, out, s, || self.inner.run(op, s))
-                };
+                }
             }
-            KernelOp::Conv3dZeroInsert { args } => {
-                let out = OutputRange {
-                    ptr: args.dst,
-                    n: args.len(),
-                    bf16: args.dtype == crate::dtype::DType::BF16,
-                    gate: None,
-                };
-                // SAFETY: as above: the destination range is the caller's.
-                return unsafe {
-                    self.output_faults(name, TILED_BACKWARD, out, s, || self.inner.run(op, s))
-                };
-            }
-            KernelOp::Conv3dCheck { .. }
-            | KernelOp::Conv3dBackwardCheck { .. }
-            | KernelOp::Conv3dGuardDecide { .. }
-            | KernelOp::Conv3dGuardCheck { .. } => {
+            FaultClass::Check => {
                 self.launch(name)?;
                 if self.fires(FaultKind::Conv3dCheckFailure, name) {
                     return Err(Self::injected(FaultKind::Conv3dCheckFailure, name));
                 }
+                // SAFETY: forwards the caller's guarantees unchanged.
+                unsafe { self.inner.run(op, s) }
             }
-            _ => self.launch(name)?,
-        }
-        match *op {
-            KernelOp::Convert { op: c, dst, n, .. }
-            | KernelOp::ConvertFingerprint { op: c, dst, n, .. }
-                if self.fires(FaultKind::ConvertWritesZeros, name) =>
-            {
+            FaultClass::Convert { op: c, dst, n, acc } => {
+                self.launch(name)?;
+                if !self.fires(FaultKind::ConvertWritesZeros, name) {
+                    // SAFETY: forwards the caller's guarantees unchanged.
+                    return unsafe { self.inner.run(op, s) };
+                }
                 let bytes = n * c.to.size().unwrap_or(1) as u64;
                 // SAFETY: the output range is valid for `n` elements of
                 // `c.to` (caller); for the fused op `acc` is the caller's
@@ -712,7 +692,7 @@ unsafe impl<B: Backend> Backend for Faults<B> {
                 // computed zeros would sum them.
                 unsafe {
                     self.inner.memset_zero(dst, bytes as usize, s)?;
-                    if let KernelOp::ConvertFingerprint { acc, .. } = *op {
+                    if let Some(acc) = acc {
                         let sum = KernelOp::FingerprintSum {
                             src: dst,
                             bytes,
@@ -724,8 +704,11 @@ unsafe impl<B: Backend> Backend for Faults<B> {
                 }
                 Ok(())
             }
-            // SAFETY: forwards the caller's guarantees unchanged.
-            _ => unsafe { self.inner.run(op, s) },
+            FaultClass::Launch => {
+                self.launch(name)?;
+                // SAFETY: forwards the caller's guarantees unchanged.
+                unsafe { self.inner.run(op, s) }
+            }
         }
     }
 }
@@ -733,7 +716,7 @@ unsafe impl<B: Backend> Backend for Faults<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{host::HostBackend, Device};
+    use crate::device::{runtime::host::HostBackend, Device};
 
     /// A garbage chunk: the copy lands, then at most 4 KiB of it, at a
     /// seeded place, differ from the source in every byte; the rest is

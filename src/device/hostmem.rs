@@ -1,6 +1,6 @@
 //! Host memory that pins fast: 2 MiB-aligned anonymous mappings on
 //! transparent huge pages, faulted in on the rayon pool, for the GPU
-//! runtimes to register ([`Gpu`](super::gpu::Gpu)'s `alloc_pinned`).
+//! runtimes to register ([`Gpu`](crate::device::runtime::gpu::Gpu)'s `alloc_pinned`).
 //!
 //! Why: the runtimes' own pinned allocators (`cuMemHostAlloc`,
 //! `hipHostMalloc`) fault, zero and lock every 4 KiB page on the calling

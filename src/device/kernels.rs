@@ -7,10 +7,10 @@ include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
 use std::ffi::c_void;
 
-use super::backend::KernelOp;
 use super::conv3d::Conv3dArgs;
 use super::info::ConvertOp;
 use crate::convert::table;
+use crate::device::raw::backend::KernelOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

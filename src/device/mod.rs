@@ -13,12 +13,12 @@
 //!
 //! Backends implement two raw, object-safe traits (addresses, handles, byte
 //! counts): [`Driver`] (memory, streams, events, copies: what differs per
-//! runtime) and [`Backend`] (the kernel operations). [`host`] (always;
+//! runtime) and [`Backend`] (the kernel operations). [`host`] (always, in `runtime/`;
 //! device memory is host memory and kernels are `crate::convert`)
 //! implements both; the GPU runtimes, `hip` (feature `hip`) and `cuda`
 //! (feature `cuda`), implement only [`Driver`] and a small crate-private
 //! `Runtime` trait (load a module, launch a kernel, open the vendor
-//! library), and one generic GPU body (`gpu.rs`) implements [`Backend`]
+//! library), and one generic GPU body (`runtime/gpu.rs`) implements [`Backend`]
 //! over either, so every line HIP runs beyond its runtime calls is a line
 //! the CUDA tests execute. Neither trait has default methods (a backend
 //! that leaves one out does not compile); a wrapping backend implements
@@ -73,7 +73,6 @@
 //! # }
 //! ```
 
-pub(crate) mod backend;
 mod buffer;
 pub(crate) mod conv3d;
 pub(crate) mod conv3d_stream;
@@ -83,8 +82,6 @@ pub(crate) mod fault_kind;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod faults;
-mod gpu;
-pub mod host;
 mod hostmem;
 pub(crate) mod info;
 pub(crate) mod kernel_cache;
@@ -95,14 +92,17 @@ mod options;
 mod pinned;
 pub mod raw;
 mod stream;
-pub(crate) mod vendor;
 pub(crate) mod visible;
-pub(crate) mod wrap;
+
+pub(crate) mod runtime;
 
 #[cfg(feature = "cuda")]
-pub mod cuda;
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub use runtime::cuda;
 #[cfg(feature = "hip")]
-pub mod hip;
+#[cfg_attr(docsrs, doc(cfg(feature = "hip")))]
+pub use runtime::hip;
+pub use runtime::host;
 
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
 pub use conv3d::Conv3dKernel;

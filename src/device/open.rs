@@ -3,18 +3,18 @@
 //! types ([`Device`], [`Stream`](super::Stream), the buffers) depend on
 //! none of them.
 
-use super::backend::Backend;
-#[cfg(feature = "cuda")]
-use super::cuda;
 use super::device_handle::Device;
-#[cfg(any(feature = "hip", feature = "cuda"))]
-use super::gpu::Gpu;
-#[cfg(feature = "hip")]
-use super::hip;
-use super::host;
 use super::info::{BackendKind, DeviceInfo};
 use super::options::DeviceOptions;
+#[cfg(feature = "cuda")]
+use super::runtime::cuda;
+#[cfg(feature = "hip")]
+use super::runtime::hip;
+use super::runtime::host;
 use super::visible::VisibleDevices;
+use crate::device::raw::backend::Backend;
+#[cfg(any(feature = "hip", feature = "cuda"))]
+use crate::device::runtime::gpu::Gpu;
 use crate::error::{Error, Result};
 
 /// Opens the raw backend of device `ordinal` of `kind` (to wrap it, for

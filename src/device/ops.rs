@@ -1,12 +1,12 @@
 //! The kernel operations queued on a [`Stream`]: conversions,
 //! fingerprints and non-finite scans, checked before they reach a backend.
 
-use super::backend::KernelOp;
 use super::buffer::{DeviceView, DeviceViewMut};
 use super::info::ConvertOp;
 use super::stream::Stream;
 use crate::convert::fingerprint::{finish, Fingerprint};
 use crate::convert::Element;
+use crate::device::raw::backend::KernelOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

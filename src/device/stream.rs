@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use super::backend::Backend;
 use super::buffer::DeviceBuffer;
 use super::device_handle::{byte_len, Device};
 use super::info::{DevicePtr, RawEvent, RawStream};
+use crate::device::raw::backend::Backend;
 use crate::error::{Error, Result};
 
 struct StreamInner {

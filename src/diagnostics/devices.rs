@@ -128,7 +128,7 @@ fn list(kind: BackendKind) -> BackendReport {
 #[cfg(feature = "hip")]
 fn pci_bus_id(kind: BackendKind, ordinal: usize) -> Option<String> {
     (kind == BackendKind::Hip)
-        .then(|| crate::device::hip::pci_bus_id(ordinal).ok())
+        .then(|| crate::device::runtime::hip::pci_bus_id(ordinal).ok())
         .flatten()
 }
 

@@ -44,8 +44,8 @@ pub struct GfxOverrideReport {
 /// The `HSA_OVERRIDE_GFX_VERSION` in effect, if set.
 #[cfg(feature = "hip")]
 pub fn gfx_override() -> Option<GfxOverrideReport> {
-    let o = crate::device::hip::gfx_override()?;
-    let built = crate::device::hip::built_archs();
+    let o = crate::device::runtime::hip::gfx_override()?;
+    let built = crate::device::runtime::hip::built_archs();
     Some(GfxOverrideReport {
         built_in: o.arch.as_ref().ok().map(|a| built.contains(&a.as_str())),
         arch: o.arch.as_ref().ok().cloned(),

@@ -73,7 +73,7 @@ impl RuntimeFile {
     #[cfg(any(feature = "cuda", feature = "hip"))]
     fn from_vendor(
         library: &str,
-        r: std::result::Result<crate::device::vendor::libs::Loaded, String>,
+        r: std::result::Result<crate::device::runtime::vendor::libs::Loaded, String>,
     ) -> RuntimeFile {
         match r {
             Ok(l) => Self::in_use(
@@ -179,7 +179,7 @@ pub fn duplicate_libraries() -> Vec<DuplicateLibrary> {
 /// The HIP runtime in use (opening it if need be).
 #[cfg(feature = "hip")]
 fn hip_runtime() -> RuntimeFile {
-    match crate::device::hip::runtime_file() {
+    match crate::device::runtime::hip::runtime_file() {
         Ok(f) => {
             let mut r = RuntimeFile::in_use(
                 "hip_runtime",
@@ -207,7 +207,7 @@ fn miopen(hip: &RuntimeFile) -> RuntimeFile {
     if !hip.loaded {
         return RuntimeFile::absent("miopen", "no HIP runtime loaded");
     }
-    RuntimeFile::from_vendor("miopen", crate::device::vendor::miopen::loaded())
+    RuntimeFile::from_vendor("miopen", crate::device::runtime::vendor::miopen::loaded())
 }
 
 #[cfg(not(feature = "hip"))]
@@ -219,7 +219,7 @@ fn miopen(_hip: &RuntimeFile) -> RuntimeFile {
 /// version, and cuDNN and NVRTC.
 #[cfg(feature = "cuda")]
 fn cuda_libraries() -> [RuntimeFile; 3] {
-    let driver = match crate::device::cuda::driver_version() {
+    let driver = match crate::device::runtime::cuda::driver_version() {
         Ok((_, v)) => {
             let path = crate::device::dynlib::mapped("libcuda.so")
                 .into_iter()
@@ -235,8 +235,8 @@ fn cuda_libraries() -> [RuntimeFile; 3] {
     };
     [
         driver,
-        RuntimeFile::from_vendor("cudnn", crate::device::vendor::cudnn::loaded()),
-        RuntimeFile::from_vendor("nvrtc", crate::device::vendor::nvrtc::loaded()),
+        RuntimeFile::from_vendor("cudnn", crate::device::runtime::vendor::cudnn::loaded()),
+        RuntimeFile::from_vendor("nvrtc", crate::device::runtime::vendor::nvrtc::loaded()),
     ]
 }
 

@@ -104,7 +104,7 @@ impl std::fmt::Display for RuntimeVersion {
 /// `hipRuntimeGetVersion` / `hipDriverGetVersion`, each known or the reason.
 #[cfg(feature = "hip")]
 fn hip_versions() -> (RuntimeVersion, RuntimeVersion) {
-    use crate::device::hip;
+    use crate::device::runtime::hip;
     let runtime = match hip::runtime_version() {
         Ok((raw, v)) => RuntimeVersion::known(i64::from(raw), v),
         Err(e) => RuntimeVersion::unknown(e.to_string()),
@@ -126,7 +126,7 @@ fn hip_versions() -> (RuntimeVersion, RuntimeVersion) {
 /// `cuDriverGetVersion`, known or the reason.
 #[cfg(feature = "cuda")]
 fn cuda_version() -> RuntimeVersion {
-    match crate::device::cuda::driver_version() {
+    match crate::device::runtime::cuda::driver_version() {
         Ok((raw, v)) => RuntimeVersion::known(i64::from(raw), v),
         Err(e) => RuntimeVersion::unknown(e.to_string()),
     }
@@ -155,9 +155,9 @@ impl Platform {
         // the process, their folders), so that the loader-path lookups
         // below find those and never load another.
         #[cfg(feature = "hip")]
-        let _ = crate::device::hip::runtime_library();
+        let _ = crate::device::runtime::hip::runtime_library();
         #[cfg(feature = "cuda")]
-        let _ = crate::device::vendor::nvrtc::library();
+        let _ = crate::device::runtime::vendor::nvrtc::library();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let (hip_runtime_version, hip_driver_version) = hip_versions();
         Platform {
@@ -214,7 +214,7 @@ fn cpu_model() -> Option<String> {
         .map(|(_, v)| v.trim().to_owned())
 }
 
-pub(crate) use crate::device::host::meminfo_field;
+pub(crate) use crate::device::runtime::host::meminfo_field;
 
 /// Finds the library of `sonames` (newest first) the way the backends open
 /// it ([`crate::device::dynlib`]): a copy already in the process first (by

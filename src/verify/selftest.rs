@@ -234,7 +234,7 @@ fn reference() -> &'static Reference {
                 .into_par_iter()
                 .map(|(start, len)| {
                     let bytes = base.get(start..start + len).unwrap_or(&[]);
-                    let sum = crate::device::host::sum_bytes(0, bytes);
+                    let sum = crate::device::runtime::host::sum_bytes(0, bytes);
                     (start, len, finish(sum, len as u64))
                 })
                 .collect()

@@ -13,7 +13,7 @@ use crate::conv3d::{
 };
 use crate::device::info::DevicePtr;
 #[cfg(doc)]
-use crate::device::{backend::KernelOp, conv3d::CHECK_MAX_SAMPLES};
+use crate::device::{conv3d::CHECK_MAX_SAMPLES, raw::backend::KernelOp};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

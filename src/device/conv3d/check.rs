@@ -12,9 +12,9 @@
 use super::layout::check_len;
 use super::{Conv3dLaunch, Conv3dWeightLayout};
 use crate::conv3d::{reference_point, sample_index, Conv3dData, Conv3dGeometry, Conv3dProblem};
-#[cfg(doc)]
-use crate::device::backend::KernelOp;
 use crate::device::info::DevicePtr;
+#[cfg(doc)]
+use crate::device::raw::backend::KernelOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -18,9 +18,9 @@
 //! (`device::faults`).
 
 use crate::conv3d::{flip_weight, zero_insert, Conv3dGeometry};
-#[cfg(doc)]
-use crate::device::backend::KernelOp;
 use crate::device::info::DevicePtr;
+#[cfg(doc)]
+use crate::device::raw::backend::KernelOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -19,7 +19,7 @@
 use super::check::{host_conv3d_check, Conv3dCheckLaunch, CHECK_WORDS};
 use crate::device::info::DevicePtr;
 #[cfg(doc)]
-use crate::device::{backend::KernelOp, Stream};
+use crate::device::{raw::backend::KernelOp, Stream};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -5,11 +5,11 @@ use super::Conv3dOps;
 use crate::conv3d::sample_index;
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::Element;
-use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::conv3d::layout::check_len;
 use crate::device::conv3d::*;
 use crate::device::conv3d::{Conv3dLaunch, Conv3dWeightLayout};
+use crate::device::raw::backend::KernelOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -5,10 +5,10 @@ use crate::conv3d::Conv3dGeometry;
 #[cfg(doc)]
 use crate::conv3d::{flip_weight, zero_insert};
 use crate::convert::Element;
-use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::conv3d::layout::check_len;
 use crate::device::conv3d::*;
+use crate::device::raw::backend::KernelOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -5,13 +5,13 @@ use super::Conv3dOps;
 use crate::conv3d::sample_index;
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::convert::Element;
-use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::conv3d::backward_launch::{bias_refused, operand_name};
 use crate::device::conv3d::check::CHECK_MAX_SAMPLES;
 use crate::device::conv3d::layout::check_len;
 use crate::device::conv3d::CHECK_WORDS;
 use crate::device::conv3d::*;
+use crate::device::raw::backend::KernelOp;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

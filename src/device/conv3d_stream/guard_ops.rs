@@ -3,12 +3,12 @@
 use super::Conv3dOps;
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::Element;
-use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::conv3d::check::CHECK_WORDS;
 use crate::device::conv3d::layout::check_len;
 use crate::device::conv3d::*;
 use crate::device::conv3d_stream::CheckOperands;
+use crate::device::raw::backend::KernelOp;
 use crate::error::{Error, Result};
 
 /// The counts, points and verdict of one decision.

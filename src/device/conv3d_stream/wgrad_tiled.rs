@@ -3,9 +3,9 @@
 use super::Conv3dOps;
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::convert::Element;
-use crate::device::backend::KernelOp;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
 use crate::device::conv3d::*;
+use crate::device::raw::backend::KernelOp;
 use crate::error::{Error, Result};
 
 impl Conv3dOps<'_> {

@@ -6,7 +6,10 @@
 //! none of it: [`Device`](super::Device), [`Stream`](super::Stream) and the
 //! buffers are at the root of [`device`](super).
 
-pub use super::backend::{Backend, CopyOp, Driver, KernelOp};
+pub(crate) mod backend;
+pub(crate) mod op_table;
+pub(crate) mod wrap;
+
 pub use super::conv3d::{
     tiled_weight_layout, tiled_wgrad_split, tiled_wgrad_unsupported, CheckedPoint,
     Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch,
@@ -18,4 +21,5 @@ pub use super::conv3d::{
 pub use super::conv3d_stream::{CheckBias, CheckOperands, GuardWords};
 pub use super::info::{DevicePtr, RawEvent, RawStream};
 pub use super::open::{open_backend, open_backend_with};
-pub use super::wrap::Wrap;
+pub use backend::{Backend, CopyOp, Driver, KernelOp};
+pub use wrap::Wrap;

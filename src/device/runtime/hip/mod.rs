@@ -47,14 +47,14 @@ pub use kfd::{parse_gfx_override, GfxOverride, GFX_OVERRIDE_VAR};
 pub use loader::{runtime_file, HipRuntimeFile, RUNTIME_VAR};
 pub use result::HipError;
 
-use super::backend::{CopyOp, Driver};
-use super::gpu::Runtime;
-use super::info::{
+use crate::device::info::{
     BackendKind, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent, RawStream,
 };
-use super::kernels::{self, KernelCall, KernelModule};
-use super::vendor::miopen::Miopen;
-use super::VisibleDevices;
+use crate::device::kernels::{self, KernelCall, KernelModule};
+use crate::device::raw::backend::{CopyOp, Driver};
+use crate::device::runtime::gpu::Runtime;
+use crate::device::runtime::vendor::miopen::Miopen;
+use crate::device::VisibleDevices;
 use crate::error::{Error, Result};
 use kfd::{kfd_nodes, parse_pci_bus_id, KfdAccess, KfdNode};
 use sys::Api;
@@ -657,11 +657,11 @@ unsafe impl Runtime for HipRuntime {
     }
 
     fn vendor_available(&self) -> Result<()> {
-        crate::device::vendor::miopen::library().map(|_| ())
+        crate::device::runtime::vendor::miopen::library().map(|_| ())
     }
 
     fn vendor_backward_available(&self) -> Result<()> {
-        crate::device::vendor::miopen::backward_available()
+        crate::device::runtime::vendor::miopen::backward_available()
     }
 
     fn vendor_open(&self) -> Result<Miopen> {

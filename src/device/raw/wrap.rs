@@ -1,4 +1,4 @@
-//! Wrappers: a backend over another ([`super::faults::Faults`], a test's
+//! Wrappers: a backend over another ([`crate::device::faults::Faults`], a test's
 //! instrumentation, `Box<dyn Backend>`). [`Driver`] and [`Backend`] have no
 //! default methods, so a wrapper writes every method: the ones it changes
 //! by hand, the others through [`crate::forward_driver!`] /
@@ -55,13 +55,13 @@
 //! # Ok::<(), rocm_safe::Error>(())
 //! ```
 
-use super::backend::Driver;
+use crate::device::raw::backend::Driver;
 
 /// A backend that wraps another: [`Wrap::inner`] is where
 /// [`crate::forward_driver!`] and [`crate::forward_backend!`] send the
 /// operations the wrapper does not change.
 pub trait Wrap {
-    /// The wrapped backend ([`super::raw::Backend`] too where the wrapper
+    /// The wrapped backend ([`crate::device::raw::Backend`] too where the wrapper
     /// forwards kernel operations).
     type Inner: Driver + ?Sized;
     /// The wrapped backend.

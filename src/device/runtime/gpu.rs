@@ -16,16 +16,16 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::backend::{Backend, Driver, KernelOp};
-use super::conv3d::{Conv3dBackwardLaunch, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
-use super::hostmem::{Mapping, REGISTER_MIN};
-use super::info::{KernelCaps, KernelSource, RawStream};
-use super::kernels::{Kernel, KernelCall, KernelModule};
-use super::options::Pinning;
-use super::vendor::vendor_backward::vendor_conv3d_backward;
-use super::vendor::{vendor_conv3d, VendorConv};
-use super::wrap::Wrap;
 use crate::conv3d::Conv3dGeometry;
+use crate::device::conv3d::{Conv3dBackwardLaunch, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
+use crate::device::hostmem::{Mapping, REGISTER_MIN};
+use crate::device::info::{KernelCaps, KernelSource, RawStream};
+use crate::device::kernels::{Kernel, KernelCall, KernelModule};
+use crate::device::options::Pinning;
+use crate::device::raw::backend::{Backend, Driver, KernelOp};
+use crate::device::raw::wrap::Wrap;
+use crate::device::runtime::vendor::vendor_backward::vendor_conv3d_backward;
+use crate::device::runtime::vendor::{vendor_conv3d, VendorConv};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -131,7 +131,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl<R: Runtime> Gpu<R> {
     /// The GPU body over an opened runtime, pinning host memory by `pin`
-    /// (the device's [`DeviceOptions`](super::DeviceOptions)).
+    /// (the device's [`DeviceOptions`](crate::device::DeviceOptions)).
     pub(crate) fn new(rt: R, pin: Pinning) -> Gpu<R> {
         let n = rt.caps().modules.max(1);
         Gpu {
@@ -215,7 +215,7 @@ impl<R: Runtime> Gpu<R> {
         self.rt.bind()?;
         let (module, source) = self.rt.load_module(which)?;
         let single = self.modules.len() == 1;
-        super::record_kernel_load(super::KernelLoad {
+        crate::device::record_kernel_load(crate::device::KernelLoad {
             backend: self.rt.info().kind.name(),
             arch: self.rt.info().arch.clone(),
             module: if single { "all" } else { which.name() },

@@ -7,7 +7,7 @@
 //!
 //! Each library is bound here, function by function, with the C signatures
 //! of its header (quoted in its file's docs), statuses as plain integers,
-//! and opened through [`dynlib`](super::dynlib): a copy already in the
+//! and opened through [`dynlib`](crate::device::dynlib): a copy already in the
 //! process first, so that inside a PyTorch process the crate uses
 //! PyTorch's cuDNN, NVRTC and MIOpen and never maps a second copy beside
 //! them. Nothing here is ever unloaded.
@@ -22,10 +22,10 @@ pub(crate) mod miopen;
 pub(crate) mod nvrtc;
 pub(crate) mod vendor_backward;
 
-use super::backend::Driver;
-use super::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
-use super::info::{DevicePtr, RawStream};
-use super::kernels::KernelCall;
+use crate::device::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
+use crate::device::info::{DevicePtr, RawStream};
+use crate::device::kernels::KernelCall;
+use crate::device::raw::backend::Driver;
 use crate::dtype::DType;
 use crate::error::Result;
 
@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn vendor_buffers_are_reused_when_large_enough_and_replaced_otherwise() {
-        let b = crate::device::host::HostBackend::new();
+        let b = crate::device::runtime::host::HostBackend::new();
         let mut kept = VendorBuffers::default();
         // SAFETY: host "device" memory of `b`, used by no queued work.
         let none = unsafe { take_buffer(&b, &mut kept.scratch, 0) }.unwrap();
@@ -287,7 +287,10 @@ mod tests {
         assert_eq!(bigger.1, 5000);
         assert!(kept.scratch.is_none());
         kept.scratch = Some(bigger);
-        kept.workspace = Some((crate::device::backend::Driver::alloc(&b, 64).unwrap(), 64));
+        kept.workspace = Some((
+            crate::device::raw::backend::Driver::alloc(&b, 64).unwrap(),
+            64,
+        ));
         // SAFETY: host "device" memory of `b`, used by no queued work.
         unsafe { kept.release(&b) }.unwrap();
         assert!(kept.scratch.is_none() && kept.workspace.is_none());

@@ -273,7 +273,7 @@ pub(crate) fn loaded() -> std::result::Result<Loaded, String> {
 /// be), so that MIOpen is looked for beside it.
 #[cfg(feature = "hip")]
 fn hip_runtime_file() -> Option<PathBuf> {
-    crate::device::hip::runtime_library()
+    crate::device::runtime::hip::runtime_library()
         .and_then(|l| l.path().map(Path::to_path_buf))
         .or_else(super::libs::hip_runtime_path)
 }

@@ -22,7 +22,7 @@ use crate::device::conv3d::Conv3dBackwardLaunch;
 use crate::device::dynlib;
 #[cfg(feature = "hip")]
 use crate::device::info::DevicePtr;
-use crate::device::vendor::libs::bind_fn;
+use crate::device::runtime::vendor::libs::bind_fn;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -185,7 +185,7 @@ impl Miopen {
     /// choosing the algorithm with a Find on the first call of its plan.
     ///
     /// # Safety
-    /// As [`crate::device::vendor::VendorConv::backward`].
+    /// As [`crate::device::runtime::vendor::VendorConv::backward`].
     #[cfg(feature = "hip")]
     pub(super) unsafe fn run_backward(
         &mut self,

@@ -13,7 +13,7 @@
 //! by NVRTC on first use to machine code for the device's own arch (a
 //! cubin; PTX where NVRTC gives none), one module at a time
 //! (`KernelModule`), cached per arch for the process and on disk
-//! (`super::kernel_cache`). A cached cubin loads in milliseconds; PTX would
+//! (`crate::device::kernel_cache`). A cached cubin loads in milliseconds; PTX would
 //! cost the driver's translation in every process its cache misses.
 
 use std::ffi::CString;
@@ -22,16 +22,16 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use cudarc::driver::DriverError;
 
-use super::backend::{CopyOp, Driver};
-use super::gpu::Runtime;
-use super::info::{
+use crate::device::info::{
     BackendKind, DeviceInfo, DevicePtr, KernelBuild, KernelCaps, KernelSource, RawEvent, RawStream,
 };
-use super::kernel_cache;
-use super::kernels::{self, KernelCall, KernelModule};
-use super::vendor::cudnn::Cudnn;
-use super::vendor::nvrtc::Output;
-use super::VisibleDevices;
+use crate::device::kernel_cache;
+use crate::device::kernels::{self, KernelCall, KernelModule};
+use crate::device::raw::backend::{CopyOp, Driver};
+use crate::device::runtime::gpu::Runtime;
+use crate::device::runtime::vendor::cudnn::Cudnn;
+use crate::device::runtime::vendor::nvrtc::Output;
+use crate::device::VisibleDevices;
 use crate::error::{Error, Result};
 
 const VISIBLE_VAR: &str = "CUDA_VISIBLE_DEVICES";
@@ -229,7 +229,7 @@ fn image_for(cc: &str, which: KernelModule, cached: bool) -> Result<(Image, Kern
         .get(which.source())
         .copied()
         .unwrap_or_default();
-    let nvrtc = super::vendor::nvrtc::library()?;
+    let nvrtc = crate::device::runtime::vendor::nvrtc::library()?;
     let (output, target, ext) = if nvrtc.has_cubin() {
         (Output::Cubin, format!("sm_{cc}"), "cubin")
     } else {
@@ -411,7 +411,7 @@ unsafe impl Driver for CudaRuntime {
         let p: *mut u8 = unsafe { cu::malloc_host(bytes, 0) }
             .map_err(|e| alloc_err("cuMemHostAlloc", bytes, e))?
             .cast();
-        super::hostmem::zero_parallel(p, bytes);
+        crate::device::hostmem::zero_parallel(p, bytes);
         Ok(p)
     }
 
@@ -684,11 +684,11 @@ unsafe impl Runtime for CudaRuntime {
     }
 
     fn vendor_available(&self) -> Result<()> {
-        super::vendor::cudnn::available()
+        crate::device::runtime::vendor::cudnn::available()
     }
 
     fn vendor_backward_available(&self) -> Result<()> {
-        super::vendor::cudnn::backward_available()
+        crate::device::runtime::vendor::cudnn::backward_available()
     }
 
     fn vendor_open(&self) -> Result<Cudnn> {

@@ -6,9 +6,9 @@
 
 use super::*;
 use crate::conv3d::{Conv3dData, Conv3dParams, Conv3dProblem};
-use crate::device::host::HostBackend;
 use crate::device::info::{ConvertOp, DevicePtr};
-use crate::device::vendor::VendorBuffers;
+use crate::device::runtime::host::HostBackend;
+use crate::device::runtime::vendor::VendorBuffers;
 
 /// What the recording runtime saw, in order.
 type Log = Arc<Mutex<Vec<String>>>;
@@ -179,7 +179,7 @@ unsafe impl Runtime for Recording {
     }
     unsafe fn host_register(&self, p: *mut u8, bytes: usize) -> Result<()> {
         push(&self.log, format!("register {bytes}"));
-        assert_eq!(p as usize % super::super::hostmem::HUGE_PAGE, 0);
+        assert_eq!(p as usize % crate::device::hostmem::HUGE_PAGE, 0);
         if self.refuse.0 {
             return Err(Error::BackendUnsupported {
                 backend: "test",

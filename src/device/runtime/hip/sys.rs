@@ -224,7 +224,7 @@ impl std::fmt::Debug for Api {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::hip::HipError;
+    use crate::device::runtime::hip::HipError;
     use std::collections::BTreeMap;
 
     /// One release's facts from `api_facts.txt`.

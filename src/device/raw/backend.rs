@@ -3,7 +3,7 @@
 //! each a [`KernelOp`]).
 //!
 //! Neither trait has default methods: a backend that leaves one out does
-//! not compile. A *wrapper* (a backend over another: [`super::faults::Faults`],
+//! not compile. A *wrapper* (a backend over another: [`crate::device::faults::Faults`],
 //! a test's instrumentation, `Box<dyn Backend>`) implements [`Wrap`] and
 //! writes the operations it changes; [`crate::forward_driver!`] and
 //! [`crate::forward_backend!`] write the forwarding of the others, whose
@@ -25,16 +25,16 @@
 //! }
 //! ```
 
-use super::conv3d::{
+use crate::conv3d::Conv3dGeometry;
+use crate::device::conv3d::{
     Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch,
     Conv3dGuardCheck, Conv3dGuardDecide, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch,
     Conv3dWeightLayout, Conv3dZeroInsertLaunch,
 };
-use super::info::{
+use crate::device::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
-use super::wrap::Wrap;
-use crate::conv3d::Conv3dGeometry;
+use crate::device::raw::wrap::Wrap;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -174,7 +174,7 @@ pub unsafe trait Driver: Send + Sync + std::fmt::Debug + 'static {
 
 /// The kernel operations of a device, over a [`Driver`]: conversions,
 /// fingerprints, non-finite scans, conv3d. Implemented once for every GPU
-/// runtime (the generic GPU body in `device/gpu.rs`), by the host backend
+/// runtime (the generic GPU body in `device/runtime/gpu.rs`), by the host backend
 /// with the CPU implementations, and by wrappers ([`Wrap`], with
 /// [`crate::forward_backend!`] for what they do not change).
 ///
@@ -476,28 +476,10 @@ pub enum KernelOp<'a> {
 }
 
 impl KernelOp<'_> {
-    /// The operation's name in errors and fault logs.
+    /// The operation's name in errors and fault logs (its row of the op
+    /// table, `raw/op_table.rs`).
     pub fn name(&self) -> &'static str {
-        match self {
-            KernelOp::Convert { .. } => "convert",
-            KernelOp::FingerprintSum { .. } => "fingerprint_sum",
-            KernelOp::ConvertFingerprint { .. } => "convert_fingerprint",
-            KernelOp::WidenCheck { .. } => "widen_check",
-            KernelOp::CountNonFinite { .. } => "count_nonfinite",
-            KernelOp::Conv3dGuardDecide { .. } => "conv3d_guard_decide",
-            KernelOp::Conv3dGuardCheck { .. } => "conv3d_guard_check",
-            KernelOp::ClampNonFinite { .. } => "clamp_nonfinite",
-            KernelOp::Conv3d { .. } => "conv3d",
-            KernelOp::Conv3dVendor { .. } => "conv3d_vendor",
-            KernelOp::Conv3dCheck { .. } => "conv3d_check",
-            KernelOp::Conv3dLayout { .. } => "conv3d_layout",
-            KernelOp::Conv3dBackward { .. } => "conv3d_backward",
-            KernelOp::Conv3dBackwardCheck { .. } => "conv3d_backward_check",
-            KernelOp::Conv3dBackwardVendor { .. } => "conv3d_backward_vendor",
-            KernelOp::Conv3dBackwardWeightTiled { .. } => "conv3d_backward_weight_tiled",
-            KernelOp::Conv3dFlipWeight { .. } => "conv3d_flip_weight",
-            KernelOp::Conv3dZeroInsert { .. } => "conv3d_zero_insert",
-        }
+        self.entry().name
     }
 }
 

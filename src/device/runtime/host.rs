@@ -11,18 +11,18 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
-use super::conv3d::{
+use crate::conv3d::Conv3dGeometry;
+use crate::convert::fingerprint::term;
+use crate::device::conv3d::{
     host_conv3d, host_conv3d_backward, host_conv3d_backward_check,
     host_conv3d_backward_weight_tiled, host_conv3d_check, host_conv3d_flip, host_conv3d_layout,
     host_conv3d_zero_insert, host_gate_closed, host_guard_check, host_guard_decide, Conv3dKernel,
     Conv3dWeightLayout,
 };
-use super::info::{
+use crate::device::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
-use crate::conv3d::Conv3dGeometry;
-use crate::convert::fingerprint::term;
+use crate::device::raw::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -53,7 +53,7 @@ impl HostBackend {
                 arch: "host".into(),
                 total_memory: 0,
                 multiprocessors: u32::try_from(rayon::current_num_threads()).unwrap_or(1),
-                visible: super::VisibleDevices::none(),
+                visible: crate::device::VisibleDevices::none(),
             },
             next: AtomicU64::new(1),
             events: Mutex::new(HashMap::new()),

@@ -23,7 +23,7 @@ use crate::device::conv3d::Conv3dBackwardLaunch;
 use crate::device::dynlib;
 #[cfg(feature = "cuda")]
 use crate::device::info::{DevicePtr, RawStream};
-use crate::device::vendor::libs::bind_fn;
+use crate::device::runtime::vendor::libs::bind_fn;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -197,7 +197,7 @@ impl Cudnn {
     /// Queues the f32 gradient `a` into `a.output` on `stream`.
     ///
     /// # Safety
-    /// As [`crate::device::vendor::VendorConv::backward`].
+    /// As [`crate::device::runtime::vendor::VendorConv::backward`].
     #[cfg(feature = "cuda")]
     pub(super) unsafe fn run_backward(
         &mut self,
