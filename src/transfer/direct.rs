@@ -56,6 +56,13 @@ struct Seg {
     len: usize,
 }
 
+/// A direct job's copies and the windows they read (each once, in order).
+#[derive(Debug)]
+struct JobPlan {
+    segs: Vec<Seg>,
+    windows: Vec<usize>,
+}
+
 /// Where a window stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WinState {
@@ -86,7 +93,7 @@ pub(super) struct Direct {
     maps: Vec<Option<memmap2::Mmap>>,
     windows: Vec<Window>,
     /// Per job, its copies (`None`: the job is filled by reads).
-    segs: Vec<Option<Vec<Seg>>>,
+    jobs: Vec<Option<JobPlan>>,
     /// Set at the first refusal: later jobs are filled by reads.
     refused: AtomicBool,
     refusal: Mutex<Option<String>>,
@@ -149,32 +156,35 @@ impl Direct {
             }
             maps.push(map);
         }
-        let mut segs = Vec::with_capacity(jobs.len());
+        let mut plans = Vec::with_capacity(jobs.len());
         for (job, want) in jobs.iter().zip(wanted) {
-            let s = if want {
-                job_segs(items, job, &maps, &first_window)
-            } else {
-                None
-            };
-            if let Some(s) = &s {
-                let mut seen: Vec<usize> = s.iter().map(|g| g.window).collect();
-                seen.dedup();
-                for w in seen {
-                    if let Some(win) = windows.get(w) {
-                        win.pending.fetch_add(1, Ordering::Relaxed);
+            let plan = want
+                .then(|| job_segs(items, job, &maps, &first_window))
+                .flatten()
+                .map(|segs| {
+                    let mut reads: Vec<usize> = segs.iter().map(|g| g.window).collect();
+                    reads.sort_unstable();
+                    reads.dedup();
+                    JobPlan {
+                        segs,
+                        windows: reads,
                     }
+                });
+            for w in plan.iter().flat_map(|p| &p.windows) {
+                if let Some(win) = windows.get(*w) {
+                    win.pending.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            segs.push(s);
+            plans.push(plan);
         }
-        if segs.iter().all(Option::is_none) {
+        if plans.iter().all(Option::is_none) {
             return None;
         }
         Some(Direct {
             driver: device.clone(),
             maps,
             windows,
-            segs,
+            jobs: plans,
             refused: AtomicBool::new(false),
             refusal: Mutex::new(None),
             leak: AtomicBool::new(false),
@@ -186,19 +196,14 @@ impl Direct {
     /// planned direct, or a registration refused: the path is then off for
     /// the rest of the load).
     pub fn prepare(&self, j: usize) -> bool {
-        let Some(Some(segs)) = self.segs.get(j) else {
+        let Some(Some(plan)) = self.jobs.get(j) else {
             return false;
         };
         if self.refused.load(Ordering::Relaxed) {
             return false;
         }
-        let mut last = usize::MAX;
-        for g in segs {
-            if g.window == last {
-                continue;
-            }
-            last = g.window;
-            let Some(w) = self.windows.get(g.window) else {
+        for &wi in &plan.windows {
+            let Some(w) = self.windows.get(wi) else {
                 return false;
             };
             let mut st = lock(&w.state);
@@ -268,10 +273,10 @@ impl Direct {
     /// registered until [`Direct::done`] has been called for every job
     /// reading them, after their copies completed.
     pub fn copy(&self, j: usize, stage: &mut DeviceBuffer<u8>, copy: &Stream) -> Result<()> {
-        let Some(Some(segs)) = self.segs.get(j) else {
+        let Some(Some(plan)) = self.jobs.get(j) else {
             return Ok(());
         };
-        for g in segs {
+        for g in &plan.segs {
             let (Some(Some(map)), Some(w)) = (self.maps.get(g.source), self.windows.get(g.window))
             else {
                 continue;
@@ -287,7 +292,7 @@ impl Direct {
                 });
             };
             let src = map.as_ptr() as usize + off;
-            let inside = src >= w.addr && src + g.len <= w.addr + w.len && end <= map.len();
+            let inside = src >= w.addr && src + g.len <= w.addr + w.len;
             if !inside {
                 return Err(Error::OutOfBounds {
                     op: "direct copy window",
@@ -310,12 +315,10 @@ impl Direct {
     /// Job `j` is checked (its copies are complete): the windows no other
     /// pending job reads, to be released with [`Direct::release`].
     pub fn done(&self, j: usize) -> Vec<usize> {
-        let Some(Some(segs)) = self.segs.get(j) else {
+        let Some(Some(plan)) = self.jobs.get(j) else {
             return Vec::new();
         };
-        let mut seen: Vec<usize> = segs.iter().map(|g| g.window).collect();
-        seen.dedup();
-        seen.into_iter()
+        (plan.windows.iter().copied())
             .filter(|&w| {
                 self.windows
                     .get(w)
