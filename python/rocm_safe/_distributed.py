@@ -404,47 +404,26 @@ def _load_slices(
     f: safe_open, sharded: List[Dict[str, Any]], rank: int, dev: torch.device
 ) -> Tuple[Dict[str, torch.Tensor], int]:
     """This rank's slice of every split tensor, on ``dev``, and the bytes
-    read for them. On a GPU: slices of dimension 0 through the verified
-    loader (rows); the others read on the host (raw) and moved with the
-    verified upload, converted on the device (``to_device(dtype=)``)."""
+    read for them. On a GPU: every slice, of any dimension, through the
+    verified loader in one load (``_native.load_slices_to_device``: a later
+    dimension's slice is read run by run into the pinned ring, converted
+    and checked on the device like a whole tensor); on the CPU, read on
+    the host."""
     out: Dict[str, torch.Tensor] = {}
-    read = 0
-    where = _byte_ranges(f) if any(t["dim"] != 0 for t in sharded) else {}
+    read = sum(_slice_bytes(t, rank) for t in sharded)
     if dev.type == "cpu":
+        where = _byte_ranges(f) if any(t["dim"] != 0 for t in sharded) else {}
         for t in sharded:
-            x = _read_slice(f, t, rank, where)
-            out[t["name"]] = x
-            read += _slice_bytes(t, rank)
+            out[t["name"]] = _read_slice(f, t, rank, where)
         return out, read
-    rows = []
-    host: Dict[str, List[Tuple[str, torch.Tensor]]] = {}
+    asks = []
     for t in sharded:
         lo, hi = t["ranges"][rank]
-        read += _slice_bytes(t, rank)
-        if t["dim"] == 0 and hi > lo:
-            rows.append((t["name"], lo, hi))
-            continue
-        x = _read_slice(f, t, rank, where, convert=False)
-        host.setdefault(t["out_dtype"] if t["out_dtype"] != t["dtype"] else "", []).append((t["name"], x))
-    if rows:
-        loaded = _native.load_rows_to_device(f._ckpt, rows, str(dev), f._dtype, f._verify, _backend())
-        for name, capsule in loaded:
-            x = torch.from_dlpack(capsule)
-            out[name] = x if x.device == dev else x.to(dev)
-    from ._moves import to_device
-
-    for target, items in host.items():
-        names = [n for n, _ in items]
-        moved = to_device(
-            [x for _, x in items],
-            dev,
-            dtype=_dtypes.torch_dtype(target) if target else None,
-            verify=f._verify != "off",
-        )
-        for n, x in zip(names, moved):
-            if x.device != dev:
-                raise RuntimeError(f"the verified upload kept {n!r} on the host (see last_move_report())")
-            out[n] = x
+        asks.append((t["name"], t["dim"], lo, hi))
+    loaded = _native.load_slices_to_device(f._ckpt, asks, str(dev), f._dtype, f._verify, _backend())
+    for name, capsule in loaded:
+        x = torch.from_dlpack(capsule)
+        out[name] = x if x.device == dev else x.to(dev)
     by = {t["name"]: t for t in sharded}
     for n, x in out.items():
         want = _dtypes.torch_dtype(by[n]["out_dtype"])

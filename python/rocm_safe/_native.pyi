@@ -215,9 +215,9 @@ def move_cast(
 def tensor_fingerprints(device: str, stream: int, capsules: Sequence[Any], backend: Optional[str] = None) -> List[int]: ...
 def tensor_fingerprint(device: str, stream: int, capsule: Any, backend: Optional[str] = None) -> int: ...
 def bytes_fingerprint(data: bytes) -> int: ...
-def load_rows_to_device(
+def load_slices_to_device(
     checkpoint: Checkpoint,
-    requests: Sequence[Tuple[str, int, int]],
+    requests: Sequence[Tuple[str, int, int, int]],
     device: str,
     dtype: Optional[str] = None,
     verify: str = "fingerprint",

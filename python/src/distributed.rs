@@ -1,12 +1,13 @@
 //! The reads of a distributed load's shards (`rocm_safe.torch`'s
 //! `load_distributed(mode="shard")`): each rank reads only its slice.
 //!
-//! - [`load_rows_to_device`]: slices of dimension 0 (rows), through the
+//! - [`load_slices_to_device`]: slices of any dimension, through the
 //!   verified GPU loader (the same pipeline, checks and ladder as a whole
-//!   tensor: `Request::rows`).
-//! - [`read_strided`]: a slice of another dimension, which is `outer` runs
-//!   of bytes at a fixed stride in the file, read with `pread` on a few
-//!   threads into a new `bytearray`.
+//!   tensor: `Request::slice`; a later dimension's slice is read run by
+//!   run into the pinned ring).
+//! - [`read_strided`]: on the CPU, a slice of a later dimension, which is
+//!   `outer` runs of bytes at a fixed stride in the file, read with
+//!   `pread` on a few threads into a new `bytearray`.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -21,19 +22,20 @@ use rocm_safe::transfer::Request;
 use crate::device::{parse_device, parse_verify, Target};
 use crate::{Checkpoint, SafetensorError};
 
-/// `load_rows_to_device(checkpoint, requests, device, dtype=None,
+/// `load_slices_to_device(checkpoint, requests, device, dtype=None,
 /// verify="fingerprint", backend=None)`: `requests` is a list of
-/// `(name, start, end)`: rows `start..end` of the first dimension of each
-/// tensor, loaded onto the GPU `device` (`"cuda:N"`) by the verified
-/// loader, converted to `dtype` (a safetensors name) where given. Returns
-/// `(name, capsule)` per request, as `load_to_device` does (a slice the
-/// ladder kept on the host comes back as a CPU capsule).
+/// `(name, dim, start, end)`: indices `start..end` of dimension `dim` of
+/// each tensor, loaded onto the GPU `device` (`"cuda:N"`) by the verified
+/// loader as a contiguous tensor of the slice's shape, converted to
+/// `dtype` (a safetensors name) where given. Returns `(name, capsule)` per
+/// request, as `load_to_device` does (a slice the ladder kept on the host
+/// comes back as a CPU capsule).
 #[pyfunction]
 #[pyo3(signature = (checkpoint, requests, device, dtype=None, verify="fingerprint", backend=None))]
-pub fn load_rows_to_device(
+pub fn load_slices_to_device(
     py: Python<'_>,
     checkpoint: &Checkpoint,
-    requests: Vec<(String, u64, u64)>,
+    requests: Vec<(String, usize, u64, u64)>,
     device: &str,
     dtype: Option<&str>,
     verify: &str,
@@ -43,12 +45,12 @@ pub fn load_rows_to_device(
     let dtype = dtype.map(crate::dtype_of).transpose()?;
     let Target::Gpu { ordinal } = parse_device(device).map_err(SafetensorError::new_err)? else {
         return Err(PyValueError::new_err(
-            "load_rows_to_device: device \"cpu\" is read with Checkpoint.read(rows=...)",
+            "load_slices_to_device: device \"cpu\" is read with Checkpoint.read(rows=...) or read_strided",
         ));
     };
     let reqs: Vec<Request> = requests
         .into_iter()
-        .map(|(n, s, e)| Request::rows(n, s..e))
+        .map(|(n, d, s, e)| Request::slice(n, d, s..e))
         .collect();
     crate::interop::load_requests(
         py,

@@ -340,9 +340,9 @@ pub fn load(
     load_requests(py, checkpoint, &reqs, device, backend, dtype, policy)
 }
 
-/// The GPU load of whole tensors or rows of their first dimension
-/// (`Request`s), with the cached loader of the device: [`load`], and the
-/// row slices of a distributed load's shards (`distributed.rs`).
+/// The GPU load of whole tensors or slices of them (`Request`s), with the
+/// cached loader of the device: [`load`], and the slices of a distributed
+/// load's shards (`distributed.rs`).
 pub fn load_requests(
     py: Python<'_>,
     checkpoint: &Checkpoint,

@@ -655,7 +655,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fingerprint::tensor_fingerprints, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint::tensor_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint::bytes_fingerprint, m)?)?;
-    m.add_function(wrap_pyfunction!(distributed::load_rows_to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed::load_slices_to_device, m)?)?;
     m.add_function(wrap_pyfunction!(distributed::read_strided, m)?)?;
     #[cfg(feature = "testing")]
     m.add_function(wrap_pyfunction!(inject_moves::inject_move_faults, m)?)?;

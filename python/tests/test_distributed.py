@@ -169,7 +169,7 @@ def test_a_rank_that_hangs_times_out_on_the_control_group(files):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (torch.cuda)")
 def test_gpu_one_rank_replicate_and_shard(files, tmp_path):
     """The GPU paths of one rank (the verified loader for its share and its
-    row slices, strided slices moved with the verified upload, device
+    slices of any dimension in one verified load, device
     fingerprints), on a group of one over gloo in this process."""
     import rocm_safe
 
@@ -201,6 +201,43 @@ def test_gpu_one_rank_replicate_and_shard(files, tmp_path):
         assert D._fingerprints([t], t.device) == D._fingerprints([t.cpu()], torch.device("cpu"))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (torch.cuda)")
+@pytest.mark.parametrize("dtype", [None, "F32"])
+def test_gpu_slices_of_any_dimension_load_exactly(tmp_path, dtype):
+    """``load_slices_to_device`` (the shard mode's GPU read): slices of the
+    first, a middle and the last dimension, as stored and converted, each a
+    contiguous tensor equal to torch's slice of safetensors' load; a bad
+    dimension or range is the library's error."""
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(7)
+    ref = {
+        "w": torch.randn(96, 1000, generator=g).to(torch.bfloat16),
+        "c": torch.randn(3, 5, 40, 7, generator=g),
+        "h": torch.randn(4, 4096, generator=g).to(torch.float16),
+        "i": torch.arange(60, dtype=torch.int32).reshape(6, 10),
+    }
+    path = str(tmp_path / "s.safetensors")
+    save_file(ref, path)
+    ref = load_file(path)
+    asks = [("w", 1, 250, 750), ("c", 2, 10, 31), ("c", 3, 6, 7), ("h", 1, 2048, 4096), ("w", 0, 3, 9), ("i", 1, 2, 5), ("w", 1, 5, 5)]
+    ck = _native.Checkpoint(path)
+    got = _native.load_slices_to_device(ck, asks, "cuda:0", dtype, "fingerprint")
+    assert [n for n, _ in got] == [a[0] for a in asks]
+    for (name, dim, lo, hi), (_, cap) in zip(asks, got):
+        x = torch.from_dlpack(cap)
+        want = ref[name].narrow(dim, lo, hi - lo).contiguous()
+        if dtype == "F32" and want.is_floating_point():
+            want = want.float()
+        assert x.device.type == "cuda" and x.is_contiguous(), name
+        assert x.dtype == want.dtype and x.shape == want.shape, (name, dim, x.shape, want.shape)
+        assert torch.equal(x.cpu().reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)), (name, dim)
+    with pytest.raises(Exception, match="no dimension 2 to slice"):
+        _native.load_slices_to_device(ck, [("w", 2, 0, 1)], "cuda:0")
+    with pytest.raises(Exception, match="invalid for 7 rows"):
+        _native.load_slices_to_device(ck, [("c", 3, 6, 8)], "cuda:0")
 
 
 # ---------------------------------------------------------------- in process
@@ -302,10 +339,10 @@ def test_read_strided_reads_only_its_runs_and_refuses_what_does_not_fit(tmp_path
         _native.read_strided(str(tmp_path / "missing.bin"), 0, 10, 1, 10, 0, 3)
 
 
-def test_load_rows_to_device_refuses_the_cpu(tmp_path):
+def test_load_slices_to_device_refuses_the_cpu(tmp_path):
     from safetensors.torch import save_file
 
     save_file({"a": torch.ones(4, 2)}, str(tmp_path / "m.safetensors"))
     ck = _native.Checkpoint(str(tmp_path / "m.safetensors"))
     with pytest.raises(ValueError, match="Checkpoint.read"):
-        _native.load_rows_to_device(ck, [("a", 0, 2)], "cpu")
+        _native.load_slices_to_device(ck, [("a", 0, 0, 2)], "cpu")

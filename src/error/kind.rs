@@ -132,6 +132,7 @@ impl Error {
             Error::LengthMismatch { .. }
             | Error::DTypeMismatch { .. }
             | Error::NoRows { .. }
+            | Error::SliceDim { .. }
             | Error::RowRange { .. }
             | Error::Writer { .. }
             | Error::WriterSize { .. }

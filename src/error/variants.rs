@@ -245,7 +245,20 @@ pub enum Error {
         /// Its shape.
         shape: Vec<u64>,
     },
-    /// A row range `start..end` with `start > end` or `end` past the rows.
+    /// A slice along a dimension the tensor does not have.
+    #[error("{path}: tensor {tensor:?}: shape {shape:?} has no dimension {dim} to slice")]
+    SliceDim {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The dimension asked for.
+        dim: usize,
+        /// Its shape.
+        shape: Vec<u64>,
+    },
+    /// A range `start..end` of a dimension (the rows, or the dimension of
+    /// a slice) with `start > end` or `end` past its length (`rows`).
     #[error("{path}: tensor {tensor:?}: row range {start}..{end} invalid for {rows} rows")]
     RowRange {
         /// The file.

@@ -23,7 +23,7 @@ pub(super) fn readback(
     let got = out.to_vec()?;
     let src = source::of_item(sources, item)?;
     let mut raw = crate::alloc::tensor_bytes(&src.path, &item.name, item.src_bytes)?;
-    src.pread(&item.name, &mut raw, item.file_off)?;
+    item.pread(src, &mut raw, 0)?;
     let want = source::cpu_output(&src.path, item, raw)?;
     if got == want {
         return Ok(None);

@@ -407,7 +407,7 @@ fn qualifies(job: &Job) -> bool {
 }
 
 /// The copies of `job`: each piece cut at window boundaries; `None` when a
-/// piece's file has no mapping or lies outside it.
+/// piece's file has no mapping or lies outside it, or is a strided slice.
 fn job_segs(
     items: &[Item],
     job: &Job,
@@ -417,6 +417,9 @@ fn job_segs(
     let mut out = Vec::new();
     for p in &job.pieces {
         let item = items.get(p.item)?;
+        if item.runs.is_some() {
+            return None; // a strided slice: its bytes are not one range
+        }
         let map = maps.get(item.source)?.as_ref()?;
         let first = *first_window.get(item.source)?;
         let start = item.file_off.checked_add(p.src_off)?;
@@ -503,6 +506,7 @@ mod tests {
                 from: DType::BF16,
                 to: DType::F32,
             }),
+            runs: None,
         }
     }
 

@@ -254,7 +254,7 @@ fn cpu_convert(
     while off < item.src_bytes {
         let len = chunk.min((item.src_bytes - off) as usize);
         let mut raw = vec![0u8; len];
-        src.pread(&item.name, &mut raw, item.file_off + off)?;
+        item.pread(src, &mut raw, off)?;
         let conv = source::cpu_output(&src.path, item, raw)?;
         let o = item.out_off(off) as usize;
         let mut dst = out.slice_mut(o..o + conv.len())?;
@@ -282,7 +282,7 @@ fn cpu_convert(
 fn keep_on_host(sources: &[Source], item: &Item, st: &mut State) -> Result<Option<Failure>> {
     let src = source::of_item(sources, item)?;
     let mut raw = crate::alloc::tensor_bytes(&src.path, &item.name, item.src_bytes)?;
-    src.pread(&item.name, &mut raw, item.file_off)?;
+    item.pread(src, &mut raw, 0)?;
     st.host = Some(source::cpu_output(&src.path, item, raw)?);
     st.out = None;
     Ok(None)

@@ -303,13 +303,24 @@ impl LoadOptions {
     }
 }
 
-/// What to load of one tensor.
+/// What to load of one tensor: all of it, or the indices `rows` of one
+/// dimension (`dim`; a tensor-parallel rank's slice).
+///
+/// A slice of the first dimension is one contiguous range of the file. A
+/// slice of a later dimension is `outer` runs of bytes (one per index of
+/// the dimensions before it), read run by run into a contiguous output of
+/// the slice's shape; it goes through the pinned ring like any tensor
+/// (never through the direct path, whose copies are whole ranges).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Request {
     /// The tensor's name.
     pub name: String,
-    /// Rows of the first dimension (all when `None`).
+    /// Indices of dimension `dim` (all of the tensor when `None`).
     pub rows: Option<Range<u64>>,
+    /// The dimension `rows` selects along: 0 (the rows) unless made by
+    /// [`Request::slice`].
+    pub dim: usize,
 }
 
 impl Request {
@@ -318,14 +329,27 @@ impl Request {
         Request {
             name: name.into(),
             rows: None,
+            dim: 0,
         }
     }
 
     /// Rows `rows` of the first dimension.
     pub fn rows(name: impl Into<String>, rows: Range<u64>) -> Request {
+        Request::slice(name, 0, rows)
+    }
+
+    /// Indices `range` of dimension `dim`: for a `[K, C]` weight split by
+    /// columns across two ranks, rank 1 asks for `slice(name, 1, C/2..C)`
+    /// and gets a contiguous `[K, C/2]` tensor. Errors at load time:
+    /// [`Error::SliceDim`](crate::Error::SliceDim) for a dimension the
+    /// tensor lacks, [`Error::RowRange`](crate::Error::RowRange) for a
+    /// range past it, [`Error::NoRows`](crate::Error::NoRows) where its
+    /// elements are not byte-addressable.
+    pub fn slice(name: impl Into<String>, dim: usize, range: Range<u64>) -> Request {
         Request {
             name: name.into(),
-            rows: Some(rows),
+            rows: Some(range),
+            dim,
         }
     }
 }

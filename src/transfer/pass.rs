@@ -599,7 +599,10 @@ fn advise(sources: &[Source], items: &[Item], job: &Job) {
     for p in &job.pieces {
         if let Some(item) = items.get(p.item) {
             if let Some(src) = sources.get(item.source) {
-                src.advise_willneed(item.file_off + p.src_off, p.len as u64);
+                // A strided piece: the file span from its first byte to its last.
+                let first = item.file_at(p.src_off);
+                let last = item.file_at(p.src_off + (p.len as u64).max(1) - 1);
+                src.advise_willneed(first, last + 1 - first);
             }
         }
     }

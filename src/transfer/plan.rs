@@ -14,7 +14,7 @@
 use std::path::Path;
 
 use super::options::SPLIT_ALIGN;
-use super::source::Item;
+use super::source::{Item, Runs};
 use super::{Attempt, Failure, Fallback, LoadOptions, Request, Rung};
 use crate::device::{ConvertOp, DeviceBuffer};
 use crate::error::{Error, Result};
@@ -127,7 +127,7 @@ impl Plan {
     /// allocated nor offloaded).
     ///
     /// Errors: [`Error::TensorNotFound`], [`Error::NoRows`],
-    /// [`Error::RowRange`].
+    /// [`Error::SliceDim`], [`Error::RowRange`].
     pub fn new(
         ckpt: &impl Catalog,
         reqs: &[Request],
@@ -195,14 +195,30 @@ fn item(ckpt: &impl Catalog, r: &Request, opts: &LoadOptions) -> Result<Item> {
     let mut start = found.data_start + info.data_offsets.0;
     let mut bytes = info.num_bytes();
     let mut elems = info.num_elements();
+    let mut runs = None;
     if let Some(rows) = &r.rows {
-        let (Some(nrows), Some(rb)) = (info.rows(), info.row_bytes()) else {
-            return Err(Error::NoRows {
+        let no_rows = || Error::NoRows {
+            path: found.path.to_owned(),
+            tensor: info.name.clone(),
+            shape: info.shape.clone(),
+        };
+        if r.dim > 0 && r.dim >= shape.len() {
+            return Err(Error::SliceDim {
                 path: found.path.to_owned(),
                 tensor: info.name.clone(),
+                dim: r.dim,
                 shape: info.shape.clone(),
             });
-        };
+        }
+        let nrows = *shape.get(r.dim).ok_or_else(no_rows)?;
+        // Elements of one index of `dim` (the dimensions after it), and the
+        // runs before it (the dimensions before it).
+        let inner = shape[r.dim + 1..]
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(no_rows)?;
+        let outer = shape[..r.dim].iter().product::<u64>();
+        let rb = info.dtype.bytes_for(inner).ok_or_else(no_rows)?;
         if rows.start > rows.end || rows.end > nrows {
             return Err(Error::RowRange {
                 path: found.path.to_owned(),
@@ -213,12 +229,17 @@ fn item(ckpt: &impl Catalog, r: &Request, opts: &LoadOptions) -> Result<Item> {
             });
         }
         let n = rows.end - rows.start;
+        // Within the tensor's bytes (checked by the header): no overflow.
         start += rows.start * rb;
-        bytes = n * rb;
-        elems = elems.checked_div(nrows).map_or(0, |per| per * n);
-        if let Some(d) = shape.first_mut() {
-            *d = n;
+        bytes = outer * n * rb;
+        elems = outer * n * inner;
+        if outer > 1 && n < nrows && n > 0 {
+            runs = Some(Runs {
+                run: n * rb,
+                stride: nrows * rb,
+            });
         }
+        shape[r.dim] = n;
     }
     let out_dtype = match opts.dtype {
         Some(t) if crate::convert::table::converts_from(info.dtype) => t,
@@ -238,6 +259,7 @@ fn item(ckpt: &impl Catalog, r: &Request, opts: &LoadOptions) -> Result<Item> {
         shape,
         out_bytes: out_dtype.bytes_for(elems).unwrap_or(bytes),
         op,
+        runs,
     })
 }
 

@@ -80,6 +80,20 @@ pub(crate) struct Item {
     pub out_bytes: u64,
     /// The conversion, when the output dtype differs.
     pub op: Option<ConvertOp>,
+    /// A slice of a later dimension: its bytes are runs spread over the
+    /// file (`None`: `src_bytes` contiguous bytes at `file_off`).
+    pub runs: Option<Runs>,
+}
+
+/// Where a strided item's bytes are: runs of `run` bytes, the first at the
+/// item's `file_off`, each `stride` bytes after the one before; the item's
+/// source bytes are the runs back to back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Runs {
+    /// Bytes of one run (> 0).
+    pub run: u64,
+    /// File bytes from one run's start to the next's (> `run`).
+    pub stride: u64,
 }
 
 impl Item {
@@ -97,6 +111,33 @@ impl Item {
     /// Source elements before source byte `src_off`.
     pub fn out_off(&self, src_off: u64) -> u64 {
         self.out_len(src_off as usize) as u64
+    }
+
+    /// The file offset of source byte `src_off`.
+    pub fn file_at(&self, src_off: u64) -> u64 {
+        match self.runs {
+            None => self.file_off + src_off,
+            Some(r) => self.file_off + src_off / r.run * r.stride + src_off % r.run,
+        }
+    }
+
+    /// Reads source bytes `src_off..src_off + dst.len()` of the item from
+    /// `src` into `dst`: one positioned read, or one per run it touches.
+    pub fn pread(&self, src: &Source, dst: &mut [u8], src_off: u64) -> Result<()> {
+        let Some(r) = self.runs else {
+            return src.pread(&self.name, dst, self.file_off + src_off);
+        };
+        let mut at = src_off;
+        let mut rest = dst;
+        while !rest.is_empty() {
+            let left = r.run - at % r.run;
+            let n = usize::try_from(left).map_or(rest.len(), |l| l.min(rest.len()));
+            let (part, tail) = rest.split_at_mut(n);
+            src.pread(&self.name, part, self.file_at(at))?;
+            at += n as u64;
+            rest = tail;
+        }
+        Ok(())
     }
 }
 
@@ -202,11 +243,10 @@ pub(crate) fn read_piece(
 ) -> Result<Sums> {
     use rayon::prelude::*;
     let src = of_item(sources, item)?;
-    let base = item.file_off + src_off;
     let sub = sub.max(1);
     let work = |(k, part): (usize, &mut [u8])| -> Result<Sums> {
         let off = k * sub;
-        src.pread(&item.name, part, base + off as u64)?;
+        item.pread(src, part, src_off + off as u64)?;
         if !check {
             return Ok(Sums::default());
         }
@@ -242,7 +282,6 @@ pub(crate) fn sum_piece(
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     let src = of_item(sources, item)?;
-    let base = item.file_off + src_off;
     let sub = sub.max(1);
     let work = |k: usize| -> Result<Sums> {
         let off = k * sub;
@@ -253,7 +292,7 @@ pub(crate) fn sum_piece(
                 *buf = crate::alloc::tensor_bytes(&src.path, &item.name, n as u64)?;
             }
             let part = buf.get_mut(..n).unwrap_or_default();
-            src.pread(&item.name, part, base + off as u64)?;
+            item.pread(src, part, src_off + off as u64)?;
             sums(item.op, off, part)
         })
     };

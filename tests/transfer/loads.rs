@@ -21,6 +21,7 @@ use common::{sparse_bf16, Rng};
 
 per_device!(
     clean_load_is_exact,
+    slices_of_later_dimensions_are_exact,
     tiny_tensors_past_256_per_slot_are_exact_on_the_ring,
 );
 
@@ -103,6 +104,155 @@ fn row_slices_and_names() {
     let names = l.load_names(&ckpt, &["c.f16", "a.bf16"]).unwrap();
     assert_eq!(names.tensors.len(), 2);
     assert_exact(&ckpt, &names);
+}
+
+/// The CPU's answer for a slice: the whole tensor's bytes cut to indices
+/// `range` of dimension `dim` (outer runs of the slice's bytes), then
+/// converted to `to`.
+fn sliced(
+    ckpt: &Checkpoint,
+    name: &str,
+    dim: usize,
+    range: std::ops::Range<u64>,
+    to: DType,
+) -> Vec<u8> {
+    let info = ckpt.info(name).unwrap();
+    let size = info.dtype.size().unwrap() as u64;
+    let inner: u64 = info.shape[dim + 1..].iter().product();
+    let outer: u64 = info.shape[..dim].iter().product();
+    let (row, run) = (
+        info.shape[dim] * inner * size,
+        (range.end - range.start) * inner * size,
+    );
+    let all = ckpt.read_bytes(name).unwrap();
+    let mut raw = Vec::new();
+    for o in 0..outer {
+        let at = (o * row + range.start * inner * size) as usize;
+        raw.extend_from_slice(&all[at..at + run as usize]);
+    }
+    if to == info.dtype {
+        return raw;
+    }
+    let n = raw.len() / size as usize;
+    let mut out = vec![0u8; n * to.size().unwrap()];
+    rocm_safe::convert::convert_bytes(info.dtype, &raw, to, &mut out).unwrap();
+    out
+}
+
+/// A checkpoint for slices, and the slices asked of it.
+type Ask = (&'static str, usize, std::ops::Range<u64>);
+fn sliceable(dir: &std::path::Path) -> (Checkpoint, Vec<Ask>) {
+    let path = write(
+        dir,
+        "tp.safetensors",
+        &[
+            ("w", DType::BF16, vec![96, 1000]),
+            ("c", DType::F32, vec![3, 5, 40, 7]),
+            ("h", DType::F16, vec![4, 2048]),
+        ],
+        5,
+    );
+    let asks = vec![
+        ("w", 1, 250..750),
+        ("c", 2, 10..31),
+        ("c", 3, 6..7),
+        ("h", 1, 1024..2048),
+        ("w", 0, 3..9),
+        ("c", 1, 0..5),
+    ];
+    (Checkpoint::open(&path).unwrap(), asks)
+}
+
+fn slice_requests(asks: &[Ask]) -> Vec<Request> {
+    asks.iter()
+        .map(|(n, d, r)| Request::slice(*n, *d, r.clone()))
+        .collect()
+}
+
+/// Each loaded slice has the slice's shape and the CPU's bytes.
+fn assert_sliced(ckpt: &Checkpoint, asks: &[Ask], loaded: &rocm_safe::transfer::Loaded) {
+    assert_eq!(loaded.tensors.len(), asks.len());
+    for (t, (n, d, r)) in loaded.tensors.iter().zip(asks) {
+        let mut shape = ckpt.info(n).unwrap().shape.clone();
+        shape[*d] = r.end - r.start;
+        assert_eq!((t.name.as_str(), &t.shape), (*n, &shape));
+        let want = sliced(ckpt, n, *d, r.clone(), t.dtype);
+        assert_eq!(
+            t.data.to_host().unwrap(),
+            want,
+            "{n} dim {d} {r:?} as {:?}",
+            t.dtype
+        );
+    }
+}
+
+/// Slices of later dimensions (a tensor-parallel rank's columns) load as
+/// contiguous tensors of the slice's shape, exact in every policy, as
+/// stored or converted, with runs that cross the ring's buffers.
+fn slices_of_later_dimensions_are_exact(dev: &Device) {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, asks) = sliceable(dir.path());
+    let reqs = slice_requests(&asks);
+    for dtype in [None, Some(DType::F32), Some(DType::BF16)] {
+        for policy in [
+            Policy::Fingerprint,
+            Policy::FusedFingerprint,
+            Policy::ReadBack,
+            Policy::Off,
+        ] {
+            let mut l = Loader::new(dev, small(dtype).with_policy(policy)).unwrap();
+            let loaded = l.load(&ckpt, &reqs).unwrap();
+            assert_sliced(&ckpt, &asks, &loaded);
+            for t in &loaded.report.tensors {
+                // f16 -> bf16 has no device kernel: the CPU rung, routed.
+                let want = match t.routed {
+                    None => Rung::PinnedRing,
+                    Some(_) => Rung::CpuConvert,
+                };
+                assert_eq!(t.rung, want, "{} {dtype:?} {policy:?}", t.name);
+                assert!(t.attempts.is_empty(), "{t}");
+            }
+            assert!(
+                loaded.report.ring_jobs >= 3,
+                "the runs span several buffers"
+            );
+        }
+    }
+}
+
+/// Faults that zero every copy send slices down the ladder, each rung
+/// reading the runs again: still exact. Bad slices are their errors.
+#[test]
+fn slices_under_faults_and_bad_slices() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, asks) = sliceable(dir.path());
+    let reqs = slice_requests(&asks);
+    let (dev, h) = faulty(
+        HostBackend::new(),
+        FaultPlan::one(FaultKind::CopyLandsZeros, When::Always),
+    );
+    let opts = small(Some(DType::F32)).with_self_test(false);
+    let loaded = Loader::new(&dev, opts).unwrap().load(&ckpt, &reqs).unwrap();
+    assert!(!h.injected().is_empty());
+    assert_sliced(&ckpt, &asks, &loaded);
+    for t in &loaded.report.tensors {
+        assert_eq!(t.rung, Rung::KeepOnHost, "{}", t.name);
+        assert!(!t.attempts.is_empty(), "{t}");
+    }
+    // Bad slices: a dimension the tensor lacks, a range past it.
+    let mut l = Loader::new(&Device::host(), small(None)).unwrap();
+    assert!(matches!(
+        l.load(&ckpt, &[Request::slice("w", 2, 0..1)]),
+        Err(Error::SliceDim { dim: 2, .. })
+    ));
+    assert!(matches!(
+        l.load(&ckpt, &[Request::slice("c", 3, 6..8)]),
+        Err(Error::RowRange {
+            end: 8,
+            rows: 7,
+            ..
+        })
+    ));
 }
 
 #[test]

@@ -36,6 +36,7 @@ fn expected(e: &Error) -> (&'static str, K) {
         Error::TensorNotFound { .. } => ("TensorNotFound", K::NotFound),
         Error::TooLargeForPlatform { .. } => ("TooLargeForPlatform", K::Unsupported),
         Error::NoRows { .. } => ("NoRows", K::Usage),
+        Error::SliceDim { .. } => ("SliceDim", K::Usage),
         Error::RowRange { .. } => ("RowRange", K::Usage),
         Error::FileShrunk { .. } => ("FileShrunk", K::Changed),
         Error::InvalidIndex { .. } => ("InvalidIndex", K::InvalidFile),
@@ -200,6 +201,12 @@ fn samples() -> Vec<Error> {
             path: p(),
             tensor: t(),
             shape: vec![],
+        },
+        Error::SliceDim {
+            path: p(),
+            tensor: t(),
+            dim: 3,
+            shape: vec![2, 2],
         },
         Error::RowRange {
             path: p(),
@@ -452,7 +459,7 @@ fn samples() -> Vec<Error> {
     ]
 }
 
-/// Every variant (71 arms of `expected`: 70 variants, `TransferFailed`
+/// Every variant (72 arms of `expected`: 71 variants, `TransferFailed`
 /// twice; one sample each) has the kind the
 /// table above gives it, a message, and, where it carries one, a source.
 #[test]
@@ -465,7 +472,7 @@ fn every_variant_has_its_kind() {
         assert_eq!(e.kind(), kind, "{name}: {e}");
         assert!(!e.to_string().is_empty(), "{name}");
     }
-    assert_eq!(names.len(), 71, "one sample per arm of `expected`");
+    assert_eq!(names.len(), 72, "one sample per arm of `expected`");
     let with_source = samples
         .iter()
         .filter(|e| std::error::Error::source(*e).is_some())

@@ -161,6 +161,109 @@ fn bad_requests_are_errors() {
     ));
 }
 
+/// A slice of a later dimension: runs of the slice's bytes, one per index
+/// of the dimensions before it, `stride` apart; the shape narrows that
+/// dimension. A slice that is one range in the file (the first dimension,
+/// all of the dimension, or nothing before it) has no runs.
+#[test]
+fn slices_of_later_dimensions_are_runs() {
+    let t = Table::new(&[
+        ("w", DType::BF16, &[64, 64]),
+        ("c", DType::F32, &[2, 3, 8, 4]),
+        ("v", DType::BF16, &[1, 40]),
+    ]);
+    let reqs = [
+        Request::slice("w", 1, 16..48),
+        Request::slice("c", 2, 2..5),
+        Request::slice("w", 1, 0..64),
+        Request::slice("v", 1, 8..24),
+        Request::slice("c", 3, 1..2),
+        Request::slice("w", 1, 5..5),
+    ];
+    let p = Plan::new(&t, &reqs, &to_f32(), 0, Vec::new()).unwrap();
+    let w = &p.items[0];
+    assert_eq!(w.shape, [64, 32]);
+    assert_eq!(
+        (w.file_off, w.src_bytes, w.out_bytes),
+        (DATA + 32, 64 * 64, 64 * 128)
+    );
+    assert_eq!(
+        w.runs,
+        Some(Runs {
+            run: 64,
+            stride: 128
+        })
+    );
+    // The file offset of each source byte: run k at file_off + k * stride.
+    assert_eq!(w.file_at(0), DATA + 32);
+    assert_eq!(w.file_at(63), DATA + 32 + 63);
+    assert_eq!(w.file_at(64), DATA + 32 + 128);
+    assert_eq!(w.file_at(64 * 63 + 1), DATA + 32 + 128 * 63 + 1);
+    let c = &p.items[1];
+    let c_at = DATA + 8192;
+    assert_eq!(c.shape, [2, 3, 3, 4]);
+    assert_eq!((c.file_off, c.src_bytes), (c_at + 2 * 16, 6 * 3 * 16));
+    assert_eq!(
+        c.runs,
+        Some(Runs {
+            run: 48,
+            stride: 128
+        })
+    );
+    // All of dimension 1: the whole tensor, one range.
+    let all = &p.items[2];
+    assert_eq!((all.file_off, all.src_bytes, all.runs), (DATA, 8192, None));
+    assert_eq!(all.shape, [64, 64]);
+    // Nothing before dimension 1 but a 1: one range.
+    let v = &p.items[3];
+    let v_at = c_at + 2 * 3 * 8 * 4 * 4;
+    assert_eq!((v.file_off, v.src_bytes, v.runs), (v_at + 16, 32, None));
+    assert_eq!(v.shape, [1, 16]);
+    // The last dimension: runs of one element.
+    let last = &p.items[4];
+    assert_eq!(last.runs, Some(Runs { run: 4, stride: 16 }));
+    assert_eq!(
+        (last.file_off, last.src_bytes, last.shape.as_slice()),
+        (c_at + 4, 48 * 4, &[2u64, 3, 8, 1][..])
+    );
+    // Empty: no bytes, no runs.
+    let empty = &p.items[5];
+    assert_eq!((empty.src_bytes, empty.out_bytes, empty.runs), (0, 0, None));
+    assert_eq!(empty.shape, [64, 0]);
+    assert_eq!(p.ring_items(), vec![0, 1, 2, 3, 4]);
+}
+
+/// A slice of a dimension the tensor lacks, or past its length, is its
+/// error, naming the tensor.
+#[test]
+fn bad_slices_are_errors() {
+    let t = model();
+    let one = |r: Request| Plan::new(&t, &[r], &to_f32(), 0, Vec::new()).unwrap_err();
+    assert!(matches!(
+        one(Request::slice("w", 2, 0..1)),
+        Error::SliceDim { dim: 2, ref tensor, ref shape, .. } if tensor == "w" && shape == &[64, 64]
+    ));
+    assert!(matches!(
+        one(Request::slice("s", 0, 0..1)),
+        Error::NoRows { .. }
+    ));
+    assert!(matches!(
+        one(Request::slice("s", 1, 0..1)),
+        Error::SliceDim { dim: 1, .. }
+    ));
+    assert!(matches!(
+        one(Request::slice("d", 1, 2..5)),
+        Error::RowRange {
+            start: 2,
+            end: 5,
+            rows: 4,
+            ..
+        }
+    ));
+    let e = one(Request::slice("w", 3, 0..1));
+    assert!(e.to_string().contains("has no dimension 3 to slice"), "{e}");
+}
+
 /// By default every tensor goes through the ring, except a conversion
 /// without a device kernel (the CPU rung, routed there, nothing failed);
 /// under `Forbid` that missing kernel is the first rung's failure.
@@ -390,6 +493,7 @@ fn sized(bytes: &[u64]) -> Vec<Item> {
             shape: vec![b],
             out_bytes: b,
             op: None,
+            runs: None,
         })
         .collect()
 }
