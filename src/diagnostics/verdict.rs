@@ -97,8 +97,12 @@ pub fn verdict_of(r: &Report, kfd_present: bool) -> Verdict {
         .as_deref()
         .and_then(major);
     let co = r.hip_build.code_object_version;
-    // 3. A HIP runtime too old for the code objects built.
-    if let (Some(m), Some(v)) = (hip_major, co) {
+    // 3. A HIP runtime too old for the code objects built, where an AMD
+    // GPU may be (the amdgpu driver, or a HIP device seen): an old ROCm
+    // library left on a machine that CUDA or the CPU serves is not a thing
+    // to fix (the H200 machines carry a ROCm 5.7 libamdhip64.so.5).
+    let amd_here = kfd_present || gpus.iter().any(|(b, _)| *b == "hip");
+    if let (Some(m), Some(v), true) = (hip_major, co, amd_here) {
         if m < 6 && v >= 5 {
             let version = r
                 .platform
@@ -380,6 +384,30 @@ mod tests {
         // ROCm 7: no complaint about the version.
         r.platform.hip_runtime_version.version = Some("7.1.25424".into());
         assert!(!verdict_of(&r, true).line.contains("ROCm >= 6"));
+    }
+
+    /// An old ROCm library on a machine without an AMD GPU (no /dev/kfd,
+    /// no HIP device) that CUDA serves: ready, not "fix" (seen on an H200
+    /// machine with ROCm 5.7's libamdhip64.so.5 installed); with no GPU at
+    /// all, the CPU serves, as expected.
+    #[test]
+    fn an_old_hip_runtime_without_an_amd_gpu_is_not_the_thing_to_fix() {
+        let mut r = cpu_machine();
+        hip_backend(&mut r, "no device");
+        r.platform.hip_runtime_version.version = Some("5.7.31921".into());
+        assert_eq!(verdict_of(&r, false).level, Level::CpuOnly);
+        r.features = vec!["hip".into(), "cuda".into()];
+        r.backends.push(BackendReport {
+            backend: "cuda".into(),
+            built: true,
+            devices: vec![device("NVIDIA H200", "sm_90", Some(TestVerdict::Pass))],
+            error: None,
+        });
+        let v = verdict_of(&r, false);
+        assert_eq!(v.level, Level::Ready, "{v:?}");
+        assert!(v.line.starts_with("NVIDIA H200 (cuda:0, sm_90) found"), "{}", v.line);
+        // With the amdgpu driver loaded, the old runtime is the thing to fix.
+        assert_eq!(verdict_of(&r, true).level, Level::Fix);
     }
 
     #[test]
