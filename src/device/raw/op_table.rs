@@ -4,9 +4,9 @@
 //! arm here plus its implementations (the host backend's and the GPU
 //! body's `run`, which the compiler asks for: their matches are exhaustive).
 
-use crate::device::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
 use crate::device::info::{ConvertOp, DevicePtr};
 use crate::device::raw::backend::KernelOp;
+use crate::device::raw::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
 use crate::dtype::DType;
 
 /// One kernel operation's row: its name and its fault class.

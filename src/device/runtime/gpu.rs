@@ -6,10 +6,11 @@
 //! A runtime implements [`Driver`] (memory, streams, events, copies) and
 //! [`Runtime`] (make the device current, load a module, look a kernel up,
 //! launch it, its [`KernelCaps`], open its vendor library). Everything a
-//! kernel operation does beyond that (argument marshalling in
-//! `kernels.rs`, grid sizes, which kernel serves which call, the conv3d
-//! weight layout, the vendor tier's buffers and epilogues) is here, so the
-//! code HIP runs is the code the CUDA tests execute.
+//! kernel operation does beyond that is here, so the code HIP runs is the
+//! code the CUDA tests execute: what each op launches (`Gpu::run`; the
+//! conv3d kernels' parameter lists and grids in `gpu/conv3d_launch.rs`,
+//! the others' in `kernels.rs`), the conv3d weight layout, and the vendor
+//! tier's buffers and epilogues.
 #![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
 use std::collections::HashMap;
@@ -17,17 +18,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::conv3d::Conv3dGeometry;
-use crate::device::conv3d::{Conv3dBackwardLaunch, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 use crate::device::hostmem::{Mapping, REGISTER_MIN};
 use crate::device::info::{KernelCaps, KernelSource, RawStream};
 use crate::device::kernels::{Kernel, KernelCall, KernelModule};
 use crate::device::options::Pinning;
 use crate::device::raw::backend::{Backend, Driver, KernelOp};
+use crate::device::raw::conv3d::{
+    Conv3dBackwardLaunch, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout,
+};
 use crate::device::raw::wrap::Wrap;
 use crate::device::runtime::vendor::vendor_backward::vendor_conv3d_backward;
 use crate::device::runtime::vendor::{vendor_conv3d, VendorConv};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+
+pub(crate) mod conv3d_launch;
 
 /// What a GPU runtime (HIP, CUDA) supplies beyond [`Driver`]; [`Gpu`] does
 /// the rest.
