@@ -1,4 +1,7 @@
-//! The guarded conv3d fallback's device side: the gate and the verdict.
+//! The guarded conv3d fallback's device side, as data: the launches of its
+//! fused check and of its decision, the gate, and the word layouts of the
+//! records and the verdict (the host backend's emulation of both kernels is
+//! `runtime/host/check_emulation.rs`).
 //!
 //! A guarded call (`conv3d_chain::Conv3dChain::guard_device`) checks an
 //! output that another library computed (torch's conv3d), decides on the
