@@ -173,7 +173,7 @@ struct rs_tiled_smem {
 // than 128 (no padded rows for 96, 192, 384 channels; the 96-row tiles also
 // need fewer registers): conv3d_tiled_* where kg is a multiple of 96,
 // conv3d_tiled_bf16_mma where it is a multiple of 96 and not of 128. The
-// host's grids follow the same rules (`tile_m` in src/device/conv3d).
+// host.s grids follow the same rules (`tile_m` in src/device/raw/conv3d/forward_launch.rs).
 RS_DEVICE bool rs_conv3d_tiled_bm96(rs_u64 kg) { return kg % 96 == 0; }
 RS_DEVICE bool rs_conv3d_mma_bm96(rs_u64 kg) { return kg % 96 == 0 && kg % 128 != 0; }
 

@@ -182,7 +182,7 @@ def layer(m):
 # of `device` may name files of its own inner layer or below.
 DEVICE_LAYERS = [
     ["visible", "fault_kind", "info", "options", "dynlib", "hostmem", "kernel_cache"],
-    ["raw::backend", "raw::op_table", "raw::wrap", "conv3d", "kernels"],
+    ["raw::backend", "raw::op_table", "raw::wrap", "raw::conv3d", "kernels"],
     ["runtime::host", "runtime::gpu", "runtime::cuda", "runtime::hip", "runtime::vendor",
      "runtime", "faults"],
     ["buffer", "stream", "pinned", "device_handle", "conv3d_stream", "ops"],

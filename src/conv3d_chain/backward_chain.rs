@@ -48,7 +48,7 @@ use crate::conv3d::{
 };
 use crate::convert::Element;
 use crate::device::{
-    conv3d::CheckedPoint, conv3d::CHECK_MAX_SAMPLES, conv3d::CHECK_WORDS, DeviceBuffer, DeviceView,
+    raw::CheckedPoint, raw::CHECK_MAX_SAMPLES, raw::CHECK_WORDS, DeviceBuffer, DeviceView,
     DeviceViewMut, Stream,
 };
 use crate::dtype::DType;

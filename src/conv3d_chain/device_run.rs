@@ -34,7 +34,7 @@ use super::chain::{compare, overflows_f32, sample_count, TierFail};
 use super::{Conv3dChain, Conv3dReport, Conv3dTier};
 use crate::conv3d::{Conv3dData, Conv3dGeometry, Conv3dParams, Conv3dProblem, ShapeDim};
 use crate::device::{
-    conv3d::CheckedPoint, conv3d::CHECK_MAX_SAMPLES, conv3d::CHECK_WORDS, Conv3dKernel, Device,
+    raw::CheckedPoint, raw::CHECK_MAX_SAMPLES, raw::CHECK_WORDS, Conv3dKernel, Device,
     DeviceBuffer, DeviceView, DeviceViewMut, Stream,
 };
 use crate::dtype::DType;

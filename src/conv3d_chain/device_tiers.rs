@@ -34,8 +34,8 @@ use crate::conv3d::{
 };
 use crate::convert::Element;
 use crate::device::{
-    conv3d::Conv3dWeightLayout, Conv3dKernel, Device, DeviceBuffer, DeviceView, DeviceViewMut,
-    Event, Stream,
+    raw::Conv3dWeightLayout, Conv3dKernel, Device, DeviceBuffer, DeviceView, DeviceViewMut, Event,
+    Stream,
 };
 use crate::error::Result;
 

@@ -53,11 +53,10 @@ use super::device_run::{validate, DeviceConv3dData, DeviceScratch};
 use super::Conv3dChain;
 use crate::conv3d::{Conv3dGeometry, Conv3dParams, ShapeDim};
 use crate::device::{
-    conv3d::Conv3dWeightLayout, conv3d::GuardStage, conv3d::GuardVerdict,
-    conv3d::CHECK_MAX_SAMPLES, conv3d::CHECK_WORDS, conv3d::GUARD_ACC_WORDS,
-    conv3d::GUARD_RECORD_WORDS, conv3d::GUARD_REPAIR_WORDS, conv3d::VERDICT_WORDS,
-    conv3d_stream::CheckBias, info::RawStream, Conv3dKernel, Device, DeviceBuffer, DeviceView,
-    DeviceViewMut, PinnedBuffer, Stream,
+    conv3d_stream::CheckBias, info::RawStream, raw::Conv3dWeightLayout, raw::GuardStage,
+    raw::GuardVerdict, raw::CHECK_MAX_SAMPLES, raw::CHECK_WORDS, raw::GUARD_ACC_WORDS,
+    raw::GUARD_RECORD_WORDS, raw::GUARD_REPAIR_WORDS, raw::VERDICT_WORDS, Conv3dKernel, Device,
+    DeviceBuffer, DeviceView, DeviceViewMut, PinnedBuffer, Stream,
 };
 use crate::error::{Error, Result};
 

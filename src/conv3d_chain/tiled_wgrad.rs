@@ -6,7 +6,7 @@
 use super::{DeviceBackwardOperands, DeviceConv3dData, Support};
 use crate::conv3d::{Conv3dBackwardProblem, Conv3dData, Conv3dGeometry};
 use crate::convert::Element;
-use crate::device::{conv3d::tiled_wgrad_unsupported, Device, DeviceViewMut, Stream};
+use crate::device::{raw::tiled_wgrad_unsupported, Device, DeviceViewMut, Stream};
 use crate::error::{Error, Result};
 
 /// Whether the tiled tier takes the weight gradient of `g`

@@ -38,8 +38,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::conv3d::Conv3dLaunch;
 use super::info::{DevicePtr, RawEvent, RawStream};
+use super::raw::conv3d::Conv3dLaunch;
 use crate::device::raw::backend::{Backend, CopyOp, Driver, KernelOp};
 use crate::device::raw::op_table::FaultClass;
 use crate::device::raw::wrap::Wrap;

@@ -74,7 +74,6 @@
 //! ```
 
 mod buffer;
-pub(crate) mod conv3d;
 pub(crate) mod conv3d_stream;
 mod device_handle;
 pub(crate) mod dynlib;
@@ -105,7 +104,6 @@ pub use runtime::hip;
 pub use runtime::host;
 
 pub use buffer::{DeviceBuffer, DeviceSpan, DeviceView, DeviceViewMut};
-pub use conv3d::Conv3dKernel;
 pub use conv3d_stream::Conv3dOps;
 pub use device_handle::Device;
 pub(crate) use device_handle::WeakDevice;
@@ -117,6 +115,7 @@ pub use info::{
 pub use ops::NonFinite;
 pub use options::{DeviceOptions, Pinning, PINNED_VAR};
 pub use pinned::PinnedBuffer;
+pub use raw::conv3d::Conv3dKernel;
 pub use stream::{Event, Stream};
 pub use visible::VisibleDevices;
 

@@ -6,10 +6,10 @@ use crate::conv3d::sample_index;
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::Element;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
-use crate::device::conv3d::layout::check_len;
-use crate::device::conv3d::*;
-use crate::device::conv3d::{Conv3dLaunch, Conv3dWeightLayout};
 use crate::device::raw::backend::KernelOp;
+use crate::device::raw::conv3d::check_len;
+use crate::device::raw::conv3d::*;
+use crate::device::raw::conv3d::{Conv3dLaunch, Conv3dWeightLayout};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -160,7 +160,7 @@ impl Conv3dOps<'_> {
             weight.len(),
         )?;
         check_len("conv3d check output", g.output_len(), output.len())?;
-        if let Some(reason) = crate::device::conv3d::Conv3dKernel::Naive.unsupported(g) {
+        if let Some(reason) = crate::device::raw::conv3d::Conv3dKernel::Naive.unsupported(g) {
             return Err(Error::Conv3dTier {
                 tier: "check",
                 reason,

@@ -6,9 +6,9 @@ use crate::conv3d::Conv3dGeometry;
 use crate::conv3d::{flip_weight, zero_insert};
 use crate::convert::Element;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
-use crate::device::conv3d::layout::check_len;
-use crate::device::conv3d::*;
 use crate::device::raw::backend::KernelOp;
+use crate::device::raw::conv3d::check_len;
+use crate::device::raw::conv3d::*;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

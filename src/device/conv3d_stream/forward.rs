@@ -4,11 +4,10 @@ use super::Conv3dOps;
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::Element;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
-use crate::device::conv3d::*;
 use crate::device::raw::backend::KernelOp;
+use crate::device::raw::conv3d::*;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use layout::check_len;
 
 /// A conv3d call's operands: input, weight (in the kernel's layout), bias.
 pub(crate) type Operands<'r, 'v, T> = (

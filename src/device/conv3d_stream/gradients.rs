@@ -6,12 +6,12 @@ use crate::conv3d::sample_index;
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::convert::Element;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
-use crate::device::conv3d::backward_launch::{bias_refused, operand_name};
-use crate::device::conv3d::check::CHECK_MAX_SAMPLES;
-use crate::device::conv3d::layout::check_len;
-use crate::device::conv3d::CHECK_WORDS;
-use crate::device::conv3d::*;
 use crate::device::raw::backend::KernelOp;
+use crate::device::raw::conv3d::check_len;
+use crate::device::raw::conv3d::CHECK_MAX_SAMPLES;
+use crate::device::raw::conv3d::CHECK_WORDS;
+use crate::device::raw::conv3d::*;
+use crate::device::raw::conv3d::{bias_refused, operand_name};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

@@ -4,11 +4,11 @@ use super::Conv3dOps;
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::Element;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
-use crate::device::conv3d::check::CHECK_WORDS;
-use crate::device::conv3d::layout::check_len;
-use crate::device::conv3d::*;
 use crate::device::conv3d_stream::CheckOperands;
 use crate::device::raw::backend::KernelOp;
+use crate::device::raw::conv3d::check_len;
+use crate::device::raw::conv3d::CHECK_WORDS;
+use crate::device::raw::conv3d::*;
 use crate::error::{Error, Result};
 
 /// The counts, points and verdict of one decision.
@@ -96,7 +96,7 @@ impl Conv3dOps<'_> {
     /// Errors: [`Error::DeviceMismatch`]; [`Error::LengthMismatch`] for
     /// counts, a verdict or a gate of other lengths, or results that are
     /// not whole points; [`Error::Conv3dTier`] for more points than
-    /// [`crate::device::conv3d::CHECK_MAX_SAMPLES`]; the backend's launch error.
+    /// [`crate::device::raw::conv3d::CHECK_MAX_SAMPLES`]; the backend's launch error.
     pub fn guard_decide(
         &self,
         (out_counts, in_counts, results): GuardWords<'_, '_>,
@@ -121,7 +121,7 @@ impl Conv3dOps<'_> {
             results.len(),
         )?;
         let samples = results.len() / CHECK_WORDS;
-        if samples > crate::device::conv3d::CHECK_MAX_SAMPLES {
+        if samples > crate::device::raw::conv3d::CHECK_MAX_SAMPLES {
             return Err(Error::Conv3dTier {
                 tier: "check",
                 reason: "the sampled points must number at most CHECK_MAX_SAMPLES",

@@ -1,6 +1,6 @@
 //! The conv3d operations of a [`Stream`]: [`Conv3dOps`], each checking its
 //! operands and then launching the kernel operation the backend runs (the
-//! launch descriptors are data, in `device::conv3d`).
+//! launch descriptors are data, in `device::raw::conv3d`).
 
 use std::ops::Deref;
 

@@ -4,8 +4,8 @@ use super::Conv3dOps;
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
 use crate::convert::Element;
 use crate::device::buffer::{DeviceView, DeviceViewMut};
-use crate::device::conv3d::*;
 use crate::device::raw::backend::KernelOp;
+use crate::device::raw::conv3d::*;
 use crate::error::{Error, Result};
 
 impl Conv3dOps<'_> {

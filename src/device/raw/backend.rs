@@ -26,13 +26,13 @@
 //! ```
 
 use crate::conv3d::Conv3dGeometry;
-use crate::device::conv3d::{
+use crate::device::info::{
+    BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
+};
+use crate::device::raw::conv3d::{
     Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch,
     Conv3dGuardCheck, Conv3dGuardDecide, Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch,
     Conv3dWeightLayout, Conv3dZeroInsertLaunch,
-};
-use crate::device::info::{
-    BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
 use crate::device::raw::wrap::Wrap;
 use crate::dtype::DType;

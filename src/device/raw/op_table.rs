@@ -1,12 +1,13 @@
 //! The kernel operations' table: for each [`KernelOp`] variant, its name
 //! and the faults the fault injector (`device::faults`, feature `testing`)
 //! applies to it, in one match ([`KernelOp::entry`]). Adding an op is one
-//! arm here plus its implementations (the host backend's and the GPU
-//! body's `run`, which the compiler asks for: their matches are exhaustive).
+//! arm here plus its implementations (the host backend's `run` and the GPU
+//! body's `LaunchPlan::of`, which the compiler asks for: their matches are
+//! exhaustive; ARCHITECTURE.md, "Adding a kernel op").
 
-use crate::device::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
 use crate::device::info::{ConvertOp, DevicePtr};
 use crate::device::raw::backend::KernelOp;
+use crate::device::raw::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
 use crate::dtype::DType;
 
 /// One kernel operation's row: its name and its fault class.

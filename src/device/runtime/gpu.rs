@@ -6,10 +6,11 @@
 //! A runtime implements [`Driver`] (memory, streams, events, copies) and
 //! [`Runtime`] (make the device current, load a module, look a kernel up,
 //! launch it, its [`KernelCaps`], open its vendor library). Everything a
-//! kernel operation does beyond that (argument marshalling in
-//! `kernels.rs`, grid sizes, which kernel serves which call, the conv3d
-//! weight layout, the vendor tier's buffers and epilogues) is here, so the
-//! code HIP runs is the code the CUDA tests execute.
+//! kernel operation does beyond that is here, so the code HIP runs is the
+//! code the CUDA tests execute: what each op launches (`gpu/launch_plan.rs`,
+//! one exhaustive match; the conv3d kernels' parameter lists and grids in
+//! `gpu/conv3d_launch.rs`, the others' in `kernels.rs`), the conv3d
+//! weight layout, and the vendor tier's buffers and epilogues.
 #![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
 use std::collections::HashMap;
@@ -17,17 +18,24 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::conv3d::Conv3dGeometry;
-use crate::device::conv3d::{Conv3dBackwardLaunch, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout};
 use crate::device::hostmem::{Mapping, REGISTER_MIN};
 use crate::device::info::{KernelCaps, KernelSource, RawStream};
 use crate::device::kernels::{Kernel, KernelCall, KernelModule};
 use crate::device::options::Pinning;
 use crate::device::raw::backend::{Backend, Driver, KernelOp};
+use crate::device::raw::conv3d::{
+    Conv3dBackwardLaunch, Conv3dKernel, Conv3dLaunch, Conv3dWeightLayout,
+};
 use crate::device::raw::wrap::Wrap;
 use crate::device::runtime::vendor::vendor_backward::vendor_conv3d_backward;
 use crate::device::runtime::vendor::{vendor_conv3d, VendorConv};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+
+pub(crate) mod conv3d_launch;
+mod launch_plan;
+
+use launch_plan::LaunchPlan;
 
 /// What a GPU runtime (HIP, CUDA) supplies beyond [`Driver`]; [`Gpu`] does
 /// the rest.
@@ -326,6 +334,41 @@ impl<R: Runtime> Gpu<R> {
         call(lib, &launch)
     }
 
+    /// Carries out `plan` on `s`.
+    ///
+    /// # Safety
+    /// As [`Backend::run`] for the op `plan` was made from
+    /// ([`LaunchPlan::of`]).
+    unsafe fn execute(&self, plan: LaunchPlan<'_>, s: RawStream) -> Result<()> {
+        match plan {
+            LaunchPlan::Kernels(calls) => {
+                for call in calls {
+                    // SAFETY: the ranges are the caller's (trait contract):
+                    // each call reads and writes only them, with the grid
+                    // and arguments its `KernelCall` constructor checked;
+                    // all are queued on `s` in order (a check reads its
+                    // locate slot after the locate wrote it).
+                    unsafe { self.launch(call, s)? };
+                }
+                Ok(())
+            }
+            LaunchPlan::ZeroThen { dst, bytes, call } => {
+                // SAFETY: `dst..dst + bytes` is the op's result, the
+                // caller's and exclusive (trait contract); zeroed on `s`
+                // before the kernel (on `s` too) adds its partial sums
+                // into it.
+                unsafe {
+                    self.memset_zero(dst, bytes, s)?;
+                    self.launch(call, s)
+                }
+            }
+            // SAFETY: the caller's guarantees (trait contract).
+            LaunchPlan::Vendor(args) => unsafe { self.vendor(args, s) },
+            // SAFETY: the caller's guarantees (trait contract).
+            LaunchPlan::VendorBackward(args) => unsafe { self.vendor_backward(args, s) },
+        }
+    }
+
     /// The vendor call of [`KernelOp::Conv3dVendor`].
     ///
     /// # Safety
@@ -484,70 +527,11 @@ unsafe impl<R: Runtime> Backend for Gpu<R> {
     }
 
     unsafe fn run(&self, op: &KernelOp<'_>, s: RawStream) -> Result<()> {
-        let call = match *op {
-            // SAFETY: the caller's guarantees (trait contract).
-            KernelOp::Conv3dVendor { args } => return unsafe { self.vendor(args, s) },
-            KernelOp::Conv3dBackwardVendor { args } => {
-                // SAFETY: the caller's guarantees (trait contract).
-                return unsafe { self.vendor_backward(args, s) };
-            }
-            KernelOp::Conv3dCheck { args } => {
-                for call in KernelCall::conv3d_check(args, self.mps())? {
-                    // SAFETY: the ranges are the caller's (trait contract):
-                    // the operands and output read, the results and the
-                    // locate slot written; the grids and arguments are the
-                    // kernels' (built by `KernelCall`). Both launches are on
-                    // `s`, so the check reads the slot after the locate.
-                    unsafe { self.launch(call, s)? };
-                }
-                return Ok(());
-            }
-            KernelOp::Conv3dLayout { args } => KernelCall::conv3d_layout(args, self.mps())?,
-            KernelOp::Conv3dFlipWeight { args } => {
-                KernelCall::conv3d_flip_weight(args, self.mps())?
-            }
-            KernelOp::Conv3dZeroInsert { args } => {
-                KernelCall::conv3d_zero_insert(args, self.mps())?
-            }
-            KernelOp::Conv3dBackwardWeightTiled { args } => {
-                let call = KernelCall::conv3d_bwd_weight_tiled(args, self.mps())?;
-                let bytes = args.output_len() * std::mem::size_of::<f32>();
-                // SAFETY: the result range is the caller's (trait contract):
-                // `output_len` f32s, exclusive; zeroed on `s` before the
-                // kernel (on `s` too) adds its partial sums into it.
-                unsafe {
-                    self.memset_zero(args.output, bytes, s)?;
-                    return self.launch(call, s);
-                }
-            }
-            KernelOp::Conv3dGuardDecide { args } => KernelCall::conv3d_guard_decide(args)?,
-            KernelOp::Conv3dGuardCheck { args } => {
-                KernelCall::conv3d_guard_check(args, self.mps())?
-            }
-            KernelOp::Conv3dBackward { args } => KernelCall::conv3d_backward(args)?,
-            KernelOp::Conv3dBackwardCheck { args } => {
-                for call in KernelCall::conv3d_backward_check(args, self.mps())? {
-                    // SAFETY: as for `Conv3dCheck`: the caller's ranges,
-                    // read (operands, result) and written (results, slot);
-                    // both launches on `s`, in order.
-                    unsafe { self.launch(call, s)? };
-                }
-                return Ok(());
-            }
-            // The caller arranged the weight in this (deterministic) layout.
-            KernelOp::Conv3d { kernel, args } => {
-                match self.conv3d_weight_layout(kernel, args.dtype, &args.geometry) {
-                    Conv3dWeightLayout::TiledPacked { rows, cols } => {
-                        KernelCall::conv3d_tiled_mma(args, rows, cols)?
-                    }
-                    _ => KernelCall::conv3d(kernel, args)?,
-                }
-            }
-            _ => KernelCall::for_op(op, self.mps())?,
-        };
-        // SAFETY: the ranges are the caller's (trait contract); the grid and
-        // arguments are the kernel's (checked by `KernelCall`).
-        unsafe { self.launch(call, s) }
+        let layout = |k, dtype, g: &Conv3dGeometry| self.conv3d_weight_layout(k, dtype, g);
+        let plan = LaunchPlan::of(op, self.mps(), &layout)?;
+        // SAFETY: the caller's guarantees (trait contract), for the plan of
+        // this very op.
+        unsafe { self.execute(plan, s) }
     }
 
     fn conv3d_weight_layout(

@@ -667,7 +667,7 @@ fn vendor_backward_widens_bf16_adds_the_bias_and_keeps_its_buffers() {
 #[test]
 fn the_tiled_weight_gradient_zeroes_then_launches() {
     use crate::conv3d::Conv3dBackwardOp;
-    use crate::device::conv3d::tiled_wgrad_split;
+    use crate::device::raw::conv3d::tiled_wgrad_split;
     let (g, log) = gpu(KernelModule::ALL.len(), false, vec![]);
     let geometry = geometry(false).geometry;
     let n = Conv3dBackwardOp::Weight.output_len(&geometry);

@@ -113,12 +113,12 @@ use super::VendorBuffers;
 #[cfg(feature = "cuda")]
 use super::VendorConv;
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
-#[cfg(feature = "cuda")]
-use crate::device::conv3d::Conv3dBackwardLaunch;
-use crate::device::conv3d::Conv3dLaunch;
 use crate::device::dynlib::{self, Spec};
 #[cfg(feature = "cuda")]
 use crate::device::info::{DevicePtr, RawStream};
+#[cfg(feature = "cuda")]
+use crate::device::raw::conv3d::Conv3dBackwardLaunch;
+use crate::device::raw::conv3d::Conv3dLaunch;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use cudnn_backward::BwdFns;

@@ -116,13 +116,13 @@ use super::VendorBuffers;
 #[cfg(feature = "hip")]
 use super::VendorConv;
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
-#[cfg(feature = "hip")]
-use crate::device::conv3d::Conv3dBackwardLaunch;
-use crate::device::conv3d::Conv3dLaunch;
 use crate::device::dynlib::{self, Spec};
 use crate::device::info::DevicePtr;
 #[cfg(feature = "hip")]
 use crate::device::info::RawStream;
+#[cfg(feature = "hip")]
+use crate::device::raw::conv3d::Conv3dBackwardLaunch;
+use crate::device::raw::conv3d::Conv3dLaunch;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use miopen_backward::BwdFns;

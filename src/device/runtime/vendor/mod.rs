@@ -22,10 +22,10 @@ pub(crate) mod miopen;
 pub(crate) mod nvrtc;
 pub(crate) mod vendor_backward;
 
-use crate::device::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
 use crate::device::info::{DevicePtr, RawStream};
 use crate::device::kernels::KernelCall;
 use crate::device::raw::backend::Driver;
+use crate::device::raw::conv3d::{Conv3dBackwardLaunch, Conv3dLaunch};
 use crate::dtype::DType;
 use crate::error::Result;
 

@@ -15,10 +15,10 @@
 
 use super::{free_kept, settle, take_buffer, Kept, VendorConv};
 use crate::conv3d::Conv3dBackwardOp;
-use crate::device::conv3d::Conv3dBackwardLaunch;
 use crate::device::info::{ConvertOp, DevicePtr, RawStream};
 use crate::device::kernels::{Kernel, KernelArg, KernelCall};
 use crate::device::raw::backend::{Driver, KernelOp};
+use crate::device::raw::conv3d::Conv3dBackwardLaunch;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 

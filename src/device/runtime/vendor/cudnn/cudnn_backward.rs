@@ -18,11 +18,11 @@ use super::{
     NOT_SUPPORTED,
 };
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
-#[cfg(feature = "cuda")]
-use crate::device::conv3d::Conv3dBackwardLaunch;
 use crate::device::dynlib;
 #[cfg(feature = "cuda")]
 use crate::device::info::{DevicePtr, RawStream};
+#[cfg(feature = "cuda")]
+use crate::device::raw::conv3d::Conv3dBackwardLaunch;
 use crate::device::runtime::vendor::libs::bind_fn;
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -17,11 +17,11 @@ use std::ffi::{c_int, c_void};
 use super::NO_ALGORITHM;
 use super::{check, ConvAlgoPerf, ConvDesc, Handle, Miopen, Plan, Status, TensorDesc};
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
-#[cfg(feature = "hip")]
-use crate::device::conv3d::Conv3dBackwardLaunch;
 use crate::device::dynlib;
 #[cfg(feature = "hip")]
 use crate::device::info::DevicePtr;
+#[cfg(feature = "hip")]
+use crate::device::raw::conv3d::Conv3dBackwardLaunch;
 use crate::device::runtime::vendor::libs::bind_fn;
 use crate::dtype::DType;
 use crate::error::{Error, Result};

@@ -1,150 +1,153 @@
-//! The guarded conv3d fallback's device side: the gate and the verdict.
-//!
-//! A guarded call (`conv3d_chain::Conv3dChain::guard_device`) checks an
-//! output that another library computed (torch's conv3d), decides on the
-//! device whether it is wrong ([`Conv3dOps::guard_decide`](crate::device::Conv3dOps::guard_decide)), and queues
-//! the repair (the tiled kernel writing over that output) and the repair's
-//! own checks behind a *gate*: one `u64` of device memory, the verdict's
-//! second word. Each gated kernel reads the gate as it starts and returns at
-//! once when it is zero. So nothing waits on the host: the verdict is copied
-//! back later, when the caller asks.
-//!
-//! [`Conv3dOps::guard_check`](crate::device::Conv3dOps::guard_check) fuses a decision with what it reads: one
-//! launch counts the output's NaN/Inf (and for a repair the operands'),
-//! recomputes the sampled points and, in its last block to finish, writes
-//! the verdict, where [`Stream::count_nonfinite_gated_into`],
-//! [`Conv3dOps::check_gated`](crate::device::Conv3dOps::check_gated) and [`Conv3dOps::guard_decide`](crate::device::Conv3dOps::guard_decide) take
-//! one launch each.
+//! The host backend's checks of conv3d results: the sampled-point checks
+//! (forward and backward), the guard's fused check and its verdict, as the
+//! kernels of `kernels/conv3d_check.hip` compute them, over host memory.
 
-use super::check::{host_conv3d_check, Conv3dCheckLaunch, CHECK_WORDS};
+use super::conv3d_emulation::{
+    backward_data, host_gate_closed, host_problem, host_slice, host_slice_mut,
+};
+use crate::conv3d::{
+    backward_reference_point, reference_point, sample_index, Conv3dData, Conv3dProblem,
+};
 use crate::device::info::DevicePtr;
 #[cfg(doc)]
-use crate::device::{raw::backend::KernelOp, Stream};
+use crate::device::raw::backend::{Backend, KernelOp};
+use crate::device::raw::conv3d::{
+    Conv3dBackwardCheckLaunch, Conv3dCheckLaunch, Conv3dGuardCheck, Conv3dGuardDecide, GuardStage,
+    CHECK_WORDS, GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE,
+    VERDICT_WORDS,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-/// `u64` words of a verdict ([`Conv3dGuardDecide::verdict`]):
-/// `[bits, gate, index, value, reference, tolerance]`.
-pub const VERDICT_WORDS: usize = 6;
-
-/// Verdict bit: a NaN or infinity in the checked output (from finite
-/// operands, where the operands' counts were given).
-pub const VERDICT_NON_FINITE: u64 = 1;
-/// Verdict bit: a sampled point off its f64 recomputation.
-pub const VERDICT_MISMATCH: u64 = 2;
-
-/// `u64` words of the record a fused check of the output writes
-/// ([`GuardStage::Output`]): the output's NaN and Inf counts (2), its
-/// verdict ([`VERDICT_WORDS`]), then the [`GUARD_REPAIR_WORDS`] words a
-/// repair's check writes, zeroed.
-pub const GUARD_RECORD_WORDS: usize = 2 + VERDICT_WORDS + GUARD_REPAIR_WORDS;
-
-/// `u64` words of the record a fused check of a repair writes
-/// ([`GuardStage::Repair`]): the operands' NaN and Inf counts (input,
-/// weight, bias: 6), the repaired output's (2), its verdict
-/// ([`VERDICT_WORDS`]).
-pub const GUARD_REPAIR_WORDS: usize = 6 + 2 + VERDICT_WORDS;
-
-/// `u64` words of a fused check's accumulators
-/// ([`Conv3dOps::guard_check`](crate::device::Conv3dOps::guard_check)): a ticket and four pairs of counts.
-pub const GUARD_ACC_WORDS: usize = 9;
-
-/// Which verdict a fused guard check decides ([`Conv3dOps::guard_check`](crate::device::Conv3dOps::guard_check)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum GuardStage {
-    /// The checked output's (another library's): any NaN or infinity in
-    /// it counts (the operands are not read); writes
-    /// [`GUARD_RECORD_WORDS`] words.
-    Output,
-    /// A repair's: the operands are counted too, and a NaN or infinity
-    /// counts only from finite operands; writes [`GUARD_REPAIR_WORDS`]
-    /// words.
-    Repair,
+/// # Safety
+/// `p` holds `len` readable elements of `dtype` (F32 or BF16).
+unsafe fn host_data<'a>(p: DevicePtr, dtype: DType, len: usize) -> Result<Conv3dData<'a>> {
+    // SAFETY: the caller's guarantees.
+    unsafe {
+        Ok(match dtype {
+            DType::F32 => Conv3dData::F32(host_slice(p, len)),
+            DType::BF16 => Conv3dData::BF16(host_slice(p, len)),
+            other => {
+                return Err(Error::Conv3dDType {
+                    tensor: "input",
+                    dtype: other,
+                    expected: DType::F32,
+                })
+            }
+        })
+    }
 }
 
-/// One launch of `conv3d_guard_check_{f32,bf16}`
-/// ([`KernelOp::Conv3dGuardCheck`]): the NaN/Inf counts, the sampled points
-/// and the verdict of one output in one launch.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Conv3dGuardCheck {
-    /// The points checked, as [`KernelOp::Conv3dCheck`] checks them (no
-    /// located point; `samples` may be 0), and the gate
-    /// (`check.conv.gate`): with one, nothing runs unless it is non-zero.
-    pub check: Conv3dCheckLaunch,
-    /// Relative tolerance against each point's `|bias| + sum |x * w|`.
-    pub rel_tol: f64,
-    /// Which verdict, and so which record.
-    pub stage: GuardStage,
-    /// [`GUARD_ACC_WORDS`] words, zero when the launch starts and again
-    /// when it ends (a GPU's blocks add into them; the host backend never
-    /// touches them).
-    pub acc: DevicePtr,
-    /// The record: [`GUARD_RECORD_WORDS`] or [`GUARD_REPAIR_WORDS`] words
-    /// by `stage`, every one written (when it runs).
-    pub record: DevicePtr,
-}
-
-/// One launch of `conv3d_guard_decide` ([`KernelOp::Conv3dGuardDecide`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Conv3dGuardDecide {
-    /// With a gate, the decision runs only when the gate is non-zero (a
-    /// repair's verdict, decided only when the repair ran).
-    pub gate: Option<DevicePtr>,
-    /// The checked output's NaN and Inf counts (2 words).
-    pub out_counts: DevicePtr,
-    /// The operands' counts (input, weight, bias: 6 words), or `None`: any
-    /// non-finite output counts.
-    pub in_counts: Option<DevicePtr>,
-    /// The sampled points as the device check wrote them ([`CHECK_WORDS`]
-    /// each).
-    pub results: DevicePtr,
-    /// Points in `results` (0: the counts alone decide).
-    pub samples: usize,
-    /// Relative tolerance against each point's `|bias| + sum |x * w|`.
-    pub rel_tol: f64,
-    /// [`VERDICT_WORDS`] words, every one written (when it runs).
-    pub verdict: DevicePtr,
-}
-
-/// A verdict read back ([`GuardVerdict::decode`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GuardVerdict {
-    /// A NaN or infinity in the output.
-    pub non_finite: bool,
-    /// The first sampled point off (lowest sample number): `(index, value,
-    /// reference, tolerance)`.
-    pub off: Option<(usize, f64, f64, f64)>,
-}
-
-impl GuardVerdict {
-    /// The verdict in `words` (at least [`VERDICT_WORDS`]; shorter reads as
-    /// no failure).
-    pub fn decode(words: &[u64]) -> GuardVerdict {
-        let Some(w) = words.get(..VERDICT_WORDS) else {
-            return GuardVerdict {
-                non_finite: false,
-                off: None,
-            };
+/// The host backend's [`KernelOp::Conv3dCheck`]: [`reference_point`] at
+/// each point, as the kernel computes it.
+///
+/// # Safety
+/// As [`Backend::run`]: the launch's addresses are live
+/// host allocations of the documented lengths, `results` (and the slot)
+/// exclusive.
+pub(crate) unsafe fn host_conv3d_check(a: &Conv3dCheckLaunch) -> Result<()> {
+    let c = &a.conv;
+    // SAFETY: a gate is one live u64 (the caller's guarantee).
+    if unsafe { host_gate_closed(c.gate) } {
+        return Ok(());
+    }
+    let g = &c.geometry;
+    let total = g.output_len();
+    // SAFETY: the caller guarantees the lengths and exclusivity.
+    let (x, w, bias, y, results) = unsafe {
+        (
+            host_data(c.input, c.dtype, g.input_shape().iter().product())?,
+            host_data(c.weight, c.dtype, g.weight_shape().iter().product())?,
+            c.bias
+                .map(|b| host_data(b, a.bias_dtype, g.out_channels))
+                .transpose()?,
+            host_data(c.output, a.output_dtype, total)?,
+            host_slice_mut::<u64>(a.results, a.samples * CHECK_WORDS),
+        )
+    };
+    let p = Conv3dProblem::new(g.params, x, &g.input_shape(), w, &g.weight_shape(), bias)?;
+    let located = match a.locate {
+        Some(slot) => {
+            let first = (0..total).find(|&i| y.get_f32(i).is_some_and(|v| !v.is_finite()));
+            // SAFETY: the caller guarantees one exclusive u64 at `slot`.
+            let s = unsafe { host_slice_mut::<u64>(slot, 1) };
+            s[0] = first.map_or(0, |i| (total - i) as u64);
+            Some(first)
+        }
+        None => None,
+    };
+    for (j, out) in results.chunks_exact_mut(CHECK_WORDS).enumerate() {
+        let index = match located {
+            Some(first) => first,
+            None => sample_index(total, a.seed, j),
         };
-        let off = (w[0] & VERDICT_MISMATCH != 0 && w[2] != u64::MAX).then(|| {
-            (
-                usize::try_from(w[2]).unwrap_or(usize::MAX),
-                f64::from_bits(w[3]),
-                f64::from_bits(w[4]),
-                f64::from_bits(w[5]),
-            )
-        });
-        GuardVerdict {
-            non_finite: w[0] & VERDICT_NON_FINITE != 0,
-            off,
+        let point = index.and_then(|i| Some((i, reference_point(&p, i)?, y.get_f32(i)?)));
+        match point {
+            Some((i, r, v)) => {
+                out[0] = i as u64;
+                out[1] = f64::from(v).to_bits();
+                out[2] = r.value.to_bits();
+                out[3] = r.magnitude.to_bits();
+            }
+            None => {
+                out[0] = u64::MAX;
+                for o in &mut out[1..] {
+                    *o = f64::NAN.to_bits();
+                }
+            }
         }
     }
+    Ok(())
+}
 
-    /// Whether the output was judged wrong.
-    pub fn failed(&self) -> bool {
-        self.non_finite || self.off.is_some()
+/// The host backend's [`KernelOp::Conv3dBackwardCheck`]:
+/// [`backward_reference_point`] at each point, as the kernel computes it.
+///
+/// # Safety
+/// As [`Backend::run`] for a backward launch, `results` (and the slot) exclusive.
+pub(crate) unsafe fn host_conv3d_backward_check(a: &Conv3dBackwardCheckLaunch) -> Result<()> {
+    let c = &a.conv;
+    let total = c.output_len();
+    // SAFETY: the caller's guarantees.
+    let (p, y, results) = unsafe {
+        (
+            host_problem(c, a.bias_dtype)?,
+            backward_data(c.output, DType::F32, total)?,
+            host_slice_mut::<u64>(a.results, a.samples * CHECK_WORDS),
+        )
+    };
+    let located = match a.locate {
+        Some(slot) => {
+            let first = (0..total).find(|&i| y.get_f32(i).is_some_and(|v| !v.is_finite()));
+            // SAFETY: the caller guarantees one exclusive u64 at `slot`.
+            let s = unsafe { host_slice_mut::<u64>(slot, 1) };
+            s[0] = first.map_or(0, |i| (total - i) as u64);
+            Some(first)
+        }
+        None => None,
+    };
+    for (j, out) in results.chunks_exact_mut(CHECK_WORDS).enumerate() {
+        let index = match located {
+            Some(first) => first,
+            None => sample_index(total, a.seed, j),
+        };
+        let point = index.and_then(|i| Some((i, backward_reference_point(&p, i)?, y.get_f32(i)?)));
+        match point {
+            Some((i, r, v)) => {
+                out[0] = i as u64;
+                out[1] = f64::from(v).to_bits();
+                out[2] = r.value.to_bits();
+                out[3] = r.magnitude.to_bits();
+            }
+            None => {
+                out[0] = u64::MAX;
+                for o in &mut out[1..] {
+                    *o = f64::NAN.to_bits();
+                }
+            }
+        }
     }
+    Ok(())
 }
 
 /// The verdict over host values: what `conv3d_guard_decide` computes (and
@@ -186,18 +189,6 @@ pub(crate) fn guard_verdict(
     v[0] = bits;
     v[1] = u64::from(bits != 0);
     v
-}
-
-/// Whether a gate is given and closed (zero).
-///
-/// # Safety
-/// A gate is one live, aligned `u64` of host memory (the host backend).
-pub(crate) unsafe fn host_gate_closed(gate: Option<DevicePtr>) -> bool {
-    match gate {
-        None => false,
-        // SAFETY: the caller's guarantee.
-        Some(g) => unsafe { *(g.0 as usize as *const u64) == 0 },
-    }
 }
 
 /// The host backend's `conv3d_guard_decide`.
@@ -321,6 +312,7 @@ pub(crate) unsafe fn host_guard_check(a: &Conv3dGuardCheck) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::raw::conv3d::GuardVerdict;
 
     fn point(index: u64, value: f64, reference: f64, magnitude: f64) -> [u64; 4] {
         [

@@ -7,13 +7,9 @@
 //! and the output volume split into chunks (split-K,
 //! [`tiled_wgrad_split`]) whose partial tiles are added into the zeroed
 //! result with float atomics; the launch
-//! ([`KernelOp::Conv3dBackwardWeightTiled`]), its grid, and the host
-//! backend's emulation (the CPU kernels).
+//! ([`KernelOp::Conv3dBackwardWeightTiled`](crate::device::raw::KernelOp::Conv3dBackwardWeightTiled)) and its grid.
 
-use super::backward_launch::{host_conv3d_backward, Conv3dBackwardLaunch};
-use super::launch::{by_dtype, Conv3dArgs};
 use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
-use crate::device::kernels::{Kernel, KernelArg, KernelCall, BLOCK};
 use crate::error::{Error, Result};
 
 /// Rows (output channels) and columns (input channel x tap) of a tile of
@@ -32,7 +28,10 @@ const BLOCKS_PER_MP: usize = 4;
 const GRID_YZ_MAX: usize = 65_535;
 /// The most blocks along grid x: HIP counts a grid in threads (below
 /// 2^32), CUDA allows 2^31 - 1 blocks.
-const GRID_X_MAX: usize = (u32::MAX / BLOCK) as usize;
+const GRID_X_MAX: usize = (u32::MAX / WGRAD_BLOCK) as usize;
+/// Threads per block of the kernel (every kernel's: `kernels.rs` checks
+/// that its `BLOCK` is this).
+pub(crate) const WGRAD_BLOCK: u32 = 256;
 /// The fewest output channels per group the tiled weight gradient takes.
 const MIN_OUT_PER_GROUP: usize = 8;
 
@@ -112,75 +111,10 @@ pub fn tiled_wgrad_split(g: &Conv3dGeometry, mps: u32) -> Result<TiledWgradSplit
     })
 }
 
-impl KernelCall {
-    /// `conv3d_bwd_weight_tiled_{f32,bf16}(const T* x, const T* dy, float*
-    /// dw, rs_conv3d_args a, u64 chunk)` on the grid of
-    /// [`tiled_wgrad_split`]: the kernel ADDS into `dw`, which the caller
-    /// zeroes first on the same stream.
-    pub(crate) fn conv3d_bwd_weight_tiled(
-        a: &Conv3dBackwardLaunch,
-        mps: u32,
-    ) -> Result<KernelCall> {
-        let kernel = by_dtype(
-            a.dtype,
-            [
-                Kernel::Conv3dBwdWeightTiledF32,
-                Kernel::Conv3dBwdWeightTiledBf16,
-            ],
-            "grad_output",
-        )?;
-        let (Conv3dBackwardOp::Weight, Some(x)) = (a.op, a.other) else {
-            return Err(Error::Conv3dTier {
-                tier: "tiled",
-                reason: "the tiled backward kernel computes the weight gradient only",
-            });
-        };
-        let split = tiled_wgrad_split(&a.geometry, mps)?;
-        Ok(KernelCall {
-            kernel,
-            grid: split.grid,
-            block: BLOCK,
-            shared_bytes: 0,
-            args: vec![
-                KernelArg::U64(x.0),
-                KernelArg::U64(a.grad_output.0),
-                KernelArg::U64(a.output.0),
-                KernelArg::Conv3d(Conv3dArgs::of(&a.geometry, false)),
-                KernelArg::U64(split.chunk),
-            ],
-        })
-    }
-}
-
-/// The host backend's [`KernelOp::Conv3dBackwardWeightTiled`]: the CPU
-/// kernels, as [`KernelOp::Conv3dBackward`] (the result written whole, as
-/// the GPU backends' memset and atomic adds leave it).
-///
-/// # Safety
-/// As [`crate::device::raw::Backend::run`]: the launch's addresses are live host
-/// allocations of the documented lengths, `output` exclusive.
-pub(crate) unsafe fn host_conv3d_backward_weight_tiled(a: &Conv3dBackwardLaunch) -> Result<()> {
-    if a.op != Conv3dBackwardOp::Weight {
-        return Err(Error::Conv3dTier {
-            tier: "tiled",
-            reason: "the tiled backward kernel computes the weight gradient only",
-        });
-    }
-    if let Some(reason) = tiled_wgrad_unsupported(&a.geometry) {
-        return Err(Error::Conv3dTier {
-            tier: "tiled",
-            reason,
-        });
-    }
-    // SAFETY: the caller's guarantees, forwarded.
-    unsafe { host_conv3d_backward(a) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::conv3d::Conv3dParams;
-    use crate::dtype::DType;
 
     fn geom(x: [usize; 5], w: [usize; 5], p: Conv3dParams) -> Conv3dGeometry {
         Conv3dGeometry::new(p, &x, &w).unwrap()
@@ -208,41 +142,6 @@ mod tests {
         // Many tiles already: no split.
         let g = geom([1, 512, 2, 30, 30], [512, 512, 3, 3, 3], p);
         assert_eq!(tiled_wgrad_split(&g, 132).unwrap().grid[2], 1);
-    }
-
-    #[test]
-    fn the_launch_takes_the_weight_gradient_only() {
-        use crate::device::info::DevicePtr;
-        let p = Conv3dParams::default().with_padding([1; 3]).with_groups(2);
-        let g = geom([2, 16, 4, 5, 6], [16, 8, 3, 3, 3], p);
-        let mut a = Conv3dBackwardLaunch {
-            op: Conv3dBackwardOp::Weight,
-            geometry: g,
-            dtype: DType::BF16,
-            grad_output: DevicePtr(0x1000),
-            other: Some(DevicePtr(0x2000)),
-            bias: None,
-            output: DevicePtr(0x3000),
-        };
-        let call = KernelCall::conv3d_bwd_weight_tiled(&a, 8).unwrap();
-        let split = tiled_wgrad_split(&g, 8).unwrap();
-        assert_eq!(call.kernel, Kernel::Conv3dBwdWeightTiledBf16);
-        assert_eq!(call.grid, split.grid);
-        // 8 * 27 columns: 4 tiles; one row tile per group.
-        assert_eq!(&call.grid[..2], &[4, 2]);
-        assert_eq!(call.args.len(), 5);
-        assert!(matches!(call.args[0], KernelArg::U64(0x2000)));
-        assert!(matches!(call.args[1], KernelArg::U64(0x1000)));
-        assert!(matches!(call.args[2], KernelArg::U64(0x3000)));
-        assert!(matches!(call.args[4], KernelArg::U64(c) if c == split.chunk));
-        a.dtype = DType::F32;
-        let call = KernelCall::conv3d_bwd_weight_tiled(&a, 8).unwrap();
-        assert_eq!(call.kernel, Kernel::Conv3dBwdWeightTiledF32);
-        a.op = Conv3dBackwardOp::Data;
-        assert!(KernelCall::conv3d_bwd_weight_tiled(&a, 8).is_err());
-        a.op = Conv3dBackwardOp::Weight;
-        a.dtype = DType::F16;
-        assert!(KernelCall::conv3d_bwd_weight_tiled(&a, 8).is_err());
     }
 
     #[test]

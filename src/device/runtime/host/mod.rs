@@ -1,7 +1,8 @@
 //! The host backend: device memory is host memory (256-aligned, zeroed
 //! allocations), streams run every operation at once, kernels are the CPU
-//! implementations of `crate::convert`. Always available, so every pipeline
-//! also runs in CI.
+//! implementations of `crate::convert` and `crate::conv3d` (the conv3d
+//! kernels' emulation: `conv3d_emulation.rs`, `check_emulation.rs`).
+//! Always available, so every pipeline also runs in CI.
 
 use std::alloc::Layout;
 use std::collections::HashMap;
@@ -13,18 +14,24 @@ use rayon::prelude::*;
 
 use crate::conv3d::Conv3dGeometry;
 use crate::convert::fingerprint::term;
-use crate::device::conv3d::{
-    host_conv3d, host_conv3d_backward, host_conv3d_backward_check,
-    host_conv3d_backward_weight_tiled, host_conv3d_check, host_conv3d_flip, host_conv3d_layout,
-    host_conv3d_zero_insert, host_gate_closed, host_guard_check, host_guard_decide, Conv3dKernel,
-    Conv3dWeightLayout,
-};
 use crate::device::info::{
     BackendKind, ConvertOp, DeviceInfo, DevicePtr, KernelCaps, KernelSource, RawEvent, RawStream,
 };
 use crate::device::raw::backend::{no_vendor, Backend, CopyOp, Driver, KernelOp};
+use crate::device::raw::conv3d::{Conv3dKernel, Conv3dWeightLayout};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+
+mod check_emulation;
+mod conv3d_emulation;
+
+use check_emulation::{
+    host_conv3d_backward_check, host_conv3d_check, host_guard_check, host_guard_decide,
+};
+use conv3d_emulation::{
+    host_conv3d, host_conv3d_backward, host_conv3d_backward_weight_tiled, host_conv3d_flip,
+    host_conv3d_layout, host_conv3d_zero_insert, host_gate_closed,
+};
 
 const ALIGN: usize = 256;
 

@@ -1,47 +1,14 @@
-//! Conv3d on a device, as data: the launch descriptors the backends take
-//! ([`Conv3dLaunch`] and the backward, check, layout, flip and guard
-//! launches), which GPU kernel runs ([`Conv3dKernel`]), the weight layout
-//! the kernels read, the word layouts of the checks' results, the host
-//! backend's emulation of the kernels and their argument encoding. The
-//! safe entry points that launch them are the conv3d methods of
-//! [`Stream`](crate::device::Stream).
-//!
-//! Every backend computes the same thing: input `[N, C, D, H, W]` and weight
-//! `[K, C/G, KD, KH, KW]` in f32 or bf16 (widened exactly), an optional f32
-//! bias `[K]`, an f32 output `[N, K, OD, OH, OW]`, f32 accumulation.
+//! The forward convolution as a backend takes it: [`Conv3dLaunch`] and
+//! which GPU kernel runs it ([`Conv3dKernel`]: its grid, what it refuses,
+//! its tile sizes).
 
-pub(crate) mod backward_launch;
-pub(crate) mod check;
-pub(crate) mod emulation;
-pub(crate) mod flip_launch;
-pub(crate) mod gate;
-pub(crate) mod launch;
-pub(crate) mod layout;
-pub(crate) mod wgrad;
-
-pub(crate) use backward_launch::{host_conv3d_backward, host_conv3d_backward_check};
-pub use backward_launch::{Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch};
-pub(crate) use check::{host_conv3d_check, host_conv3d_layout};
-pub use check::{
-    CheckedPoint, Conv3dCheckLaunch, Conv3dLayoutLaunch, CHECK_MAX_SAMPLES, CHECK_WORDS,
-};
-pub(crate) use emulation::host_conv3d;
-pub(crate) use flip_launch::{host_conv3d_flip, host_conv3d_zero_insert};
-pub use flip_launch::{Conv3dFlipLaunch, Conv3dZeroInsertLaunch};
-pub(crate) use gate::{host_gate_closed, host_guard_check, host_guard_decide};
-pub use gate::{
-    Conv3dGuardCheck, Conv3dGuardDecide, GuardStage, GuardVerdict, GUARD_ACC_WORDS,
-    GUARD_RECORD_WORDS, GUARD_REPAIR_WORDS, VERDICT_MISMATCH, VERDICT_NON_FINITE, VERDICT_WORDS,
-};
-pub(crate) use launch::Conv3dArgs;
-pub use layout::{tiled_weight_layout, Conv3dWeightLayout};
-pub(crate) use wgrad::host_conv3d_backward_weight_tiled;
-pub use wgrad::{tiled_wgrad_split, tiled_wgrad_unsupported, TiledWgradSplit};
-
-use super::info::DevicePtr;
 use crate::conv3d::Conv3dGeometry;
+use crate::device::info::DevicePtr;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+
+#[cfg(doc)]
+use super::{tiled_weight_layout, Conv3dWeightLayout};
 
 /// Which GPU conv3d kernel of `kernels/conv3d.hip` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]

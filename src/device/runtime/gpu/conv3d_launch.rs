@@ -1,87 +1,20 @@
-//! The conv3d kernels' launches: each kernel's parameter list and grid
-//! (moved whole from `device/kernels.rs`, whose [`KernelCall`] they build).
+//! The conv3d kernels' launch encoding: each kernel's parameter list and
+//! grid, as the [`KernelCall`] the GPU body launches (the vendor tier's
+//! epilogues too). Only the GPU runtimes use it.
 // Without a GPU backend in the build nothing launches kernels.
 #![cfg_attr(not(any(feature = "hip", feature = "cuda")), allow(dead_code))]
 
-use super::{
-    Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch, Conv3dCheckLaunch, Conv3dFlipLaunch,
-    Conv3dKernel, Conv3dLaunch, Conv3dLayoutLaunch, Conv3dZeroInsertLaunch,
-};
-use crate::conv3d::{Conv3dBackwardOp, Conv3dGeometry};
+use crate::conv3d::Conv3dBackwardOp;
 use crate::device::info::DevicePtr;
-use crate::device::kernels::{Kernel, KernelArg, KernelCall, BLOCK};
+use crate::device::kernels::{Conv3dArgs, Kernel, KernelArg, KernelCall, BLOCK};
+use crate::device::raw::conv3d::{
+    mma_tiles_m, tiled_wgrad_split, Conv3dBackwardCheckLaunch, Conv3dBackwardLaunch,
+    Conv3dCheckLaunch, Conv3dFlipLaunch, Conv3dGuardCheck, Conv3dGuardDecide, Conv3dKernel,
+    Conv3dLaunch, Conv3dLayoutLaunch, Conv3dWeightLayout, Conv3dZeroInsertLaunch, GuardStage,
+    CHECK_MAX_SAMPLES,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-
-/// The sizes a conv3d kernel gets by value (`rs_conv3d_args` in
-/// conv3d.hip, field for field).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Conv3dArgs {
-    n: u64,
-    c: u64,
-    d: u64,
-    h: u64,
-    w: u64,
-    k: u64,
-    kd: u64,
-    kh: u64,
-    kw: u64,
-    od: u64,
-    oh: u64,
-    ow: u64,
-    sd: u64,
-    sh: u64,
-    sw: u64,
-    pd: u64,
-    ph: u64,
-    pw: u64,
-    dd: u64,
-    dh: u64,
-    dw: u64,
-    groups: u64,
-    has_bias: u64,
-}
-
-// 23 u64s, no padding: the kernel's struct exactly.
-const _: () = assert!(std::mem::size_of::<Conv3dArgs>() == 23 * 8);
-
-impl Conv3dArgs {
-    fn new(a: &Conv3dLaunch) -> Self {
-        Self::of(&a.geometry, a.bias.is_some())
-    }
-
-    /// The sizes of `g`, with or without a bias.
-    pub(super) fn of(g: &Conv3dGeometry, has_bias: bool) -> Self {
-        let u = |v: usize| v as u64;
-        let p = &g.params;
-        Conv3dArgs {
-            n: u(g.batch),
-            c: u(g.in_channels),
-            d: u(g.input[0]),
-            h: u(g.input[1]),
-            w: u(g.input[2]),
-            k: u(g.out_channels),
-            kd: u(g.kernel[0]),
-            kh: u(g.kernel[1]),
-            kw: u(g.kernel[2]),
-            od: u(g.output[0]),
-            oh: u(g.output[1]),
-            ow: u(g.output[2]),
-            sd: u(p.stride[0]),
-            sh: u(p.stride[1]),
-            sw: u(p.stride[2]),
-            pd: u(p.padding[0]),
-            ph: u(p.padding[1]),
-            pw: u(p.padding[2]),
-            dd: u(p.dilation[0]),
-            dh: u(p.dilation[1]),
-            dw: u(p.dilation[2]),
-            groups: u(p.groups),
-            has_bias: u64::from(has_bias),
-        }
-    }
-}
 
 /// The tiled kernels' trailing `const u64* gate, u64 y_bf16`.
 fn gate_args(a: &Conv3dLaunch) -> Result<[KernelArg; 2]> {
@@ -156,7 +89,7 @@ impl KernelCall {
                     KernelArg::U64(a.weight.0),
                     KernelArg::U64(a.bias.map_or(0, |b| b.0)),
                     KernelArg::U64(a.output.0),
-                    KernelArg::Conv3d(Conv3dArgs::new(a)),
+                    KernelArg::Conv3d(Conv3dArgs::of(&a.geometry, a.bias.is_some())),
                 ];
                 if kernel == Conv3dKernel::Tiled {
                     v.extend(gate_args(a)?);
@@ -168,18 +101,17 @@ impl KernelCall {
 
     /// `conv3d_tiled_bf16_mma(const u16* x, const u16* wp, const float*
     /// bias, float* y, rs_conv3d_args a, u64 rp, u64 mp)`: the weight packed
-    /// `[G][mp][rp]` ([`super::Conv3dWeightLayout::TiledPacked`] with
+    /// `[G][mp][rp]` ([`Conv3dWeightLayout::TiledPacked`] with
     /// `rows = mp`, `cols = rp`); grid `(ceil(P / 128), ceil(K/G / BM), G)`
-    /// with BM = [`super::mma_tile_m`] (96 or 128).
+    /// with BM = `mma_tile_m` (96 or 128).
     pub(crate) fn conv3d_tiled_mma(
         a: &Conv3dLaunch,
         rows: usize,
         cols: usize,
     ) -> Result<KernelCall> {
         let g = &a.geometry;
-        let packed = super::Conv3dWeightLayout::packed_for(g);
-        if a.dtype != DType::BF16
-            || packed != Some(super::Conv3dWeightLayout::TiledPacked { rows, cols })
+        let packed = Conv3dWeightLayout::packed_for(g);
+        if a.dtype != DType::BF16 || packed != Some(Conv3dWeightLayout::TiledPacked { rows, cols })
         {
             return Err(Error::Conv3dTier {
                 tier: "tiled",
@@ -193,7 +125,7 @@ impl KernelCall {
             // At most 65535 channel tiles: checked by `packed_for`.
             grid: [
                 gx,
-                u32::try_from(super::mma_tiles_m(g.out_per_group())).unwrap_or(u32::MAX),
+                u32::try_from(mma_tiles_m(g.out_per_group())).unwrap_or(u32::MAX),
                 gz,
             ],
             block: BLOCK,
@@ -203,7 +135,7 @@ impl KernelCall {
                 KernelArg::U64(a.weight.0),
                 KernelArg::U64(a.bias.map_or(0, |b| b.0)),
                 KernelArg::U64(a.output.0),
-                KernelArg::Conv3d(Conv3dArgs::new(a)),
+                KernelArg::Conv3d(Conv3dArgs::of(&a.geometry, a.bias.is_some())),
                 KernelArg::U64(cols as u64),
                 KernelArg::U64(rows as u64),
                 gate[0],
@@ -266,7 +198,7 @@ impl KernelCall {
         let (k, mut args) = check_args(a, [Kernel::Conv3dCheckF32, Kernel::Conv3dCheckBf16])?;
         let samples = u32::try_from(a.samples)
             .ok()
-            .filter(|&n| n > 0 && n as usize <= super::CHECK_MAX_SAMPLES)
+            .filter(|&n| n > 0 && n as usize <= CHECK_MAX_SAMPLES)
             .ok_or(Error::Conv3dTier {
                 tier: "check",
                 reason: "the sampled points must number 1 to CHECK_MAX_SAMPLES",
@@ -305,8 +237,8 @@ impl KernelCall {
     /// u64* in_counts, const u64* res, u64 nsamples, double rel, u64*
     /// verdict)`: one block. `rel` travels as its bits in a `U64` (the
     /// same eight bytes the kernel's `double` parameter reads).
-    pub(crate) fn conv3d_guard_decide(a: &super::Conv3dGuardDecide) -> Result<KernelCall> {
-        if a.samples > super::CHECK_MAX_SAMPLES {
+    pub(crate) fn conv3d_guard_decide(a: &Conv3dGuardDecide) -> Result<KernelCall> {
+        if a.samples > CHECK_MAX_SAMPLES {
             return Err(Error::Conv3dTier {
                 tier: "check",
                 reason: "the sampled points must number at most CHECK_MAX_SAMPLES",
@@ -338,16 +270,16 @@ impl KernelCall {
     /// as a NaN/Inf scan's (32 blocks per multiprocessor at most), or
     /// behind a gate (mostly closed: every block reads it and returns) four
     /// per multiprocessor at most.
-    pub(crate) fn conv3d_guard_check(a: &super::Conv3dGuardCheck, mps: u32) -> Result<KernelCall> {
+    pub(crate) fn conv3d_guard_check(a: &Conv3dGuardCheck, mps: u32) -> Result<KernelCall> {
         let c = &a.check.conv;
-        if a.check.samples > super::CHECK_MAX_SAMPLES || a.check.locate.is_some() {
+        if a.check.samples > CHECK_MAX_SAMPLES || a.check.locate.is_some() {
             return Err(Error::Conv3dTier {
                 tier: "check",
                 reason: "a guard check takes at most CHECK_MAX_SAMPLES points and none located",
             });
         }
         let g = &c.geometry;
-        let repair = a.stage == super::GuardStage::Repair;
+        let repair = a.stage == GuardStage::Repair;
         let mut items = g.output_len() as u64;
         if repair {
             let x = g.input_shape().iter().product::<usize>() as u64;
@@ -392,9 +324,9 @@ impl KernelCall {
         let kg = g.out_per_group() as u64;
         let r = (g.in_per_group() * g.kernel.iter().product::<usize>()) as u64;
         let (rows, cols, packed) = match a.layout {
-            super::Conv3dWeightLayout::TiledTransposed => (kg, r, 0),
-            super::Conv3dWeightLayout::TiledPacked { rows, cols } => (rows as u64, cols as u64, 1),
-            super::Conv3dWeightLayout::Standard => {
+            Conv3dWeightLayout::TiledTransposed => (kg, r, 0),
+            Conv3dWeightLayout::TiledPacked { rows, cols } => (rows as u64, cols as u64, 1),
+            Conv3dWeightLayout::Standard => {
                 return Err(Error::BackendUnsupported {
                     backend: "gpu",
                     op: "conv3d_layout of the standard layout (a copy)",
@@ -591,7 +523,7 @@ impl KernelCall {
         let bias_kind = bias_kind(c.bias, a.bias_dtype)?;
         let samples = u32::try_from(a.samples)
             .ok()
-            .filter(|&n| n > 0 && n as usize <= super::CHECK_MAX_SAMPLES)
+            .filter(|&n| n > 0 && n as usize <= CHECK_MAX_SAMPLES)
             .ok_or(Error::Conv3dTier {
                 tier: "check",
                 reason: "the sampled points must number 1 to CHECK_MAX_SAMPLES",
@@ -638,6 +570,46 @@ impl KernelCall {
     }
 }
 
+impl KernelCall {
+    /// `conv3d_bwd_weight_tiled_{f32,bf16}(const T* x, const T* dy, float*
+    /// dw, rs_conv3d_args a, u64 chunk)` on the grid of
+    /// [`tiled_wgrad_split`]: the kernel ADDS into `dw`, which the caller
+    /// zeroes first on the same stream.
+    pub(crate) fn conv3d_bwd_weight_tiled(
+        a: &Conv3dBackwardLaunch,
+        mps: u32,
+    ) -> Result<KernelCall> {
+        let kernel = by_dtype(
+            a.dtype,
+            [
+                Kernel::Conv3dBwdWeightTiledF32,
+                Kernel::Conv3dBwdWeightTiledBf16,
+            ],
+            "grad_output",
+        )?;
+        let (Conv3dBackwardOp::Weight, Some(x)) = (a.op, a.other) else {
+            return Err(Error::Conv3dTier {
+                tier: "tiled",
+                reason: "the tiled backward kernel computes the weight gradient only",
+            });
+        };
+        let split = tiled_wgrad_split(&a.geometry, mps)?;
+        Ok(KernelCall {
+            kernel,
+            grid: split.grid,
+            block: BLOCK,
+            shared_bytes: 0,
+            args: vec![
+                KernelArg::U64(x.0),
+                KernelArg::U64(a.grad_output.0),
+                KernelArg::U64(a.output.0),
+                KernelArg::Conv3d(Conv3dArgs::of(&a.geometry, false)),
+                KernelArg::U64(split.chunk),
+            ],
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -668,7 +640,7 @@ fn check_args(a: &Conv3dCheckLaunch, kernels: [Kernel; 2]) -> Result<(Kernel, Ve
         KernelArg::U64(c.output.0),
         KernelArg::U64(y_kind),
         KernelArg::U64(a.results.0),
-        KernelArg::Conv3d(Conv3dArgs::new(c)),
+        KernelArg::Conv3d(Conv3dArgs::of(&c.geometry, c.bias.is_some())),
         KernelArg::U64(a.samples as u64),
         KernelArg::U64(a.seed),
     ];

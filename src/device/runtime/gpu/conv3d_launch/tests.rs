@@ -296,3 +296,39 @@ fn zero_insert_calls_carry_both_sizes_and_the_stride() {
         assert_eq!(k.module(), KernelModule::Conv3d);
     }
 }
+
+#[test]
+fn the_launch_takes_the_weight_gradient_only() {
+    use crate::conv3d::Conv3dGeometry;
+    let geom = |x: [usize; 5], w: [usize; 5], p| Conv3dGeometry::new(p, &x, &w).unwrap();
+    let p = Conv3dParams::default().with_padding([1; 3]).with_groups(2);
+    let g = geom([2, 16, 4, 5, 6], [16, 8, 3, 3, 3], p);
+    let mut a = Conv3dBackwardLaunch {
+        op: Conv3dBackwardOp::Weight,
+        geometry: g,
+        dtype: DType::BF16,
+        grad_output: DevicePtr(0x1000),
+        other: Some(DevicePtr(0x2000)),
+        bias: None,
+        output: DevicePtr(0x3000),
+    };
+    let call = KernelCall::conv3d_bwd_weight_tiled(&a, 8).unwrap();
+    let split = tiled_wgrad_split(&g, 8).unwrap();
+    assert_eq!(call.kernel, Kernel::Conv3dBwdWeightTiledBf16);
+    assert_eq!(call.grid, split.grid);
+    // 8 * 27 columns: 4 tiles; one row tile per group.
+    assert_eq!(&call.grid[..2], &[4, 2]);
+    assert_eq!(call.args.len(), 5);
+    assert!(matches!(call.args[0], KernelArg::U64(0x2000)));
+    assert!(matches!(call.args[1], KernelArg::U64(0x1000)));
+    assert!(matches!(call.args[2], KernelArg::U64(0x3000)));
+    assert!(matches!(call.args[4], KernelArg::U64(c) if c == split.chunk));
+    a.dtype = DType::F32;
+    let call = KernelCall::conv3d_bwd_weight_tiled(&a, 8).unwrap();
+    assert_eq!(call.kernel, Kernel::Conv3dBwdWeightTiledF32);
+    a.op = Conv3dBackwardOp::Data;
+    assert!(KernelCall::conv3d_bwd_weight_tiled(&a, 8).is_err());
+    a.op = Conv3dBackwardOp::Weight;
+    a.dtype = DType::F16;
+    assert!(KernelCall::conv3d_bwd_weight_tiled(&a, 8).is_err());
+}

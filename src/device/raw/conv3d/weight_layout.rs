@@ -1,11 +1,14 @@
 //! How the conv3d kernels want their weight laid out in device memory:
 //! [`Conv3dWeightLayout`], its choice from a backend's [`KernelCaps`], and the
-//! transposition the tiled kernel reads ([`tiled_weight_layout`]).
+//! transposition the tiled kernel reads ([`tiled_weight_layout`]), and the
+//! launch that lays a weight out on the device ([`Conv3dLayoutLaunch`],
+//! [`Conv3dOps::arrange_weight`](crate::device::Conv3dOps::arrange_weight)).
 
 use std::borrow::Cow;
 
-use super::{Conv3dKernel, TILE_M};
+use super::{mma_tiles_m, Conv3dKernel, TILE_M};
 use crate::conv3d::Conv3dGeometry;
+use crate::device::info::DevicePtr;
 use crate::device::info::KernelCaps;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -68,7 +71,7 @@ impl Conv3dWeightLayout {
         let r = g.in_per_group() * g.kernel.iter().product::<usize>();
         let rows = g.out_per_group().checked_next_multiple_of(TILE_M)?;
         let cols = r.checked_next_multiple_of(32)?;
-        if super::mma_tiles_m(g.out_per_group()) > 65_535 {
+        if mma_tiles_m(g.out_per_group()) > 65_535 {
             return None;
         }
         g.params.groups.checked_mul(rows)?.checked_mul(cols)?;
@@ -134,6 +137,28 @@ impl Conv3dWeightLayout {
     }
 }
 
+/// One rearrangement of a conv3d weight ([`KernelOp::Conv3dLayout`](crate::device::raw::KernelOp::Conv3dLayout)): the
+/// standard-layout weight at `src` (`geometry.weight_shape()` elements of
+/// `dtype`) into `layout` at `dst` (`layout.len(geometry)` elements, every
+/// one written: zero padding included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv3dLayoutLaunch {
+    /// The convolution's sizes.
+    pub geometry: Conv3dGeometry,
+    /// The elements' dtype (F32 or BF16).
+    pub dtype: DType,
+    /// The layout made: [`Conv3dWeightLayout::TiledTransposed`] or
+    /// [`Conv3dWeightLayout::TiledPacked`].
+    pub layout: Conv3dWeightLayout,
+    /// The standard-layout weight.
+    pub src: DevicePtr,
+    /// The destination.
+    pub dst: DevicePtr,
+    /// A gate (one `u64`): the layout is made only when it is non-zero as
+    /// the kernel starts (the guarded fallback's repair); `None` always.
+    pub gate: Option<DevicePtr>,
+}
+
 /// `w` (`[K, C/G, KD, KH, KW]`, that is `[G][K/G][R]` with `R = C/G * KD *
 /// KH * KW`) transposed per group into `[G][R][K/G]`: the layout
 /// [`Conv3dKernel::Tiled`] reads (its weight loads are then coalesced).
@@ -161,7 +186,7 @@ pub fn tiled_weight_layout<T: Copy + Default + Send + Sync>(g: &Conv3dGeometry, 
 }
 
 /// The inverse of [`tiled_weight_layout`].
-pub(super) fn standard_weight_layout<T: Copy + Default>(g: &Conv3dGeometry, wt: &[T]) -> Vec<T> {
+pub(crate) fn standard_weight_layout<T: Copy + Default>(g: &Conv3dGeometry, wt: &[T]) -> Vec<T> {
     let kg = g.out_per_group();
     let r_len = g.in_per_group() * g.kernel.iter().product::<usize>();
     let mut out = vec![T::default(); wt.len()];
@@ -179,6 +204,7 @@ pub(super) fn standard_weight_layout<T: Copy + Default>(g: &Conv3dGeometry, wt: 
     out
 }
 
+/// [`Error::LengthMismatch`] of `op` unless `expected == actual`.
 pub(crate) fn check_len(op: &'static str, expected: usize, actual: usize) -> Result<()> {
     if expected == actual {
         Ok(())
