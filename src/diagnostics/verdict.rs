@@ -405,7 +405,11 @@ mod tests {
         });
         let v = verdict_of(&r, false);
         assert_eq!(v.level, Level::Ready, "{v:?}");
-        assert!(v.line.starts_with("NVIDIA H200 (cuda:0, sm_90) found"), "{}", v.line);
+        assert!(
+            v.line.starts_with("NVIDIA H200 (cuda:0, sm_90) found"),
+            "{}",
+            v.line
+        );
         // With the amdgpu driver loaded, the old runtime is the thing to fix.
         assert_eq!(verdict_of(&r, true).level, Level::Fix);
     }
