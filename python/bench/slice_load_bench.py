@@ -15,7 +15,8 @@ whole file, then each rank's slices, alternating; the best of the rounds
 is the figure. Per rank: its slices' bytes / time, and that against the
 whole load's GB/s (the issue's "shard, each rank's bytes/s >= 0.9x one GPU
 alone" without the sharing of one host by several ranks, which needs a
-multi-GPU machine). ``--check`` compares every slice, bit for bit, with
+multi-GPU machine). ``--release`` frees rocm_safe's device memory and
+pinned ring after every load (each load then pins its ring again). ``--check`` compares every slice, bit for bit, with
 ``torch.tensor_split`` of ``safetensors.torch.load_file``'s tensor.
 Prints one JSON line.
 """
@@ -52,6 +53,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument(
+        "--release",
+        action="store_true",
+        help="release rocm_safe's device memory (its pinned ring too) after every load",
+    )
     a = ap.parse_args()
     if not os.path.exists(a.file):
         make(a.file, a.make_gib)
@@ -90,7 +96,8 @@ def main() -> int:
         torch.cuda.synchronize()
         whole.append(time.perf_counter() - t0)
         del sd
-        rt.release_memory(dev)
+        if a.release:
+            rt.release_memory(dev)
         for r in range(a.world):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -114,7 +121,8 @@ def main() -> int:
                         return 1
                 del ref
             del out, got
-            rt.release_memory(dev)
+            if a.release:
+                rt.release_memory(dev)
     one = whole_bytes / min(whole) / 1e9
     res = {
         "file_gib": round(whole_bytes / 2**30, 2),
@@ -125,6 +133,7 @@ def main() -> int:
         "whole_gbps": round(one, 1),
         "whole_s": [round(x, 3) for x in whole],
         "checked": a.check,
+        "released_between_loads": a.release,
     }
     for r in range(a.world):
         b = sum(slice_bytes(x) for x in asks[r])
