@@ -217,7 +217,10 @@ fn item(ckpt: &impl Catalog, r: &Request, opts: &LoadOptions) -> Result<Item> {
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d))
             .ok_or_else(no_rows)?;
-        let outer = shape[..r.dim].iter().product::<u64>();
+        let outer = shape[..r.dim]
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(no_rows)?;
         let rb = info.dtype.bytes_for(inner).ok_or_else(no_rows)?;
         if rows.start > rows.end || rows.end > nrows {
             return Err(Error::RowRange {
@@ -229,11 +232,13 @@ fn item(ckpt: &impl Catalog, r: &Request, opts: &LoadOptions) -> Result<Item> {
             });
         }
         let n = rows.end - rows.start;
-        // Within the tensor's bytes (checked by the header): no overflow.
-        start += rows.start * rb;
-        bytes = outer * n * rb;
-        elems = outer * n * inner;
-        if outer > 1 && n < nrows && n > 0 {
+        // Within the tensor's bytes and elements (the header checked that
+        // every prefix of its shape multiplies without overflow); saturating
+        // only for a catalog that did not.
+        start += rows.start.saturating_mul(rb);
+        bytes = outer.saturating_mul(n).saturating_mul(rb);
+        elems = outer.saturating_mul(n).saturating_mul(inner);
+        if outer > 1 && n < nrows && n > 0 && rb > 0 {
             runs = Some(Runs {
                 run: n * rb,
                 stride: nrows * rb,

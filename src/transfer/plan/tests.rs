@@ -171,6 +171,7 @@ fn slices_of_later_dimensions_are_runs() {
         ("w", DType::BF16, &[64, 64]),
         ("c", DType::F32, &[2, 3, 8, 4]),
         ("v", DType::BF16, &[1, 40]),
+        ("z", DType::BF16, &[4, 6, 0]),
     ]);
     let reqs = [
         Request::slice("w", 1, 16..48),
@@ -179,6 +180,7 @@ fn slices_of_later_dimensions_are_runs() {
         Request::slice("v", 1, 8..24),
         Request::slice("c", 3, 1..2),
         Request::slice("w", 1, 5..5),
+        Request::slice("z", 1, 2..5),
     ];
     let p = Plan::new(&t, &reqs, &to_f32(), 0, Vec::new()).unwrap();
     let w = &p.items[0];
@@ -230,6 +232,13 @@ fn slices_of_later_dimensions_are_runs() {
     let empty = &p.items[5];
     assert_eq!((empty.src_bytes, empty.out_bytes, empty.runs), (0, 0, None));
     assert_eq!(empty.shape, [64, 0]);
+    // A zero dimension after the slice's: no bytes, no runs (a run of zero
+    // bytes would divide by zero).
+    let z = &p.items[6];
+    assert_eq!(
+        (z.src_bytes, z.runs, z.shape.as_slice()),
+        (0, None, &[4u64, 3, 0][..])
+    );
     assert_eq!(p.ring_items(), vec![0, 1, 2, 3, 4]);
 }
 
