@@ -376,14 +376,14 @@ def _byte_ranges(f: safe_open) -> Dict[str, Tuple[str, int, int]]:
     return out
 
 
-def _read_slice(f: safe_open, t: Dict[str, Any], rank: int, where, convert: bool = True) -> torch.Tensor:
-    """This rank's slice of tensor ``t`` on the host (converted to its
-    output dtype when ``convert``): dimension 0 through the library's row
+def _read_slice(f: safe_open, t: Dict[str, Any], rank: int, where) -> torch.Tensor:
+    """This rank's slice of tensor ``t`` on the host, converted to its
+    output dtype: dimension 0 through the library's row
     read; another dimension by reading only the runs of bytes of the slice
     (``_native.read_strided``, at the offsets of the validated header)."""
     name, dtype, shape, dim = t["name"], t["dtype"], t["shape"], t["dim"]
     lo, hi = t["ranges"][rank]
-    target = t["out_dtype"] if convert and t["out_dtype"] != dtype else None
+    target = t["out_dtype"] if t["out_dtype"] != dtype else None
     if dim == 0:
         buf, out, s = f._ckpt.read(name, to=target, rows=(lo, hi), floats_only=True)
         return f._tensors.from_buffer(buf, out, s)
