@@ -6,7 +6,7 @@ use super::conv3d_emulation::{
     backward_data, host_gate_closed, host_problem, host_slice, host_slice_mut,
 };
 use crate::conv3d::{
-    backward_reference_point, reference_point, sample_index, Conv3dData, Conv3dProblem,
+    backward_reference_point, reference_point, sample_index, Conv3dData, Conv3dProblem, RefPoint,
 };
 use crate::device::info::DevicePtr;
 #[cfg(doc)]
@@ -38,6 +38,56 @@ unsafe fn host_data<'a>(p: DevicePtr, dtype: DType, len: usize) -> Result<Conv3d
     }
 }
 
+/// The result words of a sampled-point check (`CHECK_WORDS` per point, as
+/// `kernels/conv3d_check.hip` writes them) over the output `y` of `total`
+/// points: with a `locate` slot, the first non-finite output's distance
+/// from the end there (0: none) and that point in every result; else the
+/// seeded sample of each. A point is its index, the output read there, and
+/// `point`'s reference value and magnitude; none (past the output) is
+/// `u64::MAX` and NaNs.
+///
+/// # Safety
+/// `locate`, when given, is one live u64 that nothing else accesses.
+unsafe fn fill_check(
+    y: &Conv3dData<'_>,
+    total: usize,
+    locate: Option<DevicePtr>,
+    seed: u64,
+    results: &mut [u64],
+    point: impl Fn(usize) -> Option<RefPoint>,
+) {
+    let located = match locate {
+        Some(slot) => {
+            let first = (0..total).find(|&i| y.get_f32(i).is_some_and(|v| !v.is_finite()));
+            // SAFETY: the caller guarantees one exclusive u64 at `slot`.
+            let s = unsafe { host_slice_mut::<u64>(slot, 1) };
+            s[0] = first.map_or(0, |i| (total - i) as u64);
+            Some(first)
+        }
+        None => None,
+    };
+    for (j, out) in results.chunks_exact_mut(CHECK_WORDS).enumerate() {
+        let index = match located {
+            Some(first) => first,
+            None => sample_index(total, seed, j),
+        };
+        match index.and_then(|i| Some((i, point(i)?, y.get_f32(i)?))) {
+            Some((i, r, v)) => {
+                out[0] = i as u64;
+                out[1] = f64::from(v).to_bits();
+                out[2] = r.value.to_bits();
+                out[3] = r.magnitude.to_bits();
+            }
+            None => {
+                out[0] = u64::MAX;
+                for o in &mut out[1..] {
+                    *o = f64::NAN.to_bits();
+                }
+            }
+        }
+    }
+}
+
 /// The host backend's [`KernelOp::Conv3dCheck`]: [`reference_point`] at
 /// each point, as the kernel computes it.
 ///
@@ -66,37 +116,12 @@ pub(crate) unsafe fn host_conv3d_check(a: &Conv3dCheckLaunch) -> Result<()> {
         )
     };
     let p = Conv3dProblem::new(g.params, x, &g.input_shape(), w, &g.weight_shape(), bias)?;
-    let located = match a.locate {
-        Some(slot) => {
-            let first = (0..total).find(|&i| y.get_f32(i).is_some_and(|v| !v.is_finite()));
-            // SAFETY: the caller guarantees one exclusive u64 at `slot`.
-            let s = unsafe { host_slice_mut::<u64>(slot, 1) };
-            s[0] = first.map_or(0, |i| (total - i) as u64);
-            Some(first)
-        }
-        None => None,
+    // SAFETY: the caller guarantees one exclusive u64 at the locate slot.
+    unsafe {
+        fill_check(&y, total, a.locate, a.seed, results, |i| {
+            reference_point(&p, i)
+        })
     };
-    for (j, out) in results.chunks_exact_mut(CHECK_WORDS).enumerate() {
-        let index = match located {
-            Some(first) => first,
-            None => sample_index(total, a.seed, j),
-        };
-        let point = index.and_then(|i| Some((i, reference_point(&p, i)?, y.get_f32(i)?)));
-        match point {
-            Some((i, r, v)) => {
-                out[0] = i as u64;
-                out[1] = f64::from(v).to_bits();
-                out[2] = r.value.to_bits();
-                out[3] = r.magnitude.to_bits();
-            }
-            None => {
-                out[0] = u64::MAX;
-                for o in &mut out[1..] {
-                    *o = f64::NAN.to_bits();
-                }
-            }
-        }
-    }
     Ok(())
 }
 
@@ -116,37 +141,12 @@ pub(crate) unsafe fn host_conv3d_backward_check(a: &Conv3dBackwardCheckLaunch) -
             host_slice_mut::<u64>(a.results, a.samples * CHECK_WORDS),
         )
     };
-    let located = match a.locate {
-        Some(slot) => {
-            let first = (0..total).find(|&i| y.get_f32(i).is_some_and(|v| !v.is_finite()));
-            // SAFETY: the caller guarantees one exclusive u64 at `slot`.
-            let s = unsafe { host_slice_mut::<u64>(slot, 1) };
-            s[0] = first.map_or(0, |i| (total - i) as u64);
-            Some(first)
-        }
-        None => None,
+    // SAFETY: the caller guarantees one exclusive u64 at the locate slot.
+    unsafe {
+        fill_check(&y, total, a.locate, a.seed, results, |i| {
+            backward_reference_point(&p, i)
+        })
     };
-    for (j, out) in results.chunks_exact_mut(CHECK_WORDS).enumerate() {
-        let index = match located {
-            Some(first) => first,
-            None => sample_index(total, a.seed, j),
-        };
-        let point = index.and_then(|i| Some((i, backward_reference_point(&p, i)?, y.get_f32(i)?)));
-        match point {
-            Some((i, r, v)) => {
-                out[0] = i as u64;
-                out[1] = f64::from(v).to_bits();
-                out[2] = r.value.to_bits();
-                out[3] = r.magnitude.to_bits();
-            }
-            None => {
-                out[0] = u64::MAX;
-                for o in &mut out[1..] {
-                    *o = f64::NAN.to_bits();
-                }
-            }
-        }
-    }
     Ok(())
 }
 
